@@ -1,0 +1,204 @@
+// Host-side helpers shared by the CPU and CUDA adapters: argument checks with torch's errors, and
+// the layout planning that turns any tensor into the [outer, D, inner] problem the kernels take.
+//
+// Layout rule (the fake kernels in fastact/_ops.py follow it too): outputs are
+// `at::empty_like(input, dtype)`, which keeps a dense (non-overlapping, gap-free) input's strides and
+// makes anything else contiguous. A dense input is therefore read in place, in its own memory order,
+// whatever its strides; only inputs with gaps or overlaps (slices, expands) are copied first — except
+// the common "rows with a stride" case of a last-dim softmax (e.g. `x[..., 1:]`), which the kernels
+// read in place through a row stride.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/WrapDimUtils.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace fastact {
+
+inline bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// "softmax: expected a floating point tensor (float32, float64, float16 or bfloat16) for x, got Long"
+inline void check_floating(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(is_supported_dtype(t.scalar_type()), op,
+              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ", arg,
+              ", got ", t.scalar_type());
+}
+
+inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,
+                              const char* arg_b) {
+  TORCH_CHECK(a.device() == b.device(), op, ": expected ", arg_a, " and ", arg_b,
+              " on the same device, got ", a.device(), " and ", b.device());
+}
+
+inline void check_same_shape(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,
+                             const char* arg_b) {
+  TORCH_CHECK(a.sizes() == b.sizes(), op, ": expected ", arg_a, " and ", arg_b, " of the same shape, got ",
+              a.sizes(), " and ", b.sizes());
+}
+
+inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,
+                             const char* arg_b) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": expected ", arg_a, " and ", arg_b,
+              " of the same dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+}
+
+enum class GeluApprox { kNone, kTanh };
+
+// torch's own message for a bad `approximate`, so code that catches it keeps working.
+inline GeluApprox parse_gelu_approx(std::string_view s, const char* op) {
+  if (s == "none") return GeluApprox::kNone;
+  if (s == "tanh") return GeluApprox::kTanh;
+  TORCH_CHECK(false, op, ": approximate argument must be either none or tanh, got '", std::string(s), "'");
+}
+
+// The softmax family fuses exactly these dtype conversions into its kernels; anything else is cast
+// (forward) or computed in the wider type and cast (backward) around a same-dtype kernel.
+inline bool fused_softmax_cast(at::ScalarType narrow, at::ScalarType wide) {
+  return narrow == wide || (wide == at::kFloat && (narrow == at::kHalf || narrow == at::kBFloat16));
+}
+
+// True when the tensor's elements occupy exactly numel() consecutive slots of memory, in some
+// order of its dims (transposes and permutes of contiguous tensors are dense; slices are not).
+inline bool is_dense(const at::Tensor& t) { return t.is_non_overlapping_and_dense(); }
+
+// Dims of a dense tensor ordered outermost-first in memory: t.permute(order) is contiguous.
+inline std::vector<int64_t> memory_order(const at::Tensor& t) {
+  std::vector<int64_t> order(t.dim());
+  std::iota(order.begin(), order.end(), 0);
+  // Larger stride first; for equal strides (size-1 dims) keep the logical order.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return order;
+}
+
+// The softmax problem as the kernels see it: `input` viewed as [outer, dim_size, inner] in memory,
+// row r of the inner == 1 case starting at input_ptr + r * row_stride; `output` (and the backward's
+// other tensors) are dense [outer, dim_size, inner].
+struct SoftmaxGeometry {
+  int64_t outer = 1;
+  int64_t dim_size = 1;
+  int64_t inner = 1;
+  int64_t row_stride = 1;  // input elements from one row to the next; meaningful when inner == 1
+};
+
+// Geometry of softmax over `dim` of a dense tensor, in its memory order.
+inline SoftmaxGeometry dense_geometry(const at::Tensor& t, int64_t dim) {
+  SoftmaxGeometry g;
+  if (t.dim() == 0) return g;
+  const auto order = memory_order(t);
+  const int64_t pos = std::find(order.begin(), order.end(), dim) - order.begin();
+  for (int64_t i = 0; i < pos; ++i) g.outer *= t.size(order[i]);
+  g.dim_size = t.size(dim);
+  for (int64_t i = pos + 1; i < t.dim(); ++i) g.inner *= t.size(order[i]);
+  if (g.inner == 1) {
+    g.row_stride = g.dim_size;
+  }
+  return g;
+}
+
+// For a last-dim softmax of a tensor whose last dim is unit-stride and whose other dims collapse
+// into one uniformly strided "rows" dim (x[..., a:b] of a contiguous tensor, for instance):
+// the row stride in elements. nullopt when the tensor is not of that form.
+inline std::optional<int64_t> collapsed_row_stride(const at::Tensor& t, int64_t dim) {
+  const int64_t n = t.dim();
+  if (n == 0 || dim != n - 1) return std::nullopt;
+  if (t.size(n - 1) > 1 && t.stride(n - 1) != 1) return std::nullopt;
+  if (n == 1) return t.size(0);
+  // Walk the outer dims innermost-first: each must step by (rows below it) * row_stride.
+  const int64_t row_stride = t.stride(n - 2);
+  if (row_stride < t.size(n - 1) && t.size(n - 2) > 1) return std::nullopt;  // overlapping rows
+  int64_t rows_below = 1;
+  for (int64_t k = n - 2; k >= 0; --k) {
+    if (t.size(k) != 1 && t.stride(k) != rows_below * row_stride) return std::nullopt;
+    rows_below *= t.size(k);
+  }
+  return row_stride;
+}
+
+struct SoftmaxForwardPlan {
+  at::Tensor input;   // what the kernel reads: x, x cast to the output dtype, or a dense copy
+  at::Tensor output;  // allocated, dense, same memory order as `input` (or contiguous)
+  SoftmaxGeometry geom;
+};
+
+// Validates and plans softmax/log_softmax forward. Handles the optional output dtype: the fused
+// casts of `fused_softmax_cast` stay in the kernel, other requested dtypes cast the input first
+// (exactly torch's `softmax(x, dim, dtype)` = `softmax(x.to(dtype), dim)`).
+inline SoftmaxForwardPlan plan_softmax_forward(const at::Tensor& x, int64_t dim,
+                                               std::optional<at::ScalarType> dtype, const char* op) {
+  check_floating(x, op, "input");
+  const at::ScalarType out_dtype = dtype.value_or(x.scalar_type());
+  TORCH_CHECK(is_supported_dtype(out_dtype), op,
+              ": expected dtype to be float32, float64, float16 or bfloat16, got ", out_dtype);
+  dim = at::maybe_wrap_dim(dim, x.dim());
+
+  SoftmaxForwardPlan p;
+  p.input = fused_softmax_cast(x.scalar_type(), out_dtype) ? x : x.to(out_dtype);
+  p.output = at::empty_like(p.input, p.input.options().dtype(out_dtype));
+  if (p.input.numel() == 0) return p;
+  if (is_dense(p.input)) {
+    p.geom = dense_geometry(p.input, dim);
+  } else if (auto rs = collapsed_row_stride(p.input, dim)) {
+    p.geom.outer = p.input.numel() / p.input.size(dim);
+    p.geom.dim_size = p.input.size(dim);
+    p.geom.row_stride = *rs;
+  } else {
+    p.input = p.input.contiguous();
+    p.geom = dense_geometry(p.input, dim);
+  }
+  return p;
+}
+
+struct SoftmaxBackwardPlan {
+  at::Tensor grad_output;  // dense, same memory order as output
+  at::Tensor output;       // dense
+  at::Tensor grad_input;   // allocated, dense, same memory order
+  at::ScalarType compute_dtype;  // the dtype the kernel writes; grad_input may need a cast after
+  SoftmaxGeometry geom;
+};
+
+// Plans softmax/log_softmax backward: grad_input = f(grad_output, output) in `input_dtype`.
+inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output,
+                                                 int64_t dim, at::ScalarType input_dtype, const char* op) {
+  check_floating(grad_output, op, "grad_output");
+  check_floating(output, op, "output");
+  check_same_shape(grad_output, output, op, "grad_output", "output");
+  check_same_dtype(grad_output, output, op, "grad_output", "output");
+  check_same_device(grad_output, output, op, "grad_output", "output");
+  TORCH_CHECK(is_supported_dtype(input_dtype), op,
+              ": expected input_dtype to be float32, float64, float16 or bfloat16, got ", input_dtype);
+  dim = at::maybe_wrap_dim(dim, output.dim());
+
+  SoftmaxBackwardPlan p;
+  p.output = is_dense(output) ? output : output.contiguous();
+  p.grad_output = grad_output;
+  if (grad_output.strides() != p.output.strides() && grad_output.numel() > 1) {
+    // One copy into output's memory order, so both are walked with one geometry.
+    p.grad_output = at::empty_like(p.output).copy_(grad_output);
+  }
+  const bool fused = fused_softmax_cast(input_dtype, output.scalar_type());
+  p.compute_dtype = fused ? input_dtype : output.scalar_type();
+  p.grad_input = at::empty_like(p.output, p.output.options().dtype(p.compute_dtype));
+  if (output.numel() > 0) p.geom = dense_geometry(p.output, dim);
+  return p;
+}
+
+// Elementwise ops read a dense input in place (any memory order) and write an output of the same
+// strides; anything else is made contiguous first. Returns the tensor to read.
+inline at::Tensor dense_or_contiguous(const at::Tensor& t) { return is_dense(t) ? t : t.contiguous(); }
+
+// A second operand walked in the same memory order as `like` (a copy only when the strides differ).
+inline at::Tensor in_layout_of(const at::Tensor& t, const at::Tensor& like) {
+  if (t.strides() == like.strides() || t.numel() <= 1) return t;
+  return at::empty_like(like, t.options()).copy_(t);
+}
+
+}  // namespace fastact

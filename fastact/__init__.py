@@ -1,0 +1,60 @@
+"""fastact: fast softmax, log_softmax, GELU, fused bias+GELU and sigmoid for PyTorch.
+
+Drop-in for the torch functions of the same names (same arguments, results within floating-point
+tolerance, same errors), forward and backward, on CUDA GPUs and CPUs, in float32, float64, float16
+and bfloat16, under autograd, torch.compile and CUDA graphs.
+"""
+
+from ._ops import ops as _ops
+
+__all__ = ["softmax", "log_softmax", "gelu", "bias_gelu", "sigmoid", "explain", "nn"]
+__version__ = "0.1.0"
+
+# The OpOverloads, looked up once: a call is argument normalisation plus one dispatcher call.
+_softmax = _ops.softmax.default
+_log_softmax = _ops.log_softmax.default
+_gelu = _ops.gelu.default
+_bias_gelu = _ops.bias_gelu.default
+_sigmoid = _ops.sigmoid.default
+
+
+def softmax(input, dim=-1, *, dtype=None):
+    """Softmax over `dim`; matches ``torch.softmax(input, dim, dtype=dtype)``.
+
+    ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32``
+    is converted inside the kernel (no extra pass over memory)."""
+    return _softmax(input, dim, dtype)
+
+
+def log_softmax(input, dim=-1, *, dtype=None):
+    """Log-softmax over `dim`; matches ``torch.log_softmax(input, dim, dtype=dtype)``."""
+    return _log_softmax(input, dim, dtype)
+
+
+def gelu(input, approximate="none"):
+    """GELU; matches ``torch.nn.functional.gelu(input, approximate=approximate)`` ("none" or "tanh")."""
+    return _gelu(input, approximate)
+
+
+def bias_gelu(input, bias, approximate="tanh"):
+    """``F.gelu(input + bias, approximate=approximate)`` in one pass; ``bias`` is 1-d over the last dim.
+
+    The backward returns the gradients of ``input`` and ``bias``, also fused (no materialised
+    ``input + bias``)."""
+    return _bias_gelu(input, bias, approximate)
+
+
+def sigmoid(input):
+    """Sigmoid; matches ``torch.sigmoid`` (computed without overflow for large ``|input|``)."""
+    return _sigmoid(input)
+
+
+def explain(op, input, dim=-1):
+    """Which kernel ``op`` runs on ``input`` and why: e.g. ``explain("softmax", x)``.
+
+    ``op`` is one of softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu,
+    sigmoid. Reports the dispatcher's choice of softmax variant on CUDA tensors, the CPU path on CPU."""
+    return _ops.explain.default(input, op, dim)
+
+
+from . import nn  # noqa: E402

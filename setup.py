@@ -1,0 +1,139 @@
+"""Builds fastact._C: a CUDAExtension when torch has CUDA and nvcc is found, else a CppExtension.
+
+FASTACT_BUILD=cuda|cpu forces either way (cuda fails loudly when it cannot be built).
+
+CPU kernels are compiled once per x86 instruction set, as ATen does: `csrc/cpu/kernels.cpp` is
+built three times (DEFAULT, AVX2, AVX512), each with its own `CPU_CAPABILITY` namespace and
+`-m` flags, and `csrc/cpu/ops.cpp` picks one at run time from `at::native::get_cpu_capability()`.
+So the wheel runs on any x86-64 CPU and still uses 512-bit vectors where they exist; no
+`-march=native` anywhere.
+"""
+
+import glob
+import importlib.metadata
+import os
+import platform
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import (
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
+
+ROOT = Path(__file__).resolve().parent
+
+# The one source built per instruction set, and the flags each build gets.
+ISA_SOURCE = "csrc/cpu/kernels.cpp"
+ISA_BUILDS = {
+    "DEFAULT": [],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
+}
+
+
+def _tbb_paths():
+    """Include and library folders of oneTBB, from the installed tbb-devel distribution's metadata.
+
+    Works in a venv, a user site or a system prefix alike: the files list says where pip put them.
+    """
+    try:
+        files = importlib.metadata.files("tbb-devel") or []
+    except importlib.metadata.PackageNotFoundError as e:
+        raise RuntimeError(
+            "fastact needs oneTBB's headers to build: pip install tbb-devel==2023.2.0"
+        ) from e
+    include = lib = None
+    for f in files:
+        s = str(f).replace("\\", "/")
+        if s.endswith("include/tbb/tbb.h"):
+            include = Path(f.locate()).resolve().parents[1]
+        elif Path(s).name == "libtbb.so":
+            lib = Path(f.locate()).resolve().parent
+    if include is None or lib is None:
+        raise RuntimeError("tbb-devel is installed but its headers or libtbb.so were not found")
+    return str(include), str(lib)
+
+
+def _want_cuda():
+    mode = os.environ.get("FASTACT_BUILD", "auto").lower()
+    if mode not in ("auto", "cuda", "cpu"):
+        raise RuntimeError(f"FASTACT_BUILD must be auto, cuda or cpu, got {mode!r}")
+    has_nvcc = CUDA_HOME is not None and (
+        shutil.which("nvcc") is not None or Path(CUDA_HOME, "bin", "nvcc").exists()
+    )
+    has_cuda = torch.version.cuda is not None and has_nvcc
+    if mode == "cuda" and not has_cuda:
+        raise RuntimeError(
+            f"FASTACT_BUILD=cuda, but torch.version.cuda={torch.version.cuda} and CUDA_HOME={CUDA_HOME}"
+        )
+    return has_cuda if mode == "auto" else mode == "cuda"
+
+
+class FastactBuild(BuildExtension):
+    """BuildExtension plus the per-instruction-set objects of the CPU kernels."""
+
+    def build_extension(self, ext):
+        if platform.machine() in ("x86_64", "AMD64"):
+            builds = ISA_BUILDS
+        else:  # no x86 flags elsewhere: one portable build
+            builds = {"DEFAULT": []}
+        cxx = ext.extra_compile_args["cxx"] if isinstance(ext.extra_compile_args, dict) else ext.extra_compile_args
+        objects = []
+        for isa, flags in builds.items():
+            objects += self.compiler.compile(
+                [ISA_SOURCE],
+                output_dir=os.path.join(self.build_temp, f"isa_{isa.lower()}"),
+                include_dirs=ext.include_dirs,
+                extra_postargs=list(cxx) + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"],
+                depends=ext.depends,
+            )
+        ext.extra_objects = list(ext.extra_objects or []) + objects
+        ext.define_macros = list(ext.define_macros or []) + [
+            (f"FASTACT_HAVE_{isa}", "1") for isa in builds
+        ]
+        super().build_extension(ext)
+
+
+def extension():
+    tbb_include, tbb_lib = _tbb_paths()
+    with_cuda = _want_cuda()
+    sources = sorted(glob.glob("csrc/*.cpp")) + [s for s in sorted(glob.glob("csrc/cpu/*.cpp")) if s != ISA_SOURCE]
+    cxx = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
+    kwargs = dict(
+        name="fastact._C",
+        include_dirs=[str(ROOT / "include"), str(ROOT / "csrc"), tbb_include],
+        library_dirs=[tbb_lib],
+        libraries=["tbb"],
+        # libtbb.so.12 is found where tbb-devel put it at build time; fastact/_ops.py also
+        # preloads it from the `tbb` runtime distribution, for installs that moved.
+        extra_link_args=[f"-Wl,-rpath,{tbb_lib}"],
+        depends=glob.glob("include/**/*", recursive=True) + glob.glob("csrc/**/*.h", recursive=True),
+        py_limited_api=True,
+    )
+    if not with_cuda:
+        return CppExtension(sources=sources, extra_compile_args={"cxx": cxx}, **kwargs)
+    sources += sorted(glob.glob("csrc/cuda/*.cu"))
+    # No --use_fast_math: erf, tanh and exp must stay within torch's tolerance.
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DFASTACT_WITH_CUDA=1"]
+    return CUDAExtension(
+        sources=sources,
+        extra_compile_args={"cxx": cxx + ["-DFASTACT_WITH_CUDA=1"], "nvcc": nvcc},
+        **kwargs,
+    )
+
+
+if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+    # sm_80 (A100) and sm_90 (H100); PTX for newer chips.
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": FastactBuild},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)
