@@ -38,16 +38,21 @@ ISA_BUILDS = {
 
 
 def _tbb_paths():
-    """Include and library folders of oneTBB, from the installed tbb-devel distribution's metadata.
+    """Include and library folders of oneTBB, from the installed tbb-devel and tbb distributions' metadata.
 
     Works in a venv, a user site or a system prefix alike: the files list says where pip put them.
+    The headers come with tbb-devel; the unversioned libtbb.so link with tbb (2023.2.0 wheels).
     """
     try:
-        files = importlib.metadata.files("tbb-devel") or []
+        files = list(importlib.metadata.files("tbb-devel") or [])
     except importlib.metadata.PackageNotFoundError as e:
         raise RuntimeError(
             "fastact needs oneTBB's headers to build: pip install tbb-devel==2023.2.0"
         ) from e
+    try:
+        files += list(importlib.metadata.files("tbb") or [])
+    except importlib.metadata.PackageNotFoundError:
+        pass
     include = lib = None
     for f in files:
         s = str(f).replace("\\", "/")
@@ -79,6 +84,15 @@ class FastactBuild(BuildExtension):
     """BuildExtension plus the per-instruction-set objects of the CPU kernels."""
 
     def build_extension(self, ext):
+        # Python's own link flags often carry -Wl,-Bsymbolic-functions, which binds the extension to
+        # its private copies of libstdc++ template code (std::ostream insertion, say). Where the
+        # compiler's libstdc++ headers differ from the libstdc++ loaded at run time (a GPU machine
+        # with its own /opt/gcc, seen here), those copies crash on first use: every error message with
+        # a number in it. Without the flag they resolve to the loaded libstdc++, as for torch itself.
+        for attr in ("linker_so", "linker_so_cxx"):
+            flags = getattr(self.compiler, attr, None)
+            if flags:
+                setattr(self.compiler, attr, [f for f in flags if f != "-Wl,-Bsymbolic-functions"])
         if platform.machine() in ("x86_64", "AMD64"):
             builds = ISA_BUILDS
         else:  # no x86 flags elsewhere: one portable build

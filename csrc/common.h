@@ -3,14 +3,16 @@
 //
 // Layout rule (the fake kernels in fastact/_ops.py follow it too): outputs are
 // `at::empty_like(input, dtype)`, which keeps a dense (non-overlapping, gap-free) input's strides and
-// makes anything else contiguous. A dense input is therefore read in place, in its own memory order,
-// whatever its strides; only inputs with gaps or overlaps (slices, expands) are copied first — except
-// the common "rows with a stride" case of a last-dim softmax (e.g. `x[..., 1:]`), which the kernels
-// read in place through a row stride.
+// gives anything else dense strides in the input's own dim order (not necessarily contiguous: a
+// sliced transpose stays transposed). A dense input is read in place, in its memory order, whatever
+// its strides; inputs with gaps or overlaps (slices, expands) are first copied into
+// `empty_like(input)` — except the common "rows with a stride" case of a last-dim softmax
+// (e.g. `x[..., 1:]`), which the kernels read in place through a row stride.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -68,6 +70,9 @@ inline bool fused_softmax_cast(at::ScalarType narrow, at::ScalarType wide) {
 // True when the tensor's elements occupy exactly numel() consecutive slots of memory, in some
 // order of its dims (transposes and permutes of contiguous tensors are dense; slices are not).
 inline bool is_dense(const at::Tensor& t) { return t.is_non_overlapping_and_dense(); }
+
+// A dense copy laid out exactly as `at::empty_like(t)` (so, as every output made from t).
+inline at::Tensor dense_copy(const at::Tensor& t) { return at::empty_like(t).copy_(t); }
 
 // Dims of a dense tensor ordered outermost-first in memory: t.permute(order) is contiguous.
 inline std::vector<int64_t> memory_order(const at::Tensor& t) {
@@ -151,7 +156,7 @@ inline SoftmaxForwardPlan plan_softmax_forward(const at::Tensor& x, int64_t dim,
     p.geom.dim_size = p.input.size(dim);
     p.geom.row_stride = *rs;
   } else {
-    p.input = p.input.contiguous();
+    p.input = dense_copy(p.input);
     p.geom = dense_geometry(p.input, dim);
   }
   return p;
@@ -178,7 +183,7 @@ inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, 
   dim = at::maybe_wrap_dim(dim, output.dim());
 
   SoftmaxBackwardPlan p;
-  p.output = is_dense(output) ? output : output.contiguous();
+  p.output = is_dense(output) ? output : dense_copy(output);
   p.grad_output = grad_output;
   if (grad_output.strides() != p.output.strides() && grad_output.numel() > 1) {
     // One copy into output's memory order, so both are walked with one geometry.
@@ -192,8 +197,9 @@ inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, 
 }
 
 // Elementwise ops read a dense input in place (any memory order) and write an output of the same
-// strides; anything else is made contiguous first. Returns the tensor to read.
-inline at::Tensor dense_or_contiguous(const at::Tensor& t) { return is_dense(t) ? t : t.contiguous(); }
+// strides; anything else is first copied into empty_like's layout. Returns the tensor to read.
+// (The name is historical: a non-dense input becomes dense in its own dim order, not contiguous.)
+inline at::Tensor dense_or_contiguous(const at::Tensor& t) { return is_dense(t) ? t : dense_copy(t); }
 
 // A second operand walked in the same memory order as `like` (a copy only when the strides differ).
 inline at::Tensor in_layout_of(const at::Tensor& t, const at::Tensor& like) {

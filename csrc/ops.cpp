@@ -9,7 +9,7 @@
 
 extern "C" {
 // An empty module: importing it loads the library and runs the static registrations below.
-PyObject* PyInit__C(void) {
+PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
 }

@@ -1,0 +1,1050 @@
+// The CPU kernels of every fastact op: softmax / log_softmax forward and backward (last dim and
+// strided), GELU (erf, tanh), bias + GELU, sigmoid.
+//
+// Compiled once per instruction set (setup.py: -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 plus the -m
+// flags of each), ATen's scheme: at::vec::Vectorized<float> takes its width from those macros and
+// everything here sits in `namespace CPU_CAPABILITY`, so the three builds never share a symbol.
+// ODR note: only lean headers below (Vectorized, c10 scalar types, fastact/math.h). Inline code
+// outside the ISA namespace that a wide-vector build instantiated could be chosen by the linker for
+// the whole library and run on a CPU without those instructions; threads therefore come through
+// the type-erased csrc/cpu/parallel.h, and no namespace-scope object here needs a constructor to
+// run at load time (the table is constant-initialised).
+//
+// Precision: half and bfloat16 load into float and compute in float; float in float; double in
+// double. Vector code implements the formulas of include/fastact/math.h (same constants,
+// GeluConstants); scalar tails call the math.h functors themselves.
+
+// gcc 12 reports -Wmaybe-uninitialized false positives inside its own avx512fintrin.h wherever
+// ATen's Vectorized<> is inlined (tens of thousands of lines); nothing here is uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+#include <fastact/math.h>
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#define FASTACT_STRINGIFY_(x) #x
+#define FASTACT_STRINGIFY(x) FASTACT_STRINGIFY_(x)
+
+namespace fastact::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+
+// Work (in elements) below which a kernel runs on the calling thread. Waking a TBB worker and
+// joining it costs a few microseconds; 32K elements of the cheapest op here (sigmoid backward,
+// about 0.1 ns an element on one core, cache-resident) is about that, and of the costlier ones
+// (softmax, GELU) several times more. The same value as ATen's at::internal::GRAIN_SIZE, so a
+// tensor that torch runs single-threaded runs single-threaded here too.
+constexpr int64_t kGrain = 32768;
+// GELU tanh, its backward and the GELU erf kernels cost 3-5x a sigmoid an element: they pay for
+// threads from a smaller size.
+constexpr int64_t kGrainHeavy = kGrain / 4;
+
+// Long sums (softmax rows and columns, the bias gradient) are cascaded: partial sums over blocks
+// of this many terms per lane, added into a total. A plain running sum of n floats drifts by up to
+// n ulp (a 1e-4 relative error at 2e5 terms, what torch shows); blocks keep it at about
+// (kSumBlock / lanes + n / kSumBlock) ulp for the cost of one vector add per block.
+constexpr int64_t kSumBlock = 4096;  // elements of a row (a multiple of every vector pair width)
+constexpr int64_t kSumRows = 256;    // rows (strided softmax, bias gradient)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------------
+// Loads and stores: every element type is read into and written from vectors of its acc_t.
+// kV elements per vector; load2/store2 move 2 * kV elements (one 512-bit half/bfloat16 register
+// on AVX512), the unit of work of every loop below.
+
+template <typename T>
+struct Io {  // float and double: the acc type is the element type
+  using A = T;
+  using V = Vectorized<A>;
+  static constexpr int64_t kV = V::size();
+  static V load(const T* p) { return V::loadu(p); }
+  static void store(T* p, const V& v) { v.store(p); }
+  static void load2(const T* p, V& a, V& b) {
+    a = V::loadu(p);
+    b = V::loadu(p + kV);
+  }
+  static void store2(T* p, const V& a, const V& b) {
+    a.store(p);
+    b.store(p + kV);
+  }
+};
+
+template <typename T>
+struct IoReduced {  // half and bfloat16, through float
+  using A = float;
+  using V = Vectorized<float>;
+  static constexpr int64_t kV = V::size();
+  static V load(const T* p) {
+    V v;
+    at::vec::load_to_float(p, v);
+    return v;
+  }
+  static void store(T* p, const V& v) { at::vec::convert_from_float<T>(v, v).store(p, kV); }
+  static void load2(const T* p, V& a, V& b) { at::vec::load_to_float(p, a, b); }
+  static void store2(T* p, const V& a, const V& b) { at::vec::convert_from_float<T>(a, b).store(p); }
+};
+template <>
+struct Io<c10::Half> : IoReduced<c10::Half> {};
+
+#if defined(CPU_CAPABILITY_AVX512)
+// float -> bfloat16 in one instruction (vcvtne2ps2bf16, round to nearest even) instead of the ~9 of
+// ATen's emulated rounding: 20-35% off a bfloat16 GELU or sigmoid. AVX512-BF16 is not
+// part of torch's AVX512 capability, so it is detected at run time (kernel_table() sets the flag
+// once, before any kernel runs) and written as inline asm, so that this file needs no
+// -mavx512bf16. The test costs one predictable branch per 32 elements. Unlike the emulation, the
+// instruction flushes bfloat16 denormals (< 1.2e-38) to zero.
+bool g_avx512_bf16 = false;
+
+inline __m512i cvt_bf16_native(const __m512& lo, const __m512& hi) {  // [lo, hi] -> 32 x bfloat16
+  __m512i r;
+  asm("vcvtne2ps2bf16 %[lo], %[hi], %[r]" : [r] "=v"(r) : [hi] "v"(hi), [lo] "v"(lo));
+  return r;
+}
+inline __m256i cvt_bf16_native(const __m512& v) {  // 16 x bfloat16
+  __m256i r;
+  asm("vcvtneps2bf16 %[v], %[r]" : [r] "=v"(r) : [v] "v"(v));
+  return r;
+}
+
+template <>
+struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
+  using Base = IoReduced<c10::BFloat16>;
+  static void store(c10::BFloat16* p, const V& v) {
+    if (g_avx512_bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), cvt_bf16_native(v));
+    else Base::store(p, v);
+  }
+  static void store2(c10::BFloat16* p, const V& a, const V& b) {
+    if (g_avx512_bf16) _mm512_storeu_si512(p, cvt_bf16_native(a, b));
+    else Base::store2(p, a, b);
+  }
+};
+#else
+template <>
+struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Vector math. Each function states its domain; outside it the result is unspecified (finite or
+// NaN), which its callers account for.
+//
+// The primitives below are written with Vectorized<> for every ISA; where AVX512 has a much
+// cheaper form (mask registers instead of vector masks, vscalefps for 2^n) an AVX512 overload
+// replaces the generic one. Those are the only raw intrinsics in the file.
+
+template <typename A>
+using Vec = Vectorized<A>;
+
+// Lanes where x < 0 take a, the others b.
+template <typename A>
+Vec<A> if_negative(const Vec<A>& x, const Vec<A>& a, const Vec<A>& b) {
+  return Vec<A>::blendv(b, a, x < Vec<A>(A(0)));
+}
+// y, with the NaN lanes of x copied from x.
+template <typename A>
+Vec<A> keep_nan(const Vec<A>& x, const Vec<A>& y) {
+  return Vec<A>::blendv(y, x, x != x);
+}
+// y, with the lanes where `ok` is not finite set to NaN.
+template <typename A>
+Vec<A> nan_unless_finite(const Vec<A>& ok, const Vec<A>& y) {
+  // ok - ok is 0 exactly where ok is finite (inf - inf and NaN - NaN are NaN).
+  return Vec<A>::blendv(Vec<A>(std::numeric_limits<A>::quiet_NaN()), y, (ok - ok) == Vec<A>(A(0)));
+}
+
+// exp(x) for x <= 0 (-inf included); NaN in: unspecified. float: ATen's exp_u20, an inline
+// degree-5 polynomial (a few ulp; far inside float tolerances and several times cheaper than the
+// Sleef call behind exp()), or on AVX512 the cheaper form below. double: Sleef, 1 ulp.
+#if !defined(CPU_CAPABILITY_AVX512)
+inline Vec<float> exp_nonpos(const Vec<float>& x) { return x.exp_u20(); }
+#endif
+inline Vec<double> exp_nonpos(const Vec<double>& x) { return x.exp(); }
+
+#if defined(CPU_CAPABILITY_AVX512)
+template <>
+inline Vec<float> if_negative(const Vec<float>& x, const Vec<float>& a, const Vec<float>& b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), b, a);
+}
+template <>
+inline Vec<double> if_negative(const Vec<double>& x, const Vec<double>& a, const Vec<double>& b) {
+  return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LT_OQ), b, a);
+}
+template <>
+inline Vec<float> keep_nan(const Vec<float>& x, const Vec<float>& y) {
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+template <>
+inline Vec<double> keep_nan(const Vec<double>& x, const Vec<double>& y) {
+  return _mm512_mask_mov_pd(y, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
+}
+// exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split in a
+// high part exact in float and a low part, Cody-Waite), exp(r) by its degree-6 Taylor polynomial
+// (truncation error < r^7/7! = 1.2e-7 relative), 2^n applied by vscalefps, which also rounds
+// denormal results and underflows to 0. x is clamped at -104 first (exp(-104) is below the
+// smallest denormal) so that -inf gives 0 and n stays small.
+inline Vec<float> exp_nonpos(const Vec<float>& xv) {
+  const __m512 x = _mm512_max_ps(xv, _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2, high 10 bits
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);       // ln 2 - 0.693359375
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.f / 720), r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// exp for any input, with exp's own results at +inf/overflow and NaN (log_softmax backward takes
+// exp of user data).
+inline Vec<float> exp_any(const Vec<float>& x) {
+  using V = Vec<float>;
+  V r = x.exp_u20();  // saturates at FLT_MAX above ln(FLT_MAX)
+  r = V::blendv(r, V(std::numeric_limits<float>::infinity()), x > V(88.72283935546875f));  // ln(FLT_MAX)
+  return keep_nan(x, r);
+}
+inline Vec<double> exp_any(const Vec<double>& x) { return x.exp(); }
+
+// Horizontal sum and max (the max propagates NaN, as at::vec::maximum does lane-wise).
+template <typename A>
+A hsum(const Vec<A>& v) {
+  return at::vec::vec_reduce_all<A>([](const Vec<A>& a, const Vec<A>& b) { return a + b; }, v);
+}
+template <typename A>
+A hmax(const Vec<A>& v) {
+  return at::vec::vec_reduce_all<A>([](const Vec<A>& a, const Vec<A>& b) { return at::vec::maximum(a, b); }, v);
+}
+// The scalar max that propagates NaN.
+template <typename A>
+A max_nan(A a, A b) {
+  return (a != a || a > b) ? a : b;
+}
+
+// Standard normal CDF Phi(x) = 0.5 (1 + erf(x / sqrt 2)), and g = exp(-x^2 / 2) (so that the
+// density is g / sqrt(2 pi)). float: the Abramowitz-Stegun 7.1.26 erfc approximation (|error| <
+// 1.5e-7, the one ATen's vectorised erf uses) in its erfc form, 0.5 erfc(|z|) = 0.5 t P(t) e^-z^2,
+// which avoids the cancellation in 1 + erf(z) for negative x and shares e^-z^2 = g with the
+// density. double: Sleef erf and exp (1 ulp), the formula as written.
+// NaN x: unspecified cdf and g; callers multiply by x, which carries the NaN.
+inline void normal_cdf(const Vec<float>& x, Vec<float>& cdf, Vec<float>& g) {
+  using V = Vec<float>;
+  using K = math::GeluConstants<float>;
+  // Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^-z^2,
+  // t = 1 / (1 + p z), z >= 0.
+  const V p(0.3275911f), a1(0.254829592f), a2(-0.284496736f), a3(1.421413741f), a4(-1.453152027f),
+      a5(1.061405429f);
+  const V z = x * V(K::kAlpha);
+  const V t = V(1.f) / at::vec::fmadd(p, z.abs(), V(1.f));
+  const V poly = at::vec::fmadd(at::vec::fmadd(at::vec::fmadd(at::vec::fmadd(a5, t, a4), t, a3), t, a2), t, a1);
+  g = exp_nonpos(V(0.f) - z * z);            // -x^2/2 <= 0
+  const V half_erfc = V(0.5f) * poly * t * g;  // 0.5 erfc(|z|) = Phi(-|x|)
+  cdf = if_negative(x, half_erfc, V(1.f) - half_erfc);
+}
+inline void normal_cdf(const Vec<double>& x, Vec<double>& cdf, Vec<double>& g) {
+  using V = Vec<double>;
+  using K = math::GeluConstants<double>;
+  cdf = V(0.5) * (V(1.0) + (x * V(K::kAlpha)).erf());
+  g = (V(-0.5) * x * x).exp();
+}
+
+// erf(z) for float without exp: z P(z^2) / Q(z^2), P and Q of degree 5, a minimax fit of
+// erf(z) / z on [0, 3.95] (fitted for fastact by iteratively reweighted least squares; fit error
+// 3.5e-8, 4e-7 absolute after float rounding, against A-S 7.1.26's 1.5e-7 plus its exp), |z|
+// clamped to 3.95, where erf rounds to 1 in float. A third cheaper than the erfc form above (no
+// exp); used where the density is not needed too (the forward).
+inline Vec<float> erf_rational(const Vec<float>& z_in) {
+  using V = Vec<float>;
+  const V z = at::vec::clamp(z_in, V(-3.95f), V(3.95f));  // NaN: unspecified (callers carry it)
+  const V w = z * z;
+  V p = at::vec::fmadd(V(1.9848707215053274e-06f), w, V(2.883273668664206e-04f));
+  p = at::vec::fmadd(p, w, V(3.99749715314486e-03f));
+  p = at::vec::fmadd(p, w, V(5.346587719952808e-02f));
+  p = at::vec::fmadd(p, w, V(1.9604755285905412e-01f));
+  p = at::vec::fmadd(p, w, V(1.1283791261339278f));  // 2 / sqrt(pi): erf(z) ~ 2z/sqrt(pi) at 0
+  V q = at::vec::fmadd(V(3.759316412485503e-05f), w, V(1.2152920263034904e-03f));
+  q = at::vec::fmadd(q, w, V(1.5437796006025567e-02f));
+  q = at::vec::fmadd(q, w, V(1.1641390825377043e-01f));
+  q = at::vec::fmadd(q, w, V(5.07074685907922e-01f));
+  q = at::vec::fmadd(q, w, V(1.f));
+  // At the clamp the fit overshoots 1 by an ulp; the clamp keeps 1 + erf >= 0, so that gelu(x) is
+  // exactly -0 (not a few ulp of the wrong sign) for x below -5.6.
+  return at::vec::clamp(z * p / q, V(-1.f), V(1.f));
+}
+
+// F.gelu(x, approximate="none") = x/2 (1 + erf(x / sqrt 2)) (math::GeluErf). float: erf_rational;
+// double: normal_cdf (Sleef erf).
+inline Vec<float> gelu_erf(const Vec<float>& x) {
+  using V = Vec<float>;
+  return x * at::vec::fmadd(V(0.5f), erf_rational(x * V(math::GeluConstants<float>::kAlpha)), V(0.5f));
+}
+inline Vec<double> gelu_erf(const Vec<double>& x) {
+  Vec<double> cdf, g;
+  normal_cdf(x, cdf, g);
+  return x * cdf;
+}
+// d/dx = Phi(x) + x phi(x) (math::GeluErf::derivative).
+template <typename A>
+Vec<A> gelu_erf_derivative(const Vec<A>& x) {
+  Vec<A> cdf, g;
+  normal_cdf(x, cdf, g);
+  return at::vec::fmadd(x * g, Vec<A>(math::GeluConstants<A>::kInvSqrt2Pi), cdf);
+}
+
+// F.gelu(x, approximate="tanh") = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+// (math::GeluTanh), through the identity (1 + tanh(u)) / 2 = sigmoid(2u): one exp, no tanh, no
+// cancellation in 1 + tanh(u) for negative x, and no overflow: with e = exp(-|2u|) in [0, 1] and
+// r = 1 / (1 + e), s = sigmoid(2u) is r for u >= 0 and e r for u < 0, and s (1 - s) = e r^2
+// either way. Derivative: (1 + t)/2 + x/2 (1 - t^2) u' = s + 2 x s (1 - s) u',
+// u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+template <typename A>
+void gelu_tanh_parts(const Vec<A>& x, Vec<A>& s, Vec<A>& e, Vec<A>& r) {
+  using V = Vec<A>;
+  using K = math::GeluConstants<A>;
+  const V u = V(K::kBeta) * x * at::vec::fmadd(V(K::kKappa), x * x, V(A(1)));
+  e = exp_nonpos(V(A(0)) - (u + u).abs());  // NaN x: unspecified, x carries the NaN
+  r = V(A(1)) / (V(A(1)) + e);
+  s = if_negative(u, e * r, r);
+}
+template <typename A>
+Vec<A> gelu_tanh(const Vec<A>& x) {
+  Vec<A> s, e, r;
+  gelu_tanh_parts(x, s, e, r);
+  return x * s;
+}
+template <typename A>
+Vec<A> gelu_tanh_derivative(const Vec<A>& x) {
+  using V = Vec<A>;
+  using K = math::GeluConstants<A>;
+  V s, e, r;
+  gelu_tanh_parts(x, s, e, r);
+  const V du = V(K::kBeta) * at::vec::fmadd(V(A(3) * K::kKappa), x * x, V(A(1)));
+  return at::vec::fmadd(V(A(2)) * x * e * r * r, du, s);
+}
+
+// torch.sigmoid without overflow (math::Sigmoid): e = exp(-|x|) in (0, 1], r = 1 / (1 + e),
+// sigmoid = r for x >= 0 and e r for x < 0.
+template <typename A>
+Vec<A> sigmoid(const Vec<A>& x) {
+  using V = Vec<A>;
+  const V e = exp_nonpos(V(A(0)) - x.abs());  // NaN x: unspecified, fixed below
+  const V r = V(A(1)) / (V(A(1)) + e);
+  return keep_nan(x, if_negative(x, e * r, r));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise ops: a vector form and a scalar form (the math.h functor) of the same function.
+
+template <bool kTanh>
+struct GeluOp {
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& x) const {
+    if constexpr (kTanh) return gelu_tanh(x);
+    else return gelu_erf(x);
+  }
+  template <typename A>
+  A operator()(A x) const {
+    if constexpr (kTanh) return math::GeluTanh{}.forward(x);
+    else return math::GeluErf{}.forward(x);
+  }
+};
+
+template <bool kTanh>
+struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x)
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& x) const {
+    if constexpr (kTanh) return dy * gelu_tanh_derivative(x);
+    else return dy * gelu_erf_derivative(x);
+  }
+  template <typename A>
+  A operator()(A dy, A x) const {
+    if constexpr (kTanh) return dy * math::GeluTanh{}.derivative(x);
+    else return dy * math::GeluErf{}.derivative(x);
+  }
+};
+
+struct SigmoidOp {
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& x) const {
+    return sigmoid(x);
+  }
+  template <typename A>
+  A operator()(A x) const {
+    return math::Sigmoid{}.forward(x);
+  }
+};
+
+struct SigmoidBackwardOp {  // (dy, y) -> dy * y * (1 - y)
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& y) const {
+    return dy * (y * (Vectorized<A>(A(1)) - y));
+  }
+  template <typename A>
+  A operator()(A dy, A y) const {
+    return dy * math::Sigmoid{}.derivative_from_output(y);
+  }
+};
+
+// A note on the loops below: each runs in a function whose pointers are parameters (locals), not
+// in a lambda that captured them by reference. A vector store may alias anything (the intrinsics'
+// types are may_alias), so a pointer read through a closure would be reloaded after every store:
+// five extra dependent loads per iteration, 20% of a memory-bound op.
+
+// y[i] = op(x[i]) for i in [begin, end), whole vector pairs then single elements.
+template <typename T, typename Op>
+void unary_range(const T* x, T* y, int64_t begin, int64_t end, const Op& op) {
+  using IO = Io<T>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  int64_t i = begin;
+  for (; i + kStep <= end; i += kStep) {
+    V a0, a1;
+    IO::load2(x + i, a0, a1);
+    IO::store2(y + i, op(a0), op(a1));
+  }
+  for (; i < end; ++i) y[i] = T(op(A(x[i])));
+}
+
+// z[i] = op(a[i], b[i]) for i in [begin, end).
+template <typename T, typename Op>
+void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, const Op& op) {
+  using IO = Io<T>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  int64_t i = begin;
+  for (; i + kStep <= end; i += kStep) {
+    V a0, a1, b0, b1;
+    IO::load2(a + i, a0, a1);
+    IO::load2(b + i, b0, b1);
+    IO::store2(z + i, op(a0, b0), op(a1, b1));
+  }
+  for (; i < end; ++i) z[i] = T(op(A(a[i]), A(b[i])));
+}
+
+// Over n elements in chunks of whole vector pairs (the scalar tail only in the last chunk).
+template <typename T, typename Op>
+void unary_kernel(const T* x, T* y, int64_t n, int64_t grain, const Op& op) {
+  constexpr int64_t kStep = 2 * Io<T>::kV;
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep),
+               [&](int64_t b, int64_t e) { unary_range(x, y, b * kStep, std::min(e * kStep, n), op); });
+}
+
+template <typename T, typename Op>
+void binary_kernel(const T* a, const T* b, T* z, int64_t n, int64_t grain, const Op& op) {
+  constexpr int64_t kStep = 2 * Io<T>::kV;
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep),
+               [&](int64_t lo, int64_t hi) { binary_range(a, b, z, lo * kStep, std::min(hi * kStep, n), op); });
+}
+
+template <typename T>
+void gelu_fwd(const T* x, T* y, int64_t n, bool tanh_approx) {
+  if (tanh_approx) unary_kernel(x, y, n, kGrainHeavy, GeluOp<true>{});
+  else unary_kernel(x, y, n, kGrainHeavy, GeluOp<false>{});
+}
+
+template <typename T>
+void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx) {
+  if (tanh_approx) binary_kernel(dy, x, dx, n, kGrainHeavy, GeluBackwardOp<true>{});
+  else binary_kernel(dy, x, dx, n, kGrainHeavy, GeluBackwardOp<false>{});
+}
+
+template <typename T>
+void sigmoid_fwd(const T* x, T* y, int64_t n) {
+  unary_kernel(x, y, n, kGrain, SigmoidOp{});
+}
+
+template <typename T>
+void sigmoid_bwd(const T* dy, const T* y, T* dx, int64_t n) {
+  binary_kernel(dy, y, dx, n, kGrain, SigmoidBackwardOp{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias + GELU. x, y, dy, dx contiguous [rows, cols]; bias, dbias [cols].
+
+// Calls seg(row, c0, c1) for the row segments that make up elements [begin, end) of a
+// [rows, cols] row-major array.
+template <typename F>
+void for_each_row_segment(int64_t begin, int64_t end, int64_t cols, const F& seg) {
+  int64_t r = begin / cols, c = begin % cols;
+  while (begin < end) {
+    const int64_t c1 = std::min(cols, c + (end - begin));
+    seg(r, c, c1);
+    begin += c1 - c;
+    ++r;
+    c = 0;
+  }
+}
+
+// y[c] = gelu(x[c] + bias[c]) for c in [c0, c1) of one row: x + bias never leaves registers.
+template <typename T, bool kTanh>
+void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) {
+  using IO = Io<T>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const GeluOp<kTanh> gelu;
+  int64_t c = c0;
+  for (; c + kStep <= c1; c += kStep) {
+    V x0, x1, b0, b1;
+    IO::load2(x + c, x0, x1);
+    IO::load2(bias + c, b0, b1);
+    IO::store2(y + c, gelu(x0 + b0), gelu(x1 + b1));
+  }
+  for (; c < c1; ++c) y[c] = T(gelu(A(x[c]) + A(bias[c])));
+}
+
+template <typename T, bool kTanh>
+void bias_gelu_fwd_impl(const T* x, const T* bias, T* y, int64_t rows, int64_t cols) {
+  parallel_for(rows * cols, kGrainHeavy, [&](int64_t begin, int64_t end) {
+    for_each_row_segment(begin, end, cols, [&](int64_t r, int64_t c0, int64_t c1) {
+      bias_gelu_segment<T, kTanh>(x + r * cols, bias, y + r * cols, c0, c1);
+    });
+  });
+}
+
+template <typename T>
+void bias_gelu_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx) {
+  if (tanh_approx) bias_gelu_fwd_impl<T, true>(x, bias, y, rows, cols);
+  else bias_gelu_fwd_impl<T, false>(x, bias, y, rows, cols);
+}
+
+// The fixed partition of the bias-gradient reduction: tasks of (row chunk, column block), each
+// summing its rows of dx into its own slice of a [row_chunks, cols] acc_t buffer, then a sum of
+// that buffer over row chunks in chunk order. Nothing depends on the thread count or on the
+// order tasks run in, so dbias is bit-identical from run to run and machine to machine (at one ISA).
+struct BiasGradPartition {
+  // A column block of the partial sums stays in L1 while its rows stream by (8 KB of float).
+  static constexpr int64_t kColBlock = 2048;
+  // Elements a row chunk should hold: below this the partial buffer costs more than it buys.
+  static constexpr int64_t kChunkElems = kGrain;
+  // At most this many row chunks (the parallelism over rows), and at most this many partial
+  // sums in all (1 MB of float), so that the final reduction stays a small fraction of the pass.
+  static constexpr int64_t kMaxRowChunks = 64;
+  static constexpr int64_t kMaxPartials = int64_t(1) << 18;
+
+  int64_t row_chunks, rows_per_chunk, col_blocks;
+
+  BiasGradPartition(int64_t rows, int64_t cols) {
+    int64_t chunks = std::clamp<int64_t>(rows * cols / kChunkElems, 1, kMaxRowChunks);
+    chunks = std::min({chunks, rows, std::max<int64_t>(1, kMaxPartials / cols)});
+    rows_per_chunk = ceil_div(rows, chunks);
+    row_chunks = ceil_div(rows, rows_per_chunk);
+    col_blocks = ceil_div(cols, kColBlock);
+  }
+};
+
+// dx[c] = dy[c] * gelu'(x[c] + bias[c]) for c in [c0, c1) of one row, and acc[c - c0] += dx[c]
+// (in acc_t, before dx's rounding).
+template <typename T, bool kTanh>
+void bias_gelu_bwd_segment(const T* dy, const T* x, const T* bias, T* dx, typename Io<T>::A* acc, int64_t c0,
+                           int64_t c1) {
+  using IO = Io<T>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const GeluBackwardOp<kTanh> grad;
+  int64_t c = c0;
+  for (; c + kStep <= c1; c += kStep) {
+    V g0, g1, x0, x1, b0, b1;
+    IO::load2(dy + c, g0, g1);
+    IO::load2(x + c, x0, x1);
+    IO::load2(bias + c, b0, b1);
+    const V d0 = grad(g0, x0 + b0), d1 = grad(g1, x1 + b1);
+    IO::store2(dx + c, d0, d1);
+    A* a = acc + (c - c0);
+    (V::loadu(a) + d0).store(a);
+    (V::loadu(a + IO::kV) + d1).store(a + IO::kV);
+  }
+  for (; c < c1; ++c) {
+    const A d = grad(A(dy[c]), A(x[c]) + A(bias[c]));
+    dx[c] = T(d);
+    acc[c - c0] += d;
+  }
+}
+
+template <typename T, bool kTanh>
+void bias_gelu_bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols) {
+  using A = typename Io<T>::A;
+  const BiasGradPartition part(rows, cols);
+  std::unique_ptr<A[]> partial(new A[part.row_chunks * cols]);  // [row_chunks, cols]
+
+  const int64_t tasks = part.row_chunks * part.col_blocks;
+  const int64_t task_elems = part.rows_per_chunk * std::min(cols, BiasGradPartition::kColBlock);
+  parallel_for(tasks, std::max<int64_t>(1, kGrainHeavy / task_elems), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t rc = t / part.col_blocks, cb = t % part.col_blocks;
+      const int64_t r0 = rc * part.rows_per_chunk, r1 = std::min(rows, r0 + part.rows_per_chunk);
+      const int64_t c0 = cb * BiasGradPartition::kColBlock, c1 = std::min(cols, c0 + BiasGradPartition::kColBlock);
+      A* total = partial.get() + rc * cols;
+      std::fill(total + c0, total + c1, A(0));
+      A acc[BiasGradPartition::kColBlock];  // acc[c - c0]: this task's columns over <= kSumRows rows
+      for (int64_t r = r0; r < r1; ++r) {
+        if ((r - r0) % kSumRows == 0) {
+          if (r > r0)
+            for (int64_t c = c0; c < c1; ++c) total[c] += acc[c - c0];
+          std::fill(acc, acc + (c1 - c0), A(0));
+        }
+        bias_gelu_bwd_segment<T, kTanh>(dy + r * cols, x + r * cols, bias, dx + r * cols, acc, c0, c1);
+      }
+      for (int64_t c = c0; c < c1; ++c) total[c] += acc[c - c0];
+    }
+  });
+
+  // dbias[c] = sum over row chunks, in chunk order.
+  parallel_for(cols, kGrain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      A s = partial[c];
+      for (int64_t rc = 1; rc < part.row_chunks; ++rc) s += partial[rc * cols + c];
+      dbias[c] = T(s);
+    }
+  });
+}
+
+template <typename T>
+void bias_gelu_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
+                   bool tanh_approx) {
+  if (tanh_approx) bias_gelu_bwd_impl<T, true>(dy, x, bias, dx, dbias, rows, cols);
+  else bias_gelu_bwd_impl<T, false>(dy, x, bias, dx, dbias, rows, cols);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax and log_softmax. Per row (or column, when inner > 1): m = max, s = sum(exp(x - m)),
+// c = epilogue.row_constant(s), then y = epilogue.forward(x, m, c) (math::SoftmaxEpilogue,
+// math::LogSoftmaxEpilogue). Softmax keeps exp(x - m) from the sum pass (in y when y is of the acc
+// type, else in a per-chunk float scratch row) and scales it; log_softmax recomputes x - m - c.
+// Rows whose max is not finite (a NaN, a +inf, or all -inf) are NaN throughout, as in torch; every
+// other row has x - m in [-inf, 0], exp_nonpos's domain.
+
+template <bool kLog>
+using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::SoftmaxEpilogue>;
+
+// Softmax over dim_size for inner == 1: rows of D elements, x row r at x + r * row_stride,
+// y dense.
+template <typename In, typename Out, bool kLog>
+void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
+  using IO = Io<In>;
+  using OO = Io<Out>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  static_assert(std::is_same_v<A, typename OO::A>);
+  constexpr int64_t kV = IO::kV, kStep = 2 * kV;
+  constexpr bool kExpInY = std::is_same_v<Out, A>;  // exp(x - m) parked in y itself
+  constexpr bool kScratch = !kLog && !kExpInY;
+  const Epilogue<kLog> epi;
+  const int64_t D = shape.dim_size;
+
+  parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
+    std::unique_ptr<A[]> scratch(kScratch ? new A[D] : nullptr);
+    for (int64_t r = r0; r < r1; ++r) {
+      const In* xr = x + r * shape.row_stride;
+      Out* yr = y + r * D;
+
+      // Pass 1: the max.
+      int64_t i = 0;
+      V vm0(-std::numeric_limits<A>::infinity()), vm1 = vm0;
+      for (; i + kStep <= D; i += kStep) {
+        V a, b;
+        IO::load2(xr + i, a, b);
+        vm0 = at::vec::maximum(vm0, a);
+        vm1 = at::vec::maximum(vm1, b);
+      }
+      A m = hmax(at::vec::maximum(vm0, vm1));
+      for (; i < D; ++i) m = max_nan(m, A(xr[i]));
+      if (!std::isfinite(m)) {
+        std::fill(yr, yr + D, Out(std::numeric_limits<A>::quiet_NaN()));
+        continue;
+      }
+
+      // Pass 2: s = sum(exp(x - m)), softmax keeping the exps.
+      A* e = nullptr;
+      if constexpr (!kLog) e = kExpInY ? reinterpret_cast<A*>(yr) : scratch.get();
+      const V vmax(m);
+      const int64_t vec_end = D - D % kStep;
+      V total(A(0));
+      for (int64_t blk = 0; blk < vec_end; blk += kSumBlock) {
+        const int64_t blk_end = std::min(blk + kSumBlock, vec_end);
+        V s0(A(0)), s1(A(0));
+        for (i = blk; i < blk_end; i += kStep) {
+          V a, b;
+          IO::load2(xr + i, a, b);
+          a = exp_nonpos(a - vmax);
+          b = exp_nonpos(b - vmax);
+          s0 = s0 + a;
+          s1 = s1 + b;
+          if constexpr (!kLog) {
+            a.store(e + i);
+            b.store(e + i + kV);
+          }
+        }
+        total = total + (s0 + s1);
+      }
+      A s = hsum(total);
+      for (i = vec_end; i < D; ++i) s += math::exp_(A(xr[i]) - m);
+      const A c = epi.row_constant(s);
+
+      // Pass 3: y.
+      const V vc(c);
+      for (i = 0; i + kStep <= D; i += kStep) {
+        if constexpr (kLog) {
+          V a, b;
+          IO::load2(xr + i, a, b);
+          OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
+        } else {
+          OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
+        }
+      }
+      for (; i < D; ++i) yr[i] = Out(epi.forward(A(xr[i]), m, c));
+    }
+  });
+}
+
+// Vector lanes of one column block, for the strided kernels: NV vectors of kV adjacent columns.
+template <typename IO, int NV>
+struct Lanes {
+  using V = typename IO::V;
+  V v[NV];
+  template <typename T>
+  void load(const T* p) {
+    for (int k = 0; k < NV; ++k) v[k] = Io<T>::load(p + k * IO::kV);
+  }
+  template <typename T>
+  void store(T* p) const {
+    if constexpr (NV == 2) Io<T>::store2(p, v[0], v[1]);
+    else
+      for (int k = 0; k < NV; ++k) Io<T>::store(p + k * IO::kV, v[k]);
+  }
+};
+
+// Softmax over D for inner > 1, in place along the strides: the lanes of a vector are NV * kV
+// adjacent columns (the contiguous inner dim), each with its own running max and sum over D.
+// x, y point at the block's first column of one [D, inner] slab.
+template <typename In, typename Out, bool kLog, int NV>
+void softmax_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, typename Io<In>::A* scratch) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  using L = Lanes<IO, NV>;
+  constexpr int64_t kW = NV * IO::kV;
+  constexpr bool kExpInY = std::is_same_v<Out, A>;
+
+  L m;
+  for (auto& v : m.v) v = V(-std::numeric_limits<A>::infinity());
+  for (int64_t d = 0; d < D; ++d) {
+    L a;
+    a.load(x + d * inner);
+    for (int k = 0; k < NV; ++k) m.v[k] = at::vec::maximum(m.v[k], a.v[k]);
+  }
+  L s;
+  for (auto& v : s.v) v = V(A(0));
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    L part;
+    for (auto& v : part.v) v = V(A(0));
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) {
+      L a;
+      a.load(x + d * inner);
+      for (int k = 0; k < NV; ++k) {
+        a.v[k] = exp_nonpos(a.v[k] - m.v[k]);  // lanes with a non-finite max: garbage, masked below
+        part.v[k] = part.v[k] + a.v[k];
+      }
+      if constexpr (!kLog) {
+        if constexpr (kExpInY) a.store(y + d * inner);
+        else a.store(scratch + d * kW);
+      }
+    }
+    for (int k = 0; k < NV; ++k) s.v[k] = s.v[k] + part.v[k];
+  }
+  L c;  // the row constant; NaN in lanes whose max is not finite (torch's NaN rows)
+  for (int k = 0; k < NV; ++k) {
+    c.v[k] = nan_unless_finite(m.v[k], kLog ? s.v[k].log() : V(A(1)) / s.v[k]);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    L a;
+    if constexpr (kLog) {
+      a.load(x + d * inner);
+      for (int k = 0; k < NV; ++k) a.v[k] = (a.v[k] - m.v[k]) - c.v[k];
+    } else {
+      if constexpr (kExpInY) a.load(y + d * inner);
+      else a.load(scratch + d * kW);
+      for (int k = 0; k < NV; ++k) a.v[k] = a.v[k] * c.v[k];
+    }
+    a.store(y + d * inner);
+  }
+}
+
+// One column of the strided case, in scalars (the columns left over after the vector blocks).
+template <typename In, typename Out, bool kLog>
+void softmax_col_fwd_scalar(const In* x, Out* y, int64_t D, int64_t inner) {
+  using A = acc_t<In>;
+  const Epilogue<kLog> epi;
+  A m = -std::numeric_limits<A>::infinity();
+  for (int64_t d = 0; d < D; ++d) m = max_nan(m, A(x[d * inner]));
+  if (!std::isfinite(m)) {
+    for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(std::numeric_limits<A>::quiet_NaN());
+    return;
+  }
+  A s = 0;
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    A part = 0;
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += math::exp_(A(x[d * inner]) - m);
+    s += part;
+  }
+  const A c = epi.row_constant(s);
+  for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(epi.forward(A(x[d * inner]), m, c));
+}
+
+// Columns [c0, c1) of one slab: blocks of two vectors, then one vector, then single columns.
+template <typename In, typename Out, bool kLog>
+void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, int64_t c0, int64_t c1,
+                               typename Io<In>::A* scratch) {
+  constexpr int64_t kV = Io<In>::kV;
+  int64_t c = c0;
+  for (; c + 2 * kV <= c1; c += 2 * kV) softmax_cols_fwd<In, Out, kLog, 2>(x + c, y + c, D, inner, scratch);
+  for (; c + kV <= c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
+  for (; c < c1; ++c) softmax_col_fwd_scalar<In, Out, kLog>(x + c, y + c, D, inner);
+}
+
+// Task = (outer index, block of 2 * kV columns); x and y dense [outer, D, inner].
+template <typename In, typename Out, bool kLog>
+void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
+  using A = typename Io<In>::A;
+  constexpr int64_t kBlock = 2 * Io<In>::kV;
+  constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
+  const int64_t D = shape.dim_size, inner = shape.inner;
+  const int64_t blocks = ceil_div(inner, kBlock);
+  parallel_for(shape.outer * blocks, std::max<int64_t>(1, kGrain / (D * std::min(inner, kBlock))),
+               [&](int64_t t0, int64_t t1) {
+                 std::unique_ptr<A[]> scratch(kScratch ? new A[D * kBlock] : nullptr);
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const int64_t o = t / blocks, c0 = (t % blocks) * kBlock;
+                   const int64_t offset = o * D * inner;
+                   softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0,
+                                                            std::min(inner, c0 + kBlock), scratch.get());
+                 }
+               });
+}
+
+template <typename In, typename Out>
+void softmax_fwd_any(const In* x, Out* y, const SoftmaxShape& shape, bool log) {
+  if (shape.inner == 1) {
+    if (log) softmax_lastdim_fwd<In, Out, true>(x, y, shape);
+    else softmax_lastdim_fwd<In, Out, false>(x, y, shape);
+  } else {
+    if (log) softmax_strided_fwd<In, Out, true>(x, y, shape);
+    else softmax_strided_fwd<In, Out, false>(x, y, shape);
+  }
+}
+
+// Backward. softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy)
+// (Epilogue::backward_term is what is summed, Epilogue::backward the map).
+template <bool kLog>
+struct VecBackward {
+  template <typename V>
+  static V term(const V& dy, const V& y) {
+    if constexpr (kLog) return dy;
+    else return dy * y;
+  }
+  template <typename V>
+  static V map(const V& dy, const V& y, const V& sum) {
+    if constexpr (kLog) return dy - exp_any(y) * sum;
+    else return y * (dy - sum);
+  }
+};
+
+template <typename In, typename Out, bool kLog>
+void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
+  using IO = Io<In>;
+  using OO = Io<Out>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const Epilogue<kLog> epi;
+  const int64_t D = shape.dim_size;
+  parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const In* dyr = dy + r * D;
+      const In* yr = y + r * D;
+      Out* dxr = dx + r * D;
+      int64_t i = 0;
+      const int64_t vec_end = D - D % kStep;
+      V total(A(0));
+      for (int64_t blk = 0; blk < vec_end; blk += kSumBlock) {
+        const int64_t blk_end = std::min(blk + kSumBlock, vec_end);
+        V s0(A(0)), s1(A(0));
+        for (i = blk; i < blk_end; i += kStep) {
+          V g0, g1, y0, y1;
+          IO::load2(dyr + i, g0, g1);
+          IO::load2(yr + i, y0, y1);
+          s0 = s0 + VecBackward<kLog>::term(g0, y0);
+          s1 = s1 + VecBackward<kLog>::term(g1, y1);
+        }
+        total = total + (s0 + s1);
+      }
+      A s = hsum(total);
+      for (i = vec_end; i < D; ++i) s += epi.backward_term(A(dyr[i]), A(yr[i]));
+      const V vs(s);
+      for (i = 0; i + kStep <= D; i += kStep) {
+        V g0, g1, y0, y1;
+        IO::load2(dyr + i, g0, g1);
+        IO::load2(yr + i, y0, y1);
+        OO::store2(dxr + i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+      }
+      for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+    }
+  });
+}
+
+template <typename In, typename Out, bool kLog, int NV>
+void softmax_cols_bwd(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  using L = Lanes<IO, NV>;
+  L s;
+  for (auto& v : s.v) v = V(A(0));
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    L part;
+    for (auto& v : part.v) v = V(A(0));
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) {
+      L g, o;
+      g.load(dy + d * inner);
+      o.load(y + d * inner);
+      for (int k = 0; k < NV; ++k) part.v[k] = part.v[k] + VecBackward<kLog>::term(g.v[k], o.v[k]);
+    }
+    for (int k = 0; k < NV; ++k) s.v[k] = s.v[k] + part.v[k];
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    L g, o;
+    g.load(dy + d * inner);
+    o.load(y + d * inner);
+    for (int k = 0; k < NV; ++k) g.v[k] = VecBackward<kLog>::map(g.v[k], o.v[k], s.v[k]);
+    g.store(dx + d * inner);
+  }
+}
+
+template <typename In, typename Out, bool kLog>
+void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner) {
+  using A = acc_t<In>;
+  const Epilogue<kLog> epi;
+  A s = 0;
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    A part = 0;
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += epi.backward_term(A(dy[d * inner]), A(y[d * inner]));
+    s += part;
+  }
+  for (int64_t d = 0; d < D; ++d) dx[d * inner] = Out(epi.backward(A(dy[d * inner]), A(y[d * inner]), s));
+}
+
+template <typename In, typename Out, bool kLog>
+void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
+  constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
+  const int64_t D = shape.dim_size, inner = shape.inner;
+  const int64_t blocks = ceil_div(inner, kBlock);
+  parallel_for(shape.outer * blocks, std::max<int64_t>(1, kGrain / (D * std::min(inner, kBlock))),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const int64_t o = t / blocks, c1 = std::min(inner, (t % blocks) * kBlock + kBlock);
+                   const int64_t offset = o * D * inner;
+                   int64_t c = (t % blocks) * kBlock;
+                   for (; c + 2 * kV <= c1; c += 2 * kV)
+                     softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+                   for (; c + kV <= c1; c += kV)
+                     softmax_cols_bwd<In, Out, kLog, 1>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+                   for (; c < c1; ++c)
+                     softmax_col_bwd_scalar<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+                 }
+               });
+}
+
+template <typename In, typename Out>
+void softmax_bwd_any(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape, bool log) {
+  if (shape.inner == 1) {
+    if (log) softmax_lastdim_bwd<In, Out, true>(dy, y, dx, shape);
+    else softmax_lastdim_bwd<In, Out, false>(dy, y, dx, shape);
+  } else {
+    if (log) softmax_strided_bwd<In, Out, true>(dy, y, dx, shape);
+    else softmax_strided_bwd<In, Out, false>(dy, y, dx, shape);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+template <typename T>
+void softmax_fwd(const T* x, T* y, const SoftmaxShape& shape, bool log) {
+  softmax_fwd_any<T, T>(x, y, shape, log);
+}
+template <typename T>
+void softmax_fwd_to_float(const T* x, float* y, const SoftmaxShape& shape, bool log) {
+  softmax_fwd_any<T, float>(x, y, shape, log);
+}
+template <typename T>
+void softmax_bwd(const T* dy, const T* y, T* dx, const SoftmaxShape& shape, bool log) {
+  softmax_bwd_any<T, T>(dy, y, dx, shape, log);
+}
+template <typename T>
+void softmax_bwd_from_float(const float* dy, const float* y, T* dx, const SoftmaxShape& shape, bool log) {
+  softmax_bwd_any<float, T>(dy, y, dx, shape, log);
+}
+
+template <typename T>
+constexpr TypedKernels<T> make_kernels() {
+  constexpr bool kReduced = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+  TypedKernels<T> k{};
+  k.softmax_fwd = &softmax_fwd<T>;
+  k.softmax_bwd = &softmax_bwd<T>;
+  if constexpr (kReduced) {
+    k.softmax_fwd_to_float = &softmax_fwd_to_float<T>;
+    k.softmax_bwd_from_float = &softmax_bwd_from_float<T>;
+  }
+  k.gelu_fwd = &gelu_fwd<T>;
+  k.gelu_bwd = &gelu_bwd<T>;
+  k.sigmoid_fwd = &sigmoid_fwd<T>;
+  k.sigmoid_bwd = &sigmoid_bwd<T>;
+  k.bias_gelu_fwd = &bias_gelu_fwd<T>;
+  k.bias_gelu_bwd = &bias_gelu_bwd<T>;
+  return k;
+}
+
+constexpr KernelTable kTable{
+    FASTACT_STRINGIFY(CPU_CAPABILITY), static_cast<int>(Vectorized<float>::size()),
+    make_kernels<float>(),             make_kernels<double>(),
+    make_kernels<c10::Half>(),         make_kernels<c10::BFloat16>(),
+};
+
+}  // namespace
+
+const KernelTable& kernel_table() {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__)
+  // FASTACT_NO_AVX512_BF16=1 keeps the emulated conversion (bit-for-bit ATen's, denormals
+  // included); tests use it to cover that path on CPUs that have the instruction.
+  static const bool detected = [] {
+    const char* off = std::getenv("FASTACT_NO_AVX512_BF16");
+    g_avx512_bf16 = __builtin_cpu_supports("avx512bf16") && !(off && off[0] == '1');
+    return true;
+  }();
+  (void)detected;
+#endif
+  return kTable;
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fastact::cpu

@@ -1,0 +1,93 @@
+// The CPU kernels as csrc/cpu/ops.cpp sees them: one table of plain function pointers per
+// instruction set. csrc/cpu/kernels.cpp is compiled once per ISA (setup.py: DEFAULT, AVX2,
+// AVX512, each inside its own `namespace CPU_CAPABILITY`) and each build defines its
+// `kernel_table()`; ops.cpp picks one at run time from torch's CPU capability.
+//
+// Torch-free on purpose (c10 scalar types only): kernels.cpp must not see ATen/torch headers whose
+// inline code would be compiled once per ISA (see the ODR note in kernels.cpp).
+//
+// Conventions for every kernel below:
+// - element counts and sizes are int64_t; nothing is called with an empty problem;
+// - "dense [outer, D, inner]" means element (o, d, i) at o * D * inner + d * inner + i;
+// - half and bfloat16 compute in float, float in float, double in double (fastact::acc_t);
+// - kernels parallelise themselves (csrc/cpu/parallel.h) and run small problems on the calling
+//   thread.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fastact::cpu {
+
+// softmax over D, the tensor seen as [outer, D, inner] (csrc/common.h: SoftmaxGeometry).
+struct SoftmaxShape {
+  int64_t outer = 1;
+  int64_t dim_size = 1;
+  int64_t inner = 1;
+  // Forward input only, inner == 1 only: elements from one row to the next (rows may be strided,
+  // e.g. x[..., 1:]). Outputs and the backward's tensors are dense (row stride dim_size).
+  int64_t row_stride = 1;
+};
+
+// The kernels of one element type T (float, double, c10::Half, c10::BFloat16).
+template <typename T>
+struct TypedKernels {
+  // y = softmax or log_softmax of x; x per SoftmaxShape, y dense [outer, D, inner].
+  void (*softmax_fwd)(const T* x, T* y, const SoftmaxShape& shape, bool log);
+  // The fused cast of torch.softmax(x, dtype=float32) for half/bfloat16 x; nullptr for float/double.
+  void (*softmax_fwd_to_float)(const T* x, float* y, const SoftmaxShape& shape, bool log);
+  // dx from dy and the forward's output y, all dense [outer, D, inner]:
+  // softmax dx = y * (dy - sum(dy * y)), log_softmax dx = dy - exp(y) * sum(dy).
+  void (*softmax_bwd)(const T* dy, const T* y, T* dx, const SoftmaxShape& shape, bool log);
+  // The fused backward of a half/bfloat16 input whose forward produced float: float dy and y,
+  // dx written as T. nullptr for float/double.
+  void (*softmax_bwd_from_float)(const float* dy, const float* y, T* dx, const SoftmaxShape& shape, bool log);
+
+  // Elementwise, over n consecutive elements (any dense memory order).
+  void (*gelu_fwd)(const T* x, T* y, int64_t n, bool tanh_approx);
+  void (*gelu_bwd)(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx);
+  void (*sigmoid_fwd)(const T* x, T* y, int64_t n);
+  void (*sigmoid_bwd)(const T* dy, const T* y, T* dx, int64_t n);  // dx = dy * y * (1 - y)
+
+  // y = gelu(x + bias), x and y contiguous [rows, cols], bias [cols].
+  void (*bias_gelu_fwd)(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx);
+  // dx = dy * gelu'(x + bias) ([rows, cols], contiguous) and dbias = dx summed over rows ([cols]),
+  // the sum in acc_t over a fixed partition: bit-identical from run to run and for any number of
+  // threads.
+  void (*bias_gelu_bwd)(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
+                        bool tanh_approx);
+};
+
+struct KernelTable {
+  const char* isa;  // "DEFAULT", "AVX2" or "AVX512"
+  int float_lanes;  // floats per SIMD register in this build
+  TypedKernels<float> f32;
+  TypedKernels<double> f64;
+  TypedKernels<c10::Half> f16;
+  TypedKernels<c10::BFloat16> bf16;
+
+  template <typename T>
+  constexpr const TypedKernels<T>& of() const {
+    if constexpr (std::is_same_v<T, float>) return f32;
+    else if constexpr (std::is_same_v<T, double>) return f64;
+    else if constexpr (std::is_same_v<T, c10::Half>) return f16;
+    else return bf16;
+  }
+};
+
+// One table per ISA build; only those of the builds that exist are defined (ops.cpp sees
+// FASTACT_HAVE_<ISA>).
+namespace DEFAULT {
+const KernelTable& kernel_table();
+}
+namespace AVX2 {
+const KernelTable& kernel_table();
+}
+namespace AVX512 {
+const KernelTable& kernel_table();
+}
+
+}  // namespace fastact::cpu

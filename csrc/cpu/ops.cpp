@@ -1,0 +1,379 @@
+// The CPU kernels of every fastact op, as torch sees them: argument checks and layout planning
+// (csrc/common.h), dtype dispatch, and the call into the kernel table of the instruction set in
+// use (csrc/cpu/kernels.h). Also the threading layer of csrc/cpu/parallel.h (oneTBB).
+#include "common.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+namespace fastact::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Threads.
+
+namespace {
+
+// The arena for the current at::get_num_threads(), created on first use and replaced when the
+// thread count changes (torch.set_num_threads). Callers hold a reference while they run, so a
+// replaced arena lives until its last user returns.
+std::shared_ptr<tbb::task_arena> arena_for(int threads) {
+  struct Cache {
+    std::mutex mu;
+    int threads = 0;
+    std::shared_ptr<tbb::task_arena> arena;
+  };
+  static Cache* cache = new Cache;  // never destroyed: no TBB teardown in static destructors
+  std::lock_guard<std::mutex> lock(cache->mu);
+  if (cache->threads != threads) {
+    cache->arena = std::make_shared<tbb::task_arena>(threads);
+    cache->threads = threads;
+  }
+  return cache->arena;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) {
+  // Inside an ATen parallel region (a torch op's at::parallel_for calling us), stay on this thread
+  // as ATen itself does.
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t chunks = std::min<int64_t>(threads, ceil_div(n, std::max<int64_t>(grain, 1)));
+  if (chunks <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  const auto arena = arena_for(threads);
+  // One equal chunk per thread, statically assigned: the kernels' work is uniform, and this is
+  // the cheapest schedule TBB has (no splitting or stealing beyond the first level).
+  arena->execute([&] {
+    tbb::parallel_for(
+        int64_t(0), chunks, [&](int64_t c) { fn(ctx, c * n / chunks, (c + 1) * n / chunks); },
+        tbb::static_partitioner());
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel table of this machine: torch's own choice of instruction set (at::get_cpu_capability,
+// which honours ATEN_CPU_CAPABILITY), capped by the builds that exist.
+
+namespace {
+
+const KernelTable& select_table() {
+  const std::string cap = at::get_cpu_capability();
+#if defined(FASTACT_HAVE_AVX512)
+  if (cap == "AVX512") return AVX512::kernel_table();
+#endif
+#if defined(FASTACT_HAVE_AVX2)
+  if (cap == "AVX512" || cap == "AVX2") return AVX2::kernel_table();
+#endif
+  return DEFAULT::kernel_table();
+}
+
+const KernelTable& kernels() {
+  static const KernelTable& table = select_table();
+  return table;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks.
+
+std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
+
+constexpr const char* kCudaVariants[] = {"warp", "vec", "scalar", "long_row", "strided"};
+
+void check_cpu_variant(c10::string_view variant, const char* op) {
+  const std::string_view v = sv(variant);
+  if (v == "auto") return;
+  for (const char* cuda : kCudaVariants) {
+    TORCH_CHECK(v != cuda, op, ": variant '", std::string(v), "' is a CUDA kernel; on the CPU only 'auto' is accepted");
+  }
+  TORCH_CHECK(false, op, ": unknown variant '", std::string(v),
+              "'; expected one of auto, warp, vec, scalar, long_row, strided (on the CPU only 'auto')");
+}
+
+bool parse_tanh(c10::string_view approximate, const char* op) {
+  return parse_gelu_approx(sv(approximate), op) == GeluApprox::kTanh;
+}
+
+// bias_gelu and its backward: x of at least 1 dim, bias 1-d over x's last dim, same dtype and device.
+void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const char* op) {
+  check_floating(x, op, "input");
+  check_floating(bias, op, "bias");
+  TORCH_CHECK(x.dim() >= 1, op, ": expected input of at least 1 dim (bias is added over the last), got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), op, ": expected bias of shape [", x.size(-1), "], got ",
+              bias.sizes());
+  check_same_dtype(x, bias, op, "input", "bias");
+  check_same_device(x, bias, op, "input", "bias");
+}
+
+// grad_output against the tensor it is the gradient of.
+void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* arg) {
+  check_floating(grad, op, "grad_output");
+  check_floating(t, op, arg);
+  check_same_shape(grad, t, op, "grad_output", arg);
+  check_same_dtype(grad, t, op, "grad_output", arg);
+  check_same_device(grad, t, op, "grad_output", arg);
+}
+
+// torch's IndexError for a dim out of range, with the op's name (at::maybe_wrap_dim's message has
+// none). Returns the wrapped dim; a 0-d tensor takes dims -1 and 0, as in torch.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, op, ": dim ", dim, " out of range for a tensor of ", ndim,
+                    " dims (expected to be in range of [", -n, ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+SoftmaxShape to_shape(const SoftmaxGeometry& g) { return {g.outer, g.dim_size, g.inner, g.row_stride}; }
+
+// ---------------------------------------------------------------------------------------------
+// Softmax family.
+
+template <bool kLog>
+at::Tensor softmax_cpu(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype,
+                       c10::string_view variant) {
+  constexpr const char* op = kLog ? "log_softmax" : "softmax";
+  check_cpu_variant(variant, op);
+  const SoftmaxForwardPlan p = plan_softmax_forward(x, wrap_dim(dim, x.dim(), op), dtype, op);
+  if (p.input.numel() == 0) return p.output;
+  const SoftmaxShape shape = to_shape(p.geom);
+  const at::ScalarType in = p.input.scalar_type();
+  if (in == p.output.scalar_type()) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in, op, [&] {
+      kernels().of<scalar_t>().softmax_fwd(p.input.const_data_ptr<scalar_t>(), p.output.mutable_data_ptr<scalar_t>(),
+                                          shape, kLog);
+    });
+  } else {  // the fused half/bfloat16 -> float cast (fused_softmax_cast)
+    TORCH_INTERNAL_ASSERT(p.output.scalar_type() == at::kFloat);
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(in, op, [&] {
+      kernels().of<scalar_t>().softmax_fwd_to_float(p.input.const_data_ptr<scalar_t>(),
+                                                   p.output.mutable_data_ptr<float>(), shape, kLog);
+    });
+  }
+  return p.output;
+}
+
+template <bool kLog>
+at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                at::ScalarType input_dtype, c10::string_view variant) {
+  constexpr const char* op = kLog ? "log_softmax_backward" : "softmax_backward";
+  check_cpu_variant(variant, op);
+  const SoftmaxBackwardPlan p =
+      plan_softmax_backward(grad_output, output, wrap_dim(dim, output.dim(), op), input_dtype, op);
+  if (p.output.numel() > 0) {
+    const SoftmaxShape shape = to_shape(p.geom);
+    const at::ScalarType t = p.output.scalar_type();
+    if (p.compute_dtype == t) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t, op, [&] {
+        kernels().of<scalar_t>().softmax_bwd(p.grad_output.const_data_ptr<scalar_t>(),
+                                            p.output.const_data_ptr<scalar_t>(),
+                                            p.grad_input.mutable_data_ptr<scalar_t>(), shape, kLog);
+      });
+    } else {  // float gradients of a half/bfloat16 input, written as the input's dtype
+      TORCH_INTERNAL_ASSERT(t == at::kFloat);
+      AT_DISPATCH_REDUCED_FLOATING_TYPES(p.compute_dtype, op, [&] {
+        kernels().of<scalar_t>().softmax_bwd_from_float(p.grad_output.const_data_ptr<float>(),
+                                                       p.output.const_data_ptr<float>(),
+                                                       p.grad_input.mutable_data_ptr<scalar_t>(), shape, kLog);
+      });
+    }
+  }
+  return p.compute_dtype == input_dtype ? p.grad_input : p.grad_input.to(input_dtype);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise ops: a dense input is read in place in its own memory order, the output has its
+// strides (common.h's layout rule); anything else is made contiguous first.
+
+at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
+  check_floating(x, "gelu", "input");
+  const bool tanh = parse_tanh(approximate, "gelu");
+  const at::Tensor xin = dense_or_contiguous(x);
+  at::Tensor y = at::empty_like(xin);
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "gelu", [&] {
+    kernels().of<scalar_t>().gelu_fwd(xin.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), xin.numel(),
+                                     tanh);
+  });
+  return y;
+}
+
+at::Tensor gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& x, c10::string_view approximate) {
+  check_grad(grad_output, x, "gelu_backward", "input");
+  const bool tanh = parse_tanh(approximate, "gelu_backward");
+  const at::Tensor xin = dense_or_contiguous(x);
+  const at::Tensor g = in_layout_of(grad_output, xin);
+  at::Tensor dx = at::empty_like(xin);
+  if (dx.numel() == 0) return dx;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "gelu_backward", [&] {
+    kernels().of<scalar_t>().gelu_bwd(g.const_data_ptr<scalar_t>(), xin.const_data_ptr<scalar_t>(),
+                                     dx.mutable_data_ptr<scalar_t>(), xin.numel(), tanh);
+  });
+  return dx;
+}
+
+at::Tensor sigmoid_cpu(const at::Tensor& x) {
+  check_floating(x, "sigmoid", "input");
+  const at::Tensor xin = dense_or_contiguous(x);
+  at::Tensor y = at::empty_like(xin);
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "sigmoid", [&] {
+    kernels().of<scalar_t>().sigmoid_fwd(xin.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
+                                        xin.numel());
+  });
+  return y;
+}
+
+at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
+  check_grad(grad_output, output, "sigmoid_backward", "output");
+  const at::Tensor yin = dense_or_contiguous(output);
+  const at::Tensor g = in_layout_of(grad_output, yin);
+  at::Tensor dx = at::empty_like(yin);
+  if (dx.numel() == 0) return dx;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yin.scalar_type(), "sigmoid_backward", [&] {
+    kernels().of<scalar_t>().sigmoid_bwd(g.const_data_ptr<scalar_t>(), yin.const_data_ptr<scalar_t>(),
+                                        dx.mutable_data_ptr<scalar_t>(), yin.numel());
+  });
+  return dx;
+}
+
+// bias_gelu: x contiguous (a copy only if it is not), output contiguous, one pass.
+at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  check_bias_gelu(x, bias, "bias_gelu");
+  const bool tanh = parse_tanh(approximate, "bias_gelu");
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (y.numel() == 0) return y;
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
+    kernels().of<scalar_t>().bias_gelu_fwd(xc.const_data_ptr<scalar_t>(), bc.const_data_ptr<scalar_t>(),
+                                          y.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& x,
+                                                          const at::Tensor& bias, c10::string_view approximate) {
+  check_bias_gelu(x, bias, "bias_gelu_backward");
+  check_grad(grad_output, x, "bias_gelu_backward", "input");
+  const bool tanh = parse_tanh(approximate, "bias_gelu_backward");
+  at::Tensor dx = at::empty(x.sizes(), x.options());
+  at::Tensor dbias = at::empty(bias.sizes(), bias.options());
+  if (x.numel() == 0) {
+    dbias.zero_();
+    return {dx, dbias};
+  }
+  const at::Tensor gc = grad_output.contiguous(), xc = x.contiguous(), bc = bias.contiguous();
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
+    kernels().of<scalar_t>().bias_gelu_bwd(gc.const_data_ptr<scalar_t>(), xc.const_data_ptr<scalar_t>(),
+                                          bc.const_data_ptr<scalar_t>(), dx.mutable_data_ptr<scalar_t>(),
+                                          dbias.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
+  });
+  return {dx, dbias};
+}
+
+// ---------------------------------------------------------------------------------------------
+// explain: the CPU path the op takes on this input, and why.
+
+constexpr const char* kExplainOps = "softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu, sigmoid";
+
+std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_t dim) {
+  const std::string op(sv(op_name));
+  const bool softmax_op =
+      op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward";
+  const bool elementwise_op = op == "gelu" || op == "bias_gelu" || op == "sigmoid";
+  TORCH_CHECK(softmax_op || elementwise_op, "explain: unknown op '", op, "'; expected one of ", kExplainOps);
+
+  const KernelTable& table = kernels();
+  const int threads = at::get_num_threads();
+  std::ostringstream s;
+  if (softmax_op) {
+    dim = wrap_dim(dim, self.dim(), "explain");
+    const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
+    SoftmaxGeometry g;
+    std::string layout;
+    if (self.numel() == 0) {
+      layout = "empty input: nothing to compute";
+    } else if (is_dense(self)) {
+      g = dense_geometry(self, dim);
+      layout = "dense input read in place in its memory order";
+    } else if (auto rs = (backward ? std::optional<int64_t>() : collapsed_row_stride(self, dim))) {
+      g.outer = self.numel() / self.size(dim);
+      g.dim_size = self.size(dim);
+      g.row_stride = *rs;
+      layout = "rows read in place through their stride";
+    } else {
+      // The copy the op makes: dense in self's dim order (empty_like), here without the memory.
+      g = dense_geometry(at::empty_like(self, self.options().device(at::kMeta)), dim);
+      layout = "input has gaps or overlaps: copied into a dense tensor first";
+    }
+    // Vector lanes of this dtype: half and bfloat16 compute in float, double has half as many.
+    const int64_t lanes = self.scalar_type() == at::kDouble ? table.float_lanes / 2 : table.float_lanes;
+    if (g.inner == 1) {
+      s << "variant=cpu_lastdim: " << op << " over rows of D=" << g.dim_size << " (outer=" << g.outer
+        << ", row stride " << g.row_stride << "; " << layout << "); "
+        << (backward ? "each row in two cache-resident passes (the row sum, then dx)"
+                     : "each row in three cache-resident passes (max, sum of exp, write)")
+        << ", " << lanes << "-lane SIMD along the row, rows split across threads";
+    } else {
+      s << "variant=cpu_strided: " << op << " over D=" << g.dim_size << " at a stride of " << g.inner
+        << " elements (outer=" << g.outer << ", inner=" << g.inner << "; " << layout << "); "
+        << lanes << "-lane SIMD across the contiguous inner dim, each lane a column with its own "
+        << (backward ? "sum" : "max and sum") << ", no transposing copy";
+      if (g.inner % lanes != 0) {
+        s << " (" << (g.inner % lanes) << " of the " << g.inner << " columns of each slab in scalar code)";
+      }
+      s << "; (outer, column block) tasks split across threads";
+    }
+  } else {
+    s << "kernel=cpu_elementwise: " << op << " over " << self.numel() << " elements";
+    if (op == "bias_gelu") {
+      s << " (input made contiguous, bias added in registers: one pass)";
+    } else {
+      s << (is_dense(self) ? " (dense input read in place in its memory order)"
+                           : " (input has gaps or overlaps: copied into a dense tensor first)");
+    }
+  }
+  s << "; ISA " << table.isa << " (" << table.float_lanes << " float lanes), " << threads
+    << (threads == 1 ? " thread" : " threads") << " (oneTBB; small inputs stay on the calling thread)";
+  return s.str();
+}
+
+}  // namespace
+}  // namespace fastact::cpu
+
+TORCH_LIBRARY_IMPL(fastact, CPU, m) {
+  using namespace fastact::cpu;
+  m.impl("softmax", &softmax_cpu<false>);
+  m.impl("log_softmax", &softmax_cpu<true>);
+  m.impl("softmax_backward", &softmax_backward_cpu<false>);
+  m.impl("log_softmax_backward", &softmax_backward_cpu<true>);
+  m.impl("gelu", &gelu_cpu);
+  m.impl("gelu_backward", &gelu_backward_cpu);
+  m.impl("bias_gelu", &bias_gelu_cpu);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_cpu);
+  m.impl("sigmoid", &sigmoid_cpu);
+  m.impl("sigmoid_backward", &sigmoid_backward_cpu);
+  m.impl("explain", &explain_cpu);
+}

@@ -1,0 +1,290 @@
+// CUDA kernels of gelu, bias_gelu and sigmoid, forward and backward: the torch side. Checks (the
+// errors torch raises), layouts (outputs as the fake kernels in fastact/_ops.py state), the device
+// guard, the current stream, dtype dispatch, the launch check; the kernels are in
+// include/fastact/elementwise.cuh, instantiated per dtype in activations_{float,half,bfloat16}.cu.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "common.h"
+#include "cuda/activations.h"
+#include "cuda/utils.h"
+
+namespace fastact::cuda {
+namespace {
+
+// The element pointers the launchers take (c10's half types reinterpreted as CUDA's: same bits).
+template <typename scalar_t>
+const cuda_type<scalar_t>* in_ptr(const at::Tensor& t) {
+  return reinterpret_cast<const cuda_type<scalar_t>*>(t.const_data_ptr<scalar_t>());
+}
+template <typename scalar_t>
+cuda_type<scalar_t>* out_ptr(at::Tensor& t) {
+  return reinterpret_cast<cuda_type<scalar_t>*>(t.mutable_data_ptr<scalar_t>());
+}
+
+int sm_count(const at::Tensor& t) { return device_info(t.device().index()).sm_count; }
+
+// grad_output against the forward's input or output: the errors the CPU kernels raise too.
+void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* arg) {
+  check_floating(grad, op, "grad_output");
+  check_floating(t, op, arg);
+  check_same_shape(grad, t, op, "grad_output", arg);
+  check_same_dtype(grad, t, op, "grad_output", arg);
+  check_same_device(grad, t, op, "grad_output", arg);
+}
+
+// bias_gelu and its backward: x of at least 1 dim, bias 1-d over x's last dim, same dtype and device.
+void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const char* op) {
+  check_floating(x, op, "input");
+  check_floating(bias, op, "bias");
+  TORCH_CHECK(x.dim() >= 1, op, ": expected input of at least 1 dim (bias is added over the last), got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), op, ": expected bias of shape [", x.size(-1), "], got ",
+              bias.sizes());
+  check_same_dtype(x, bias, op, "input", "bias");
+  check_same_device(x, bias, op, "input", "bias");
+}
+
+// Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
+// returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
+// are read in that same memory order: a dense t in place, anything else copied into it once.
+
+at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
+  check_floating(x, "gelu", "input");
+  const GeluApprox approx = parse_gelu_approx(approximate, "gelu");
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (y.numel() == 0) return y;
+  const at::Tensor xin = in_layout_of(x, y);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::gelu(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
+                                                                        y.numel(), approx, sm_count(y), stream),
+                         "gelu");
+  });
+  return y;
+}
+
+at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x, c10::string_view approximate) {
+  check_grad(grad_output, x, "gelu_backward", "input");
+  const GeluApprox approx = parse_gelu_approx(approximate, "gelu_backward");
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  if (dx.numel() == 0) return dx;
+  const at::Tensor xin = in_layout_of(x, dx);
+  const at::Tensor g = in_layout_of(grad_output, dx);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward", [&] {
+    FASTACT_CHECK_LAUNCH(
+        ActivationLaunchers<cuda_type<scalar_t>>::gelu_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(xin),
+                                                                out_ptr<scalar_t>(dx), dx.numel(), approx,
+                                                                sm_count(dx), stream),
+        "gelu_backward");
+  });
+  return dx;
+}
+
+at::Tensor sigmoid_cuda(const at::Tensor& x) {
+  check_floating(x, "sigmoid", "input");
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  if (y.numel() == 0) return y;
+  const at::Tensor xin = in_layout_of(x, y);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::sigmoid(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
+                                                                           y.numel(), sm_count(y), stream),
+                         "sigmoid");
+  });
+  return y;
+}
+
+// The fake kernel's output is empty_like(output).
+at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output) {
+  check_grad(grad_output, output, "sigmoid_backward", "output");
+  c10::cuda::OptionalCUDAGuard guard(output.device());
+  at::Tensor dx = at::empty_like(output);
+  if (dx.numel() == 0) return dx;
+  const at::Tensor yin = in_layout_of(output, dx);
+  const at::Tensor g = in_layout_of(grad_output, dx);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
+    FASTACT_CHECK_LAUNCH(
+        ActivationLaunchers<cuda_type<scalar_t>>::sigmoid_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(yin),
+                                                                   out_ptr<scalar_t>(dx), dx.numel(), sm_count(dx),
+                                                                   stream),
+        "sigmoid_backward");
+  });
+  return dx;
+}
+
+// bias_gelu: x made contiguous (a copy only if it is not), output contiguous, one pass; the bias is
+// held in registers, one access column per thread.
+at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  check_bias_gelu(x, bias, "bias_gelu");
+  const GeluApprox approx = parse_gelu_approx(approximate, "bias_gelu");
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (y.numel() == 0) return y;
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
+    using T = cuda_type<scalar_t>;
+    const T* xp = in_ptr<scalar_t>(xc);
+    const T* bp = in_ptr<scalar_t>(bc);
+    T* yp = out_ptr<scalar_t>(y);
+    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, xp, bp, yp), sm_count(y));
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, bp, yp, rows, H, plan, approx, stream), "bias_gelu");
+  });
+  return y;
+}
+
+// bias_gelu_backward: one pass over dy and x writes dx and per-row-chunk column sums of dx (acc_t, in a
+// workspace from the caching allocator), a second small kernel adds those up in a fixed order into
+// dbias: deterministic, no atomics.
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x,
+                                                           const at::Tensor& bias, c10::string_view approximate) {
+  check_bias_gelu(x, bias, "bias_gelu_backward");
+  check_grad(grad_output, x, "bias_gelu_backward", "input");
+  const GeluApprox approx = parse_gelu_approx(approximate, "bias_gelu_backward");
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor dx = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return {dx, at::zeros(bias.sizes(), bias.options())};
+  at::Tensor dbias = at::empty(bias.sizes(), bias.options());
+  const at::Tensor gc = grad_output.contiguous(), xc = x.contiguous(), bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
+    using T = cuda_type<scalar_t>;
+    using A = acc_t<T>;
+    const T* gp = in_ptr<scalar_t>(gc);
+    const T* xp = in_ptr<scalar_t>(xc);
+    const T* bp = in_ptr<scalar_t>(bc);
+    T* dxp = out_ptr<scalar_t>(dx);
+    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, gp, xp, bp, dxp), sm_count(x));
+    at::Tensor workspace;  // [row_chunks, H] in acc_t; none when one chunk writes dbias directly
+    A* wp = nullptr;
+    if (const int64_t n = plan.workspace_elems(H); n > 0) {
+      workspace = at::empty({plan.row_chunks, H}, x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
+      wp = workspace.mutable_data_ptr<A>();
+    }
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu_backward(gp, xp, bp, dxp, out_ptr<scalar_t>(dbias), wp, rows,
+                                                                    H, plan, approx, stream),
+                         "bias_gelu_backward");
+  });
+  return {dx, dbias};
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: return c10::toString(t);
+  }
+}
+
+}  // namespace
+
+std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op) {
+  const bool bias = op == "bias_gelu" || op == "bias_gelu_backward";
+  const bool known = bias || op == "gelu" || op == "gelu_backward" || op == "sigmoid" || op == "sigmoid_backward";
+  TORCH_CHECK(known, "explain: unknown elementwise op '", op,
+              "'; expected one of gelu, gelu_backward, bias_gelu, bias_gelu_backward, sigmoid, sigmoid_backward");
+  const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
+  const int arity = backward ? 2 : 1;
+  const int esize = static_cast<int>(x.element_size());
+  const int width = kVecBytes / esize;  // elements per 128-bit access
+  const std::string dtype = dtype_name(x.scalar_type());
+  const int sms = sm_count(x);
+  std::ostringstream s;
+
+  if (bias) {
+    TORCH_CHECK(x.dim() >= 1, "explain: ", op, " needs an input of at least 1 dim, got a 0-d tensor");
+    const int64_t H = x.size(-1);
+    if (x.numel() == 0) {
+      s << "kernel=none: empty input, nothing to launch" << (backward ? " (dbias = zeros)" : "");
+      return s.str();
+    }
+    const int64_t rows = x.numel() / H;
+    const bool contiguous = x.is_contiguous();
+    // A contiguous x is read in place, anything else copied into a fresh (aligned) contiguous tensor.
+    const bool aligned = !contiguous || is_vec_aligned(x.const_data_ptr());
+    const int vec = H % width == 0 && aligned ? width : 1;
+    const auto p = elementwise::plan_bias_gelu(rows, H, vec, sms);
+    const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
+    s << "kernel=" << (vec > 1 ? "bias_gelu_vec" : "bias_gelu_scalar") << ": " << op << " over [" << rows << ", " << H
+      << "] " << dtype << (contiguous ? "" : " (input not contiguous: copied first)") << "; ";
+    if (vec > 1) {
+      s << vec << " x " << dtype << " per 128-bit access (last dim a multiple of " << width
+        << ", pointers 16-byte aligned; the bias is assumed aligned too), loads through a " << elementwise::kStages << "-stage cp.async ring";
+    } else if (H % width != 0) {
+      s << "scalar: last dim " << H << " is not a multiple of the vector width " << width;
+    } else {
+      s << "scalar: the input's data pointer is not 16-byte aligned";
+    }
+    s << "; block " << p.tx << " accesses along a row x " << p.ty << " rows (" << p.threads()
+      << " threads, bias in registers), " << unroll << " rows a step; grid " << p.col_tiles << " column tile"
+      << (p.col_tiles == 1 ? "" : "s") << " x " << p.row_chunks << " row chunk" << (p.row_chunks == 1 ? "" : "s")
+      << " of " << p.rows_per_chunk << " rows (" << sms << " SMs x " << elementwise::kBlocksPerSm << " blocks)";
+    if (backward) {
+      if (p.row_chunks > 1) {
+        s << "; dbias: per-chunk column sums in a [" << p.row_chunks << ", " << H << "] "
+          << (esize == 8 ? "float64" : "float32")
+          << " workspace, then bias_grad_reduce_kernel adds them in a fixed order (deterministic)";
+      } else {
+        s << "; dbias: one row chunk, so its column sums are written straight to dbias (deterministic)";
+      }
+    }
+    return s.str();
+  }
+
+  if (x.numel() == 0) return "kernel=none: empty input, nothing to launch";
+  const int64_t n = x.numel();
+  // A dense input is read in place; anything else is copied into a fresh (aligned) dense tensor.
+  const bool dense = is_dense(x);
+  const bool aligned = !dense || is_vec_aligned(x.const_data_ptr());
+  const int vec = aligned ? width : 1;
+  const int unroll = elementwise::unroll_for(esize, arity, vec > 1);
+  const int64_t grid = elementwise::elementwise_grid(n, vec, unroll, sms);
+  s << "kernel=" << (vec > 1 ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
+    << dtype << " elements"
+    << (dense ? " (dense input read in place in its memory order)"
+              : " (input has gaps or overlaps: copied to a dense tensor first)")
+    << "; ";
+  if (vec > 1) {
+    s << vec << " x " << dtype << " per 128-bit access, " << unroll << " accesses per thread and operand a step, loads "
+      << "through a " << elementwise::kStages << "-stage cp.async ring";
+    if (backward) s << " (grad_output assumed in the same layout and 16-byte aligned)";
+  } else {
+    const auto misalign = reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % kVecBytes;
+    s << "scalar: the input's data pointer is not 16-byte aligned (" << misalign << " bytes past), " << unroll
+      << " element loads per thread and operand a step";
+  }
+  s << "; " << elementwise::kThreads << " threads x " << grid << " blocks (" << sms << " SMs x "
+    << elementwise::kBlocksPerSm << " at most), grid-stride";
+  return s.str();
+}
+
+}  // namespace fastact::cuda
+
+TORCH_LIBRARY_IMPL(fastact, CUDA, m) {
+  using namespace fastact::cuda;
+  m.impl("gelu", &gelu_cuda);
+  m.impl("gelu_backward", &gelu_backward_cuda);
+  m.impl("bias_gelu", &bias_gelu_cuda);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_cuda);
+  m.impl("sigmoid", &sigmoid_cuda);
+  m.impl("sigmoid_backward", &sigmoid_backward_cuda);
+}

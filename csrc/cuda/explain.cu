@@ -1,0 +1,28 @@
+// The CUDA kernel of fastact::explain: which kernel an op runs on this input, and why. The softmax
+// family asks the dispatcher (csrc/cuda/softmax.cu), the elementwise ops their launcher's policy.
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "cuda/activations.h"
+#include "cuda/softmax.h"
+
+namespace fastact::cuda {
+namespace {
+
+std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t dim) {
+  const std::string op(op_view);
+  if (op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward") {
+    const bool log = op.rfind("log_", 0) == 0;
+    const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
+    return explain_softmax_cuda(x, dim, log, backward);
+  }
+  return explain_elementwise_cuda(x, op);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastact, CUDA, m) { m.impl("explain", &explain_cuda); }
+
+}  // namespace fastact::cuda

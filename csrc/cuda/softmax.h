@@ -1,0 +1,77 @@
+// CUDA softmax family: what csrc/cuda/softmax*.cu export to the rest of csrc.
+//
+// softmax.cu registers the CUDA kernels of softmax, log_softmax, softmax_backward and
+// log_softmax_backward (TORCH_LIBRARY_IMPL(fastact, CUDA, m)); the per-dtype files
+// (softmax_float.cu, softmax_double.cu, softmax_half.cu, softmax_bf16.cu) instantiate the launchers
+// declared below, so the kernel templates compile in parallel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fastact/dispatch.h"
+
+namespace fastact {
+
+// What the dispatcher would run for fastact.explain(op, x, dim) on a CUDA tensor x:
+// "variant=<name>: D=..., outer=..., inner=...: <why> [<launch configuration>]".
+// op = softmax (log=false, backward=false), log_softmax (log=true), softmax_backward /
+// log_softmax_backward (backward=true; x stands for the saved output, grad_output is taken to be
+// laid out like it). Allocates nothing, launches nothing. Errors as the ops (dtype, dim range).
+std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, bool backward);
+
+namespace cuda {
+
+// Per-device properties for the dispatcher (cached; defined in softmax_float.cu).
+SoftmaxDeviceProps softmax_device_props_cached(int device);
+
+// Launchers, one overload per (input, output) element-type pair the ops use: same dtype, and the
+// fused casts (half/bfloat16 input -> float output forward; float grad_output/output -> half/bfloat16
+// grad_input backward). Geometry and plan as fastact::softmax_forward / softmax_backward
+// (include/fastact/softmax/launch.cuh); `log` picks LogSoftmaxEpilogue over SoftmaxEpilogue.
+#define FASTACT_SOFTMAX_CUDA_DECLARE(in_t, out_t)                                                          \
+  cudaError_t softmax_forward_cuda(bool log, const in_t* x, out_t* y, int64_t outer, int64_t dim,          \
+                                   int64_t inner, int64_t row_stride, const SoftmaxPlan& plan,             \
+                                   cudaStream_t stream);                                                    \
+  cudaError_t softmax_backward_cuda(bool log, const out_t* grad_output, const out_t* output, in_t* grad_input, \
+                                    int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,    \
+                                    cudaStream_t stream);
+
+FASTACT_SOFTMAX_CUDA_DECLARE(float, float)
+FASTACT_SOFTMAX_CUDA_DECLARE(double, double)
+FASTACT_SOFTMAX_CUDA_DECLARE(c10::Half, c10::Half)
+FASTACT_SOFTMAX_CUDA_DECLARE(c10::Half, float)
+FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, c10::BFloat16)
+FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, float)
+
+#undef FASTACT_SOFTMAX_CUDA_DECLARE
+
+}  // namespace cuda
+}  // namespace fastact
+
+// Defines the launchers of one (in_t, out_t) pair; used once per pair by the per-dtype .cu files,
+// after including fastact/softmax/launch.cuh.
+#define FASTACT_SOFTMAX_CUDA_DEFINE(in_t, out_t)                                                            \
+  namespace fastact::cuda {                                                                                 \
+  cudaError_t softmax_forward_cuda(bool log, const in_t* x, out_t* y, int64_t outer, int64_t dim,           \
+                                   int64_t inner, int64_t row_stride, const SoftmaxPlan& plan,              \
+                                   cudaStream_t stream) {                                                    \
+    return log ? ::fastact::softmax_forward<in_t, out_t, math::LogSoftmaxEpilogue>(x, y, outer, dim, inner,  \
+                                                                                    row_stride, plan, stream) \
+               : ::fastact::softmax_forward<in_t, out_t, math::SoftmaxEpilogue>(x, y, outer, dim, inner,     \
+                                                                                 row_stride, plan, stream);   \
+  }                                                                                                         \
+  cudaError_t softmax_backward_cuda(bool log, const out_t* grad_output, const out_t* output, in_t* grad_input, \
+                                    int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,     \
+                                    cudaStream_t stream) {                                                   \
+    return log ? ::fastact::softmax_backward<in_t, out_t, math::LogSoftmaxEpilogue>(                         \
+                     grad_output, output, grad_input, outer, dim, inner, plan, stream)                      \
+               : ::fastact::softmax_backward<in_t, out_t, math::SoftmaxEpilogue>(                            \
+                     grad_output, output, grad_input, outer, dim, inner, plan, stream);                     \
+  }                                                                                                         \
+  }

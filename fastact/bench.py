@@ -1,0 +1,908 @@
+"""The benchmark report: ``python -m fastact.bench [--quick] [--device cuda|cpu] [--check] [--out DIR]``.
+
+Times fastact against torch (eager) and torch.compile on the current device and prints one table per
+op: shape, dtype, direction, the three times, fastact's bandwidth, its fraction of the device's
+measured limit and its speed-up over the better of torch and torch.compile; then the per-call
+overhead on small tensors. Writes ``report.json`` (every figure) and ``softmax_fwd_bandwidth.png``
+(bandwidth against row length; needs matplotlib) into ``--out`` (default ``./bench-out``).
+
+The figure of merit is bandwidth: the fewest bytes the op must move (each input read once, each
+output written once; ``Case.nbytes``) over the median time. Every implementation of a case is
+charged the same bytes, so the GB/s of torch's extra passes shows up as a lower number. The limit is
+measured once per run: the better of ``y.copy_(x)`` and ``torch.mul(x, 2, out=y)`` on a large float32
+tensor, bytes read + written (``measure_limit``). CUDA times come from CUDA events around each call
+after warm-up (median); CPU times from ``time.perf_counter`` around each call (median), at torch's
+default thread count. Inputs are random (never zeros).
+
+The case grid, byte counts, inputs, implementations, timers and limit live here; ``bench/``
+(pytest-benchmark) imports them, so both measure the same things the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fastact
+
+aten = torch.ops.aten
+
+SOFTMAX_OPS = ("softmax", "log_softmax")
+ELEMENTWISE_OPS = ("gelu", "gelu_tanh", "sigmoid")  # gelu is the erf form, gelu_tanh approximate="tanh"
+OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + ("bias_gelu",)
+DIRECTIONS = ("fwd", "bwd")
+# Forced softmax kernel variants (the `variant=` argument of the softmax family's ops), CUDA only.
+VARIANTS = ("warp", "vec", "scalar", "long_row", "strided")
+
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
+DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+MiB = 1 << 20
+# Size class of the bandwidth cases: far beyond the H100's 50 MB L2 (and the CPU's L3), so every
+# byte comes from memory. Quick mode keeps a small CPU busy for seconds, not minutes, per op.
+FULL_CLASS_BYTES = 256 * MiB
+QUICK_CLASS_BYTES = {"cuda": 128 * MiB, "cpu": 64 * MiB}
+ROW_LENGTHS = {"full": (128, 1024, 4096, 16384, 65536, 262144), "quick": (128, 4096, 65536)}
+OVERHEAD_SHAPE = (8, 1024)  # small enough that the call, not the data, is what costs
+OVERHEAD_CALLS = 1000  # back-to-back calls per timed round
+
+# The performance bar: fastact's fraction of the measured limit, by (kind, direction) (Case.kind);
+# and in every case fastact no slower than the better of torch and torch.compile.
+BARS = {
+    ("softmax", "fwd"): 0.90,
+    ("softmax", "bwd"): 0.88,
+    ("strided", "fwd"): 0.85,
+    ("strided", "bwd"): 0.85,
+    ("elementwise", "fwd"): 0.95,
+    ("elementwise", "bwd"): 0.95,
+    ("bias_gelu", "fwd"): 0.95,
+    ("bias_gelu", "bwd"): 0.85,
+}
+
+# Largest ‖fastact − torch‖ / ‖torch‖ that counts as the same result (a sanity check that the
+# benchmark times correct code, not the test suite): a few roundings of the output dtype.
+MATCH_TOL = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+class Skip(Exception):
+    """This implementation does not run this case (a forced variant that cannot take the input,
+    torch.compile switched off or out of budget)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Cases
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One benchmark cell: an op in one direction on one input.
+
+    ``dim`` is the softmax dim (other ops ignore it); ``out_dtype`` is the softmax family's
+    ``dtype=`` (fused cast: ``x`` in ``dtype``, ``y`` in ``out_dtype``)."""
+
+    op: str
+    direction: str
+    dtype: torch.dtype
+    shape: tuple
+    dim: int = -1
+    out_dtype: torch.dtype | None = None
+
+    @property
+    def numel(self):
+        return math.prod(self.shape)
+
+    @property
+    def last_dim(self):
+        return self.dim % len(self.shape) == len(self.shape) - 1
+
+    @property
+    def row(self):
+        """Length of the reduced dim (softmax family) or of the last dim."""
+        return self.shape[self.dim] if self.op in SOFTMAX_OPS else self.shape[-1]
+
+    @property
+    def result_dtype(self):
+        """The dtype of the op's (first) output: y forward, dx backward."""
+        return (self.out_dtype or self.dtype) if self.direction == "fwd" else self.dtype
+
+    @property
+    def kind(self):
+        """softmax (last dim), strided (another dim), elementwise or bias_gelu: selects the bar."""
+        if self.op in SOFTMAX_OPS:
+            return "softmax" if self.last_dim else "strided"
+        return "bias_gelu" if self.op == "bias_gelu" else "elementwise"
+
+    @property
+    def dtype_name(self):
+        s = DTYPE_NAMES[self.dtype]
+        return f"{s}>{DTYPE_NAMES[self.out_dtype]}" if self.out_dtype is not None else s
+
+    @property
+    def shape_name(self):
+        s = "x".join(map(str, self.shape))
+        return s if self.op not in SOFTMAX_OPS or self.last_dim else f"{s} dim{self.dim % len(self.shape)}"
+
+    @property
+    def name(self):
+        """Unique id, e.g. ``softmax-fwd-bf16-32768x4096`` or ``log_softmax-bwd-f32-32x1024x2048-dim1``."""
+        return f"{self.op}-{self.direction}-{self.dtype_name}-{self.shape_name.replace(' ', '-')}"
+
+    @property
+    def group(self):
+        """pytest-benchmark group: one per (op, direction, dtype, shape)."""
+        return f"{self.op} {self.direction} {self.dtype_name} {self.shape_name}"
+
+    @property
+    def nbytes(self):
+        """Fewest bytes the op must move: each input read once, each output written once.
+
+        softmax/log_softmax fwd: read x, write y (2·N·size; with dtype=: N·in_size + N·out_size);
+        bwd: read dy and y, write dx (3·N·size; with dtype=: 2·N·out_size + N·in_size).
+        gelu, sigmoid fwd: read x, write y (2·N·size); bwd: read dy and x (gelu) or y (sigmoid),
+        write dx (3·N·size). bias_gelu fwd: read x and bias, write y (2·N·size + H·size); bwd: read
+        dy, x and bias, write dx and dbias (3·N·size + 2·H·size)."""
+        n, s = self.numel, self.dtype.itemsize
+        if self.op in SOFTMAX_OPS:
+            o = (self.out_dtype or self.dtype).itemsize
+            return n * s + n * o if self.direction == "fwd" else 2 * n * o + n * s
+        if self.op == "bias_gelu":
+            h = self.shape[-1]
+            return 2 * n * s + h * s if self.direction == "fwd" else 3 * n * s + 2 * h * s
+        return 2 * n * s if self.direction == "fwd" else 3 * n * s
+
+    def to_json(self):
+        return {"name": self.name, "op": self.op, "direction": self.direction, "dtype": DTYPE_NAMES[self.dtype],
+                "out_dtype": DTYPE_NAMES.get(self.out_dtype), "shape": list(self.shape),
+                "dim": self.dim % len(self.shape), "row": self.row, "kind": self.kind, "bytes": self.nbytes}
+
+
+def _rows(class_bytes, row, itemsize):
+    return max(1, class_bytes // (row * itemsize))
+
+
+def class_bytes(mode, device_type):
+    return FULL_CLASS_BYTES if mode == "full" else QUICK_CLASS_BYTES.get(device_type, QUICK_CLASS_BYTES["cpu"])
+
+
+def cases(mode="full", device_type="cuda"):
+    """The bandwidth grid, in report order.
+
+    full (the performance bar's grid): softmax and log_softmax, fwd and bwd, rows of 128 … 262144
+    elements in f32/bf16/f16 on 256 MB-class tensors (rows = 256 MB / (D·size)); the fused
+    bf16 > f32 cast at D = 4096; softmax over dim 1 of [32, 1024, 2048] in f32 and bf16; gelu (erf,
+    tanh) and sigmoid on 256 MB-class [rows, 4096] tensors; bias_gelu on [16384, 4096] and
+    [8192, 8192] in f32 and bf16. quick: fewer row lengths and dtypes on smaller tensors."""
+    full = mode == "full"
+    cb = class_bytes(mode, device_type)
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    dtypes = (f32, bf16, f16) if full else (f32, bf16)
+    out = []
+    for op in SOFTMAX_OPS:
+        for d in DIRECTIONS:
+            for dt in dtypes:
+                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in ROW_LENGTHS[mode]]
+            out.append(Case(op, d, bf16, (_rows(cb, 4096, 2), 4096), out_dtype=f32))
+            # Softmax over a dim that is not the last: [outer, 1024, 2048], dim=1 (outer = 32 in full).
+            outer = max(1, cb // (1024 * 2048 * 4))
+            out += [Case(op, d, dt, (outer, 1024, 2048), dim=1) for dt in ((f32, bf16) if full else (f32,))]
+    for op in ELEMENTWISE_OPS:
+        for d in DIRECTIONS:
+            out += [Case(op, d, dt, (_rows(cb, 4096, dt.itemsize), 4096)) for dt in dtypes]
+    shapes = ((16384, 4096), (8192, 8192)) if full else ((_rows(cb, 4096, 4), 4096),)
+    for d in DIRECTIONS:
+        out += [Case("bias_gelu", d, dt, s) for dt in (f32, bf16) for s in shapes]
+    return out
+
+
+def overhead_cases():
+    """Per-call overhead: every op, forward, on a small float32 tensor."""
+    return [Case(op, "fwd", torch.float32, OVERHEAD_SHAPE) for op in OPS]
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs and implementations
+
+
+def make_inputs(case, device, seed=0):
+    """Random inputs by name: x (and bias b) forward; dy plus what the backward reads (y for softmax,
+    log_softmax and sigmoid — computed from a random x —, x for gelu, x and b for bias_gelu, and
+    h = x + b, which torch's autograd saves for F.gelu(x + b))."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(shape, dtype):
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    x = randn(case.shape, case.dtype)
+    fwd = case.direction == "fwd"
+    if case.op in SOFTMAX_OPS:
+        if fwd:
+            return {"x": x}
+        f = torch.softmax if case.op == "softmax" else torch.log_softmax
+        y = f(x, case.dim, dtype=case.out_dtype)
+        del x
+        return {"y": y, "dy": randn(y.shape, y.dtype)}
+    if case.op == "bias_gelu":
+        b = randn((case.shape[-1],), case.dtype)
+        if fwd:
+            return {"x": x, "b": b}
+        return {"x": x, "b": b, "h": x + b, "dy": randn(case.shape, case.dtype)}
+    if fwd:
+        return {"x": x}
+    if case.op == "sigmoid":
+        y = torch.sigmoid(x)
+        del x
+        return {"y": y, "dy": randn(case.shape, case.dtype)}
+    return {"x": x, "dy": randn(case.shape, case.dtype)}
+
+
+def _approximate(op):
+    return "tanh" if op in ("gelu_tanh", "bias_gelu") else "none"
+
+
+def fastact_impl(case, variant="auto"):
+    """fastact's function for the case and the names of the inputs it takes. Forward calls go through
+    the public API (its overhead included); backward calls go to the registered backward ops that
+    autograd calls. ``variant`` forces a softmax kernel."""
+    op, dim, a = case.op, case.dim, _approximate(case.op)
+    fwd = case.direction == "fwd"
+    if variant != "auto" and op not in SOFTMAX_OPS:
+        raise Skip(f"{op} has no kernel variants")
+    if op in SOFTMAX_OPS:
+        if fwd and variant == "auto":
+            return functools.partial(getattr(fastact, op), dim=dim, dtype=case.out_dtype), ("x",)
+        if fwd:
+            return functools.partial(getattr(torch.ops.fastact, op).default, dim=dim, dtype=case.out_dtype,
+                                     variant=variant), ("x",)
+        bwd = getattr(torch.ops.fastact, op + "_backward").default
+        return functools.partial(bwd, dim=dim, input_dtype=case.dtype, variant=variant), ("dy", "y")
+    if op == "bias_gelu":
+        if fwd:
+            return functools.partial(fastact.bias_gelu, approximate=a), ("x", "b")
+        return functools.partial(torch.ops.fastact.bias_gelu_backward.default, approximate=a), ("dy", "x", "b")
+    if op == "sigmoid":
+        return (fastact.sigmoid, ("x",)) if fwd else (torch.ops.fastact.sigmoid_backward.default, ("dy", "y"))
+    if fwd:
+        return functools.partial(fastact.gelu, approximate=a), ("x",)
+    return functools.partial(torch.ops.fastact.gelu_backward.default, approximate=a), ("dy", "x")
+
+
+def torch_impl(case, *, eager=True):
+    """torch's way to compute the case (what eager autograd runs), as a function of tensors, and the
+    names of the inputs it takes. ``eager=False``: a plain Python function for torch.compile (the
+    same computation); eager forward calls are the torch functions themselves, as a user calls them."""
+    op, dim, a = case.op, case.dim, _approximate(case.op)
+    fwd = case.direction == "fwd"
+    if eager and fwd and op != "bias_gelu":
+        if op in SOFTMAX_OPS:
+            return functools.partial(getattr(torch, op), dim=dim, dtype=case.out_dtype), ("x",)
+        return (torch.sigmoid, ("x",)) if op == "sigmoid" else (functools.partial(F.gelu, approximate=a), ("x",))
+    if op in SOFTMAX_OPS:
+        odt, idt = case.out_dtype, case.dtype
+        if fwd:
+            f = torch.softmax if op == "softmax" else torch.log_softmax
+
+            def softmax_fwd(x):
+                return f(x, dim, dtype=odt)
+
+            return softmax_fwd, ("x",)
+        b = aten._softmax_backward_data.default if op == "softmax" else aten._log_softmax_backward_data.default
+        odt = odt or idt
+
+        def softmax_bwd(dy, y):
+            if odt == idt or (y.is_cuda and idt == torch.float16 and odt == torch.float32):
+                return b(dy, y, dim, idt)  # same dtype, or CUDA's fused half-to-float softmax
+            return b(dy, y, dim, odt).to(idt)  # softmax(x.to(odt)): its backward, then the cast's
+
+        return softmax_bwd, ("dy", "y")
+    if op == "bias_gelu":
+        if fwd:
+
+            def bias_gelu_fwd(x, b):
+                return F.gelu(x + b, approximate=a)
+
+            return bias_gelu_fwd, ("x", "b")
+
+        def bias_gelu_bwd(dy, h):
+            dh = aten.gelu_backward.default(dy, h, approximate=a)
+            return dh, dh.sum(tuple(range(dh.dim() - 1)))
+
+        return bias_gelu_bwd, ("dy", "h")
+    if op == "sigmoid":
+        if fwd:
+
+            def sigmoid_fwd(x):
+                return torch.sigmoid(x)
+
+            return sigmoid_fwd, ("x",)
+
+        def sigmoid_bwd(dy, y):
+            return aten.sigmoid_backward.default(dy, y)
+
+        return sigmoid_bwd, ("dy", "y")
+    if fwd:
+
+        def gelu_fwd(x):
+            return F.gelu(x, approximate=a)
+
+        return gelu_fwd, ("x",)
+
+    def gelu_bwd(dy, x):
+        return aten.gelu_backward.default(dy, x, approximate=a)
+
+    return gelu_bwd, ("dy", "x")
+
+
+def _raise_recompile_limits():
+    # Every case is a new shape, hence a recompile of the same Python function; past the limit
+    # (8 by default) dynamo would silently run eager. Lift the limit and fail loudly if it is hit.
+    c = torch._dynamo.config
+    for name, value in (("recompile_limit", 100000), ("cache_size_limit", 100000),
+                        ("accumulated_recompile_limit", 100000), ("accumulated_cache_size_limit", 100000),
+                        ("fail_on_recompile_limit_hit", True), ("fail_on_cache_limit_hit", True)):
+        if hasattr(c, name):
+            setattr(c, name, value)
+
+
+class Compiler:
+    """torch.compile of torch_impl's functions: one compiled function per (op, direction, dtype, dim,
+    out dtype), ``dynamic=False``, so each shape gets its own static kernels — what a user with fixed
+    shapes gets — compiled on its first call, outside the timing (``prepare``).
+
+    ``budget_s`` bounds the total compile time: once spent, cases get no torch.compile row (they
+    are listed in ``skipped``). None: no bound."""
+
+    def __init__(self, budget_s=None):
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+        self.compile_s = {}  # case name -> seconds of its first (compiling) call
+        self.skipped = []
+        self._fns = {}
+        _raise_recompile_limits()
+
+    def impl(self, case):
+        if self.budget_s is not None and self.spent_s >= self.budget_s:
+            self.skipped.append(case.name)
+            raise Skip(f"torch.compile budget ({self.budget_s:.0f} s) spent")
+        key = (case.op, case.direction, case.dtype, case.dim, case.out_dtype)
+        fn, names = torch_impl(case, eager=False)
+        if key not in self._fns:
+            self._fns[key] = torch.compile(fn, dynamic=False)
+        return self._fns[key], names
+
+
+def impl_names(case, device, *, compile=True, variants=True):
+    """The rows of a case: fastact (its own dispatch), each forced softmax variant (CUDA only),
+    torch, torch.compile."""
+    names = ["fastact"]
+    if variants and torch.device(device).type == "cuda" and case.op in SOFTMAX_OPS:
+        names += [f"fastact[{v}]" for v in VARIANTS]
+    names.append("torch")
+    if compile:
+        names.append("torch.compile")
+    return names
+
+
+def implementation(case, name, compiler=None):
+    if name == "fastact":
+        return fastact_impl(case)
+    if name.startswith("fastact["):
+        return fastact_impl(case, name[len("fastact["):-1])
+    if name == "torch":
+        return torch_impl(case)
+    if name == "torch.compile":
+        if compiler is None:
+            raise Skip("torch.compile not asked for")
+        return compiler.impl(case)
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def keep_cpu_allocations():
+    """CPU: let glibc's malloc reuse freed memory for large blocks instead of returning it to the
+    system. torch's CPU allocator does not cache, so by default every output beyond glibc's mmap
+    threshold (at most 32 MB) is a fresh mapping whose pages fault in on first write — on the 2-core
+    dev VM that is 10 ms for a 32 MB output, four times the softmax itself, and it would hide the
+    kernels behind the kernel's page-fault path. With this, outputs reuse memory as they do under
+    CUDA's caching allocator. Every implementation gets the same treatment. Returns whether it
+    applied (glibc only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prepare(case, name, inputs, device, compiler=None):
+    """A zero-argument callable that runs implementation ``name`` on ``inputs``, called once already
+    (compiled, warmed up), and the seconds that first call took. Raises Skip where the
+    implementation does not take the case (a forced variant's "cannot take")."""
+    fn, names = implementation(case, name, compiler)
+    call = functools.partial(fn, *(inputs[n] for n in names))
+    t0 = time.perf_counter()
+    try:
+        call()
+        sync(device)
+    except RuntimeError as e:
+        if "cannot take" in str(e):
+            raise Skip(f"{name} cannot take this input") from None
+        raise
+    first = time.perf_counter() - t0
+    if name == "torch.compile":
+        compiler.spent_s += first
+        compiler.compile_s[case.name] = first
+    return call, first
+
+
+def mismatch(out, ref):
+    """‖out − ref‖ / ‖ref‖ in float64, the worst over the outputs (bias_gelu's backward has two); inf
+    when the shapes or the positions of non-finite values differ."""
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        if o.shape != r.shape:
+            return math.inf
+        o, r = o.double(), r.double()
+        fin = torch.isfinite(r)
+        if not torch.equal(torch.isfinite(o), fin):
+            return math.inf
+        err = torch.linalg.vector_norm((o - r)[fin]) / torch.linalg.vector_norm(r[fin]).clamp_min(1e-30)
+        worst = max(worst, float(err))
+    return worst
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+
+
+@dataclasses.dataclass
+class Timing:
+    """How long to time each row: until ``target_s`` of timed calls or ``max_reps``, at least
+    ``min_reps``; ``warmup`` untimed calls first."""
+
+    target_s: float = 0.05
+    min_reps: int = 20
+    max_reps: int = 200
+    warmup: int = 3
+
+
+TIMING = {
+    ("cuda", "full"): Timing(0.05, 20, 200, 5),
+    ("cuda", "quick"): Timing(0.03, 20, 100, 3),
+    ("cpu", "full"): Timing(1.0, 5, 50, 1),
+    ("cpu", "quick"): Timing(0.25, 5, 30, 1),
+}
+
+
+def timing_for(device, mode):
+    return TIMING.get((torch.device(device).type, mode), TIMING[("cpu", mode)])
+
+
+def time_samples(call, device, timing=None):
+    """Seconds of each timed call. CUDA: CUDA events around each of back-to-back calls, after
+    warm-up (the GPU's time per call, without host gaps). CPU: time.perf_counter around each call."""
+    device = torch.device(device)
+    timing = timing or timing_for(device, "full")
+    for _ in range(timing.warmup):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize(device)
+        est = max(time.perf_counter() - t0, 1e-6)
+        reps = int(min(timing.max_reps, max(timing.min_reps, timing.target_s / est)))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            start.record()
+            call()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) / 1e3 for s, e in events]
+    times = []
+    deadline = time.perf_counter() + timing.target_s
+    while len(times) < timing.max_reps and (len(times) < timing.min_reps or time.perf_counter() < deadline):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_call(call, device, timing=None):
+    """Median seconds of one call (time_samples)."""
+    return statistics.median(time_samples(call, device, timing))
+
+
+def time_per_call(call, device, calls=OVERHEAD_CALLS, rounds=7):
+    """Host time per call: wall time of ``calls`` back-to-back calls (then one synchronize) over
+    ``calls``, median of ``rounds`` rounds, after warm-up. On CUDA with small tensors this is the
+    launch path: argument handling, dispatch, allocation, the launch itself."""
+    for _ in range(min(100, calls)):
+        call()
+    sync(device)
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync(device)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def limit_bytes(mode, device_type):
+    # On CUDA at least 256 MB whatever the mode: the limit must be far beyond L2.
+    cb = class_bytes(mode, device_type)
+    return max(cb, FULL_CLASS_BYTES) if device_type == "cuda" else cb
+
+
+def measure_limit(device, nbytes=FULL_CLASS_BYTES, timing=None):
+    """The device's bandwidth limit in GB/s: the better of torch's copy ``y.copy_(x)`` and a simple
+    elementwise kernel ``torch.mul(x, 2, out=y)`` on float32 tensors of ``nbytes`` each, counting
+    bytes read + written."""
+    device = torch.device(device)
+    timing = timing or timing_for(device, "full")
+    x = torch.randn(nbytes // 4, device=device)
+    y = torch.empty_like(x)
+    moved = 2 * x.numel() * 4
+    copy_s = time_call(lambda: y.copy_(x), device, timing)
+    mul_s = time_call(lambda: torch.mul(x, 2, out=y), device, timing)
+    del x, y
+    copy, mul = moved / copy_s / 1e9, moved / mul_s / 1e9
+    return {"limit_gbps": max(copy, mul), "copy_gbps": copy, "mul_gbps": mul, "bytes": nbytes,
+            "method": "max(y.copy_(x), torch.mul(x, 2, out=y)), float32, bytes = read + write"}
+
+
+def figures(case, seconds, limit_gbps):
+    """GB/s and the fraction of the limit for one timed row."""
+    gbps = case.nbytes / seconds / 1e9
+    return {"time_us": seconds * 1e6, "gbps": gbps, "fraction": gbps / limit_gbps if limit_gbps else math.nan}
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+
+
+def bench_case(case, device, compiler=None, *, variants=True, timing=None, verify=True):
+    """Every row of one case: {"case": …, "rows": {name: figures}, "skipped": {name: why}, …}."""
+    inputs = make_inputs(case, device)
+    rows, skipped, errors, mismatches, outputs = {}, {}, {}, {}, {}
+    for name in impl_names(case, device, compile=compiler is not None, variants=variants):
+        try:
+            call, first = prepare(case, name, inputs, device, compiler)
+        except Skip as e:
+            skipped[name] = str(e)
+            continue
+        except Exception as e:  # noqa: BLE001 — reported (and a miss under --check), the report goes on
+            errors[name] = f"{type(e).__name__}: {e}"[:4000]
+            continue
+        ts = time_samples(call, device, timing)
+        # min_s and reps in the JSON tell noise apart: a min far under the median means interference.
+        rows[name] = {"seconds": statistics.median(ts), "min_s": min(ts), "reps": len(ts), "first_call_s": first}
+        if verify and (name.startswith("fastact") or name == "torch"):
+            outputs[name] = call()
+    if verify and "torch" in outputs:
+        ref = outputs.pop("torch")
+        tol = MATCH_TOL[case.result_dtype]
+        for name, out in outputs.items():
+            err = mismatch(out, ref)
+            if not err <= tol:
+                mismatches[name] = err
+        del ref
+    outputs.clear()
+    explain = None
+    if case.op in SOFTMAX_OPS:
+        op = case.op if case.direction == "fwd" else case.op + "_backward"
+        t = inputs["x"] if case.direction == "fwd" else inputs["y"]
+        try:
+            explain = fastact.explain(op, t, case.dim)
+        except Exception as e:  # noqa: BLE001 — a report must not die on explain
+            explain = f"explain failed: {e}"
+    del inputs
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return {"case": case, "rows": rows, "skipped": skipped, "errors": errors, "mismatch": mismatches,
+            "explain": explain}
+
+
+def summarise(result, limit_gbps):
+    """Adds GB/s and fractions to each row and fastact's speed-up over the better of torch and
+    torch.compile."""
+    case = result["case"]
+    for row in result["rows"].values():
+        row.update(figures(case, row["seconds"], limit_gbps))
+    rows = result["rows"]
+    base = [rows[n]["seconds"] for n in ("torch", "torch.compile") if n in rows]
+    fa = rows.get("fastact")
+    result["best_torch_s"] = min(base) if base else None
+    result["speedup"] = min(base) / fa["seconds"] if base and fa else None
+    forced = {n: r["seconds"] for n, r in rows.items() if n.startswith("fastact[")}
+    result["best_variant"] = min(forced, key=forced.get) if forced else None
+    return result
+
+
+def check(result):
+    """The bar's misses for one summarised case, as sentences (empty: the case passes)."""
+    case, rows = result["case"], result["rows"]
+    misses = []
+    fa = rows.get("fastact")
+    if fa is None:
+        return [f"{case.name}: no fastact figure"]
+    bar = BARS[(case.kind, case.direction)]
+    if fa["fraction"] < bar:
+        misses.append(f"{case.name}: {fa['fraction']:.3f} of the limit < {bar:.2f}")
+    for n in ("torch", "torch.compile"):
+        if n in rows and rows[n]["seconds"] < fa["seconds"]:
+            misses.append(f"{case.name}: slower than {n} ({fa['time_us']:.1f} us vs {rows[n]['time_us']:.1f} us)")
+    for n, err in result["errors"].items():
+        if n.startswith("fastact"):  # a torch or torch.compile failure is shown, but is not fastact's miss
+            misses.append(f"{case.name}: {n} failed: {err.splitlines()[0][:300]}")
+    for n, err in result["mismatch"].items():
+        misses.append(f"{case.name}: {n} differs from torch (relative error {err:.2e})")
+    return misses
+
+
+def _fmt_us(row):
+    if row is None:
+        return "-"
+    us = row["time_us"]
+    return f"{us:.1f}" if us < 1e4 else f"{us:.0f}"
+
+
+def _fmt_speedup(s):
+    return f"{s:.2f}x" if s else "-"
+
+
+def _variant_note(result):
+    """On CUDA's softmax rows: the dispatcher's choice (first word of explain) and, when a forced
+    variant beats it by more than 2%, which one and by how much."""
+    rows, best = result["rows"], result["best_variant"]
+    # explain reads "variant=vec: why…" (CUDA) or "variant=cpu_lastdim: …".
+    chosen = result["explain"].split(":")[0].split("=")[-1].strip()[:12] if result["explain"] else "?"
+    if best is None or "fastact" not in rows:
+        return chosen
+    gain = rows["fastact"]["seconds"] / rows[best]["seconds"]
+    return f"{chosen}; {best[8:-1]} {gain:.2f}x" if gain > 1.02 else chosen
+
+
+def format_tables(results, limit, *, with_check=False, device_type="cpu"):
+    lines = []
+    for op in OPS:
+        rs = [r for r in results if r["case"].op == op]
+        if not rs:
+            continue
+        variants = device_type == "cuda" and op in SOFTMAX_OPS
+        head = (f"{'shape':<20} {'dtype':<8} {'dir':<4} {'fastact us':>11} {'torch us':>10} {'compile us':>11} "
+                f"{'GB/s':>8} {'of limit':>8} {'speed-up':>8}")
+        head += f"  {'kernel':<22}" if variants else ""
+        head += f"  {'bar':>4}" if with_check else ""
+        lines += ["", f"== {op} ==  (GB/s: fastact's minimum bytes / median time; limit {limit['limit_gbps']:.1f} GB/s;"
+                  " speed-up: min(torch, torch.compile) / fastact)", head, "-" * len(head)]
+        for r in rs:
+            c, rows = r["case"], r["rows"]
+            fa = rows.get("fastact")
+            line = (f"{c.shape_name:<20} {c.dtype_name:<8} {c.direction:<4} {_fmt_us(fa):>11} "
+                    f"{_fmt_us(rows.get('torch')):>10} {_fmt_us(rows.get('torch.compile')):>11} "
+                    f"{(fa['gbps'] if fa else math.nan):>8.1f} {(fa['fraction'] if fa else math.nan):>8.3f} "
+                    f"{_fmt_speedup(r['speedup']):>8}")
+            if variants:
+                line += f"  {_variant_note(r):<22}"
+            if with_check:
+                line += f"  {'ok' if not r['misses'] else 'MISS':>4}"
+            if r["mismatch"]:
+                line += "  WRONG: " + ", ".join(r["mismatch"])
+            if r["errors"]:
+                line += "  ERROR: " + ", ".join(r["errors"])
+            lines.append(line)
+    return lines
+
+
+def format_overhead(overhead):
+    lines = ["", f"== per-call overhead ({'x'.join(map(str, OVERHEAD_SHAPE))} float32, forward; wall time of "
+             f"{OVERHEAD_CALLS} back-to-back calls / {OVERHEAD_CALLS}, median of rounds) =="]
+    head = f"{'op':<12} {'fastact us':>11} {'torch us':>10} {'fastact/torch':>14}"
+    lines += [head, "-" * len(head)]
+    for o in overhead:
+        f, t = o.get("fastact_us"), o.get("torch_us")
+        ratio = f"{f / t:.2f}" if f and t else "-"
+        lines.append(f"{o['op']:<12} {f if f is not None else math.nan:>11.2f} {t if t is not None else math.nan:>10.2f} "
+                     f"{ratio:>14}")
+    return lines
+
+
+def bench_overhead(device, ops=OPS):
+    out = []
+    for case in overhead_cases():
+        if case.op not in ops:
+            continue
+        inputs = make_inputs(case, device)
+        entry = {"op": case.op, "shape": list(case.shape), "dtype": "f32", "calls": OVERHEAD_CALLS}
+        for name in ("fastact", "torch"):
+            call, _ = prepare(case, name, inputs, device)
+            entry[f"{name}_us"] = time_per_call(call, device) * 1e6
+        out.append(entry)
+    return out
+
+
+def plot(results, limit, path, device_name):
+    """Bandwidth against row length for softmax fwd (last dim, no cast): one panel per dtype, lines
+    for fastact, torch and torch.compile, and the limit. Returns a message."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    sel = [r for r in results if r["case"].op == "softmax" and r["case"].direction == "fwd"
+           and r["case"].last_dim and r["case"].out_dtype is None]
+    dtypes = [d for d in DTYPE_NAMES if any(r["case"].dtype == d for r in sel)]
+    if not dtypes:
+        return "no softmax fwd cases: no plot"
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(5 * len(dtypes), 4), squeeze=False, sharey=True)
+    for ax, dt in zip(axes[0], dtypes):
+        rs = sorted((r for r in sel if r["case"].dtype == dt), key=lambda r: r["case"].row)
+        for name, style in (("fastact", "o-"), ("torch", "s--"), ("torch.compile", "^:")):
+            pts = [(r["case"].row, r["rows"][name]["gbps"]) for r in rs if name in r["rows"]]
+            if pts:
+                ax.plot(*zip(*pts), style, label=name)
+        ax.axhline(limit["limit_gbps"], color="k", lw=1, label=f"limit {limit['limit_gbps']:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("row length (elements)")
+        ax.set_title(f"softmax fwd {DTYPE_NAMES[dt]}")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("GB/s (minimum bytes / median time)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(device_name, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def device_name(device):
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"CPU {model}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+
+
+def _json_result(r):
+    return {"case": r["case"].to_json(), "rows": r["rows"], "skipped": r["skipped"], "errors": r["errors"],
+            "mismatch": r["mismatch"],
+            "explain": r["explain"], "speedup": r["speedup"], "best_variant": r["best_variant"],
+            "bar": BARS[(r["case"].kind, r["case"].direction)], "misses": r["misses"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m fastact.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available, else cpu")
+    p.add_argument("--quick", action="store_true",
+                   help="a small grid on smaller tensors (minutes on a 2-core CPU)")
+    p.add_argument("--no-compile", action="store_true", help="no torch.compile rows (compilation is the slow part)")
+    p.add_argument("--compile-budget", type=float, default=None, metavar="S",
+                   help="stop compiling after S seconds of compilation in all (default: 240 in full mode on "
+                        "CUDA, no bound otherwise); later cases get no torch.compile row")
+    p.add_argument("--no-variants", action="store_true", help="CUDA: no forced softmax variant rows")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--check", action="store_true",
+                   help="mark each case against the performance bar, print the misses, exit 1 if any")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="CPU: leave glibc's malloc as it is, so every large output comes from fresh pages "
+                        "(page faults in every call; see keep_cpu_allocations)")
+    p.add_argument("--out", default="bench-out", help="folder for report.json and the PNG (default ./bench-out)")
+    args = p.parse_args(argv)
+
+    t_start = time.perf_counter()
+    dev_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev_type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available")
+    device = torch.device(dev_type)
+    mode = "quick" if args.quick else "full"
+    ops = tuple(o for o in args.ops.split(",") if o)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        p.error(f"--ops: unknown {bad}; choose from {OPS}")
+    budget = args.compile_budget
+    if budget is None and mode == "full" and dev_type == "cuda":
+        budget = 240.0
+    timing = timing_for(device, mode)
+    malloc_kept = dev_type == "cpu" and not args.default_malloc and keep_cpu_allocations()
+    name = device_name(device)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(f"fastact {fastact.__version__} bench: {name}, torch {torch.__version__}, mode {mode}, "
+          f"threads {torch.get_num_threads()}" + (f", load average {load:.2f}" if load is not None else ""), flush=True)
+    if dev_type == "cpu" and load is not None and load > 1.0:
+        print(f"warning: load average {load:.2f} before the run: other processes share the CPU, its figures "
+              "will be noisy", flush=True)
+
+    limit = measure_limit(device, limit_bytes(mode, dev_type), timing)
+    print(f"limit {limit['limit_gbps']:.1f} GB/s (copy {limit['copy_gbps']:.1f}, mul {limit['mul_gbps']:.1f}; "
+          f"{limit['bytes'] // MiB} MiB float32, read + write)", flush=True)
+
+    compiler = None if args.no_compile else Compiler(budget)
+    grid = [c for c in cases(mode, dev_type) if c.op in ops]
+    results = []
+    for i, case in enumerate(grid, 1):
+        r = summarise(bench_case(case, device, compiler, variants=not args.no_variants, timing=timing),
+                      limit["limit_gbps"])
+        r["misses"] = check(r)
+        results.append(r)
+        rows = r["rows"]
+        msg = "  ".join(f"{n} {rows[n]['time_us']:.1f}us" for n in ("fastact", "torch", "torch.compile") if n in rows)
+        comp = compiler.compile_s.get(case.name) if compiler else None
+        print(f"[{i}/{len(grid)}] {case.name}: {msg}" + (f"  (compiled in {comp:.1f} s)" if comp else "")
+              + (f"  MISMATCH {r['mismatch']}" if r["mismatch"] else "")
+              + "".join(f"\n  {n} failed: {e}" for n, e in r["errors"].items()), file=sys.stderr, flush=True)
+
+    overhead = bench_overhead(device, ops)
+
+    lines = [f"", f"fastact bench: {name}; torch {torch.__version__}; {mode} mode; "
+             f"limit {limit['limit_gbps']:.1f} GB/s"]
+    lines += format_tables(results, limit, with_check=args.check, device_type=dev_type)
+    lines += format_overhead(overhead)
+    if compiler is not None:
+        lines.append(f"\ntorch.compile: {len(compiler.compile_s)} compilations, {compiler.spent_s:.1f} s"
+                     + (f"; budget spent, no compile row for {len(compiler.skipped)} case(s): "
+                        + ", ".join(compiler.skipped) if compiler.skipped else ""))
+    print("\n".join(lines), flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    misses = [m for r in results for m in r["misses"]]
+    report = {
+        "meta": {"fastact": fastact.__version__, "torch": torch.__version__, "device": name, "device_type": dev_type,
+                 "mode": mode, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
+                 "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                 "timing": dataclasses.asdict(timing), "cpu_malloc_kept": malloc_kept,
+                 "compile": None if compiler is None else {"seconds": compiler.spent_s, "budget_s": compiler.budget_s,
+                                                           "per_case_s": compiler.compile_s,
+                                                           "skipped": compiler.skipped}},
+        "limit": limit,
+        "results": [_json_result(r) for r in results],
+        "overhead": overhead,
+        "misses": misses,
+    }
+    path = os.path.join(args.out, "report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(f"\nwrote {path}")
+    print(plot(results, limit, os.path.join(args.out, "softmax_fwd_bandwidth.png"), name))
+    if args.check:
+        print(f"\ncheck: {len(misses)} miss(es) against the bar" + (":" if misses else ""))
+        for m in misses:
+            print(f"  {m}")
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    return 1 if args.check and misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,614 @@
+// The softmax dispatcher: which kernel variant (and which launch configuration) takes a softmax
+// problem. Pure host C++ (no torch, no CUDA headers): a function of the problem's geometry, element
+// sizes, pointer alignment and a few device properties. The kernels in include/fastact/softmax/ use
+// the same constexpr helpers for their compile-time shapes, so host and device cannot disagree.
+//
+// The problem is softmax over D = dim_size of a tensor viewed as [outer, D, inner]:
+//   inner == 1: rows of D contiguous elements; input row r starts at r * row_stride, outputs (and
+//               every tensor of the backward) are dense (row stride D).
+//   inner  > 1: columns of D elements at stride inner; every tensor dense [outer, D, inner].
+//
+// Variants (names are fixed: tests and benchmarks force them):
+//   warp      inner == 1, D <= 1024 (512 for float64). A warp, or a power-of-two slice of one, per
+//             row; several rows per warp for tiny rows; the row in registers with compile-time
+//             indexing (templated on log2 of the padded row); shuffle reductions. 16-byte accesses
+//             when aligned, element accesses otherwise. One HBM read.
+//   vec       inner == 1, 16-byte aligned pointers, D and row_stride multiples of the vector width,
+//             D <= one block's register cache (1024 threads x softmax_resident_elems: 32 forward
+//             (16 float64); backward 16 float32, 32 16-bit, 8 float64). A block per row, 128-bit
+//             loads/stores, the row in registers. One HBM read.
+//   scalar    inner == 1, anything: any alignment, any D, any row stride. A block per row with
+//             element loads (coalesced across the block), the row in registers when it fits one
+//             block (same capacity; 16 per thread for 16-bit backward); longer rows stream twice
+//             (online max+sum, then write).
+//   long_row  inner == 1, any D. sm_90 with clusters: the row split over a thread-block cluster
+//             (2..16 CTAs), each CTA caching its slice in registers, the max and sum combined through
+//             distributed shared memory: one HBM read. Without clusters, or beyond what a cluster can
+//             cache: the split scheme below.
+//   split     inner == 1, any D (added variant; long_row's fallback, forceable for tests). Online
+//             max+sum per chunk of a row, then one write pass: two reads, one write, never three.
+//             Several CTAs per row when rows are few (two kernels; the per-chunk partials are parked
+//             in the output's own memory, so no workspace), and rows grouped so that the second read
+//             hits L2.
+//   strided   inner > 1. Threads along the contiguous inner dim (16-byte vectors of inner when
+//             aligned), several threads splitting D with a shared-memory combine, the tile of
+//             columns cached in registers (one HBM read; on sm_90 a cluster splits long D), or
+//             streamed twice when D is too long to cache. No transposing copy.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+namespace fastact {
+
+enum class SoftmaxVariant : int { kAuto = 0, kWarp, kVec, kScalar, kLongRow, kStrided, kSplit };
+
+inline constexpr int kNumSoftmaxVariants = 7;
+
+inline const char* softmax_variant_name(SoftmaxVariant v) {
+  switch (v) {
+    case SoftmaxVariant::kAuto: return "auto";
+    case SoftmaxVariant::kWarp: return "warp";
+    case SoftmaxVariant::kVec: return "vec";
+    case SoftmaxVariant::kScalar: return "scalar";
+    case SoftmaxVariant::kLongRow: return "long_row";
+    case SoftmaxVariant::kStrided: return "strided";
+    case SoftmaxVariant::kSplit: return "split";
+  }
+  return "?";
+}
+
+// "auto, warp, vec, scalar, long_row, strided, split": for error messages.
+inline const char* softmax_variant_names() { return "auto, warp, vec, scalar, long_row, strided, split"; }
+
+// false for an unknown name (the caller reports softmax_variant_names()).
+inline bool softmax_variant_from_name(std::string_view name, SoftmaxVariant* out) {
+  for (int i = 0; i < kNumSoftmaxVariants; ++i) {
+    const auto v = static_cast<SoftmaxVariant>(i);
+    if (name == softmax_variant_name(v)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compile-time shapes shared by host and device.
+
+namespace softmax_detail {
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+}  // namespace softmax_detail
+
+// Elements per 128-bit access, set by the narrower of the two element types (forward: input and
+// output; backward: grad_input and grad_output/output), so the narrow tensor moves in 16-byte
+// accesses and the wide one in 32-byte pairs: 4 float, 8 half/bfloat16 (also half in, float out), 2 double.
+constexpr int softmax_vec_width(int in_bytes, int out_bytes) {
+  return 16 / softmax_detail::cmin(in_bytes, out_bytes);
+}
+
+// Register bytes per thread for the cached row (block, cluster and strided kernels): 128 = 32
+// registers. Why: at 1024 threads per block a thread has at most 64 registers; half hold the data,
+// the rest addresses, the exp temporaries and the reductions (-Xptxas -v: the float32 / 16-bit row
+// kernels do not spill; float64 and a few strided configurations spill a few dozen bytes to L1).
+constexpr int kResidentRegBytes = 128;
+
+// Elements per thread those kernels cache, for accesses of `vec` elements. Forward: accumulation
+// values (exp(x - max) for softmax, so exp runs once per element), 4 or 8 bytes each. Backward:
+// grad_output and output as loaded (raw, converted on use), two arrays; 16-bit elements pack two to a
+// register in 128-bit vectors but take a register each with element accesses.
+constexpr int softmax_resident_elems(bool backward, int vec, int out_bytes, int acc_bytes) {
+  return backward ? kResidentRegBytes / (2 * (vec > 1 ? out_bytes : (out_bytes > 4 ? out_bytes : 4)))
+                  : kResidentRegBytes / acc_bytes;
+}
+
+// D-rows a thread of the strided kernel caches: the resident elements over the access width; with
+// element accesses half of them. Why: one-element loads down a column each need their own 64-bit
+// address, and 32 of them do not fit the 64 registers a 1024-thread block allows (ptxas spilled).
+constexpr int softmax_strided_rows(bool backward, int vec, int out_bytes, int acc_bytes) {
+  return vec > 1 ? softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / vec
+                 : softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / 2;
+}
+
+// Accesses in flight per thread and array in the strided kernel's streaming loops: 64 bytes of
+// registers per array (value_bytes: register bytes per element), at most 8. Why: four 16-byte float
+// loads, as in `split`, without spilling the wide (double, or float written as half) cases; element
+// accesses stop at 8 (each needs its own 64-bit address).
+constexpr int softmax_stream_unroll(int vec, int value_bytes) {
+  return 64 / (vec * value_bytes) > 8 ? 8 : (64 / (vec * value_bytes) > 1 ? 64 / (vec * value_bytes) : 1);
+}
+
+// The warp kernel: rows up to this many elements. Why: the row lives in one warp's registers, 32
+// accumulation values per lane at 1024 (64 for the backward's two arrays); beyond that a block per row
+// spreads the registers over more threads and keeps more loads in flight per row. float64 halves it
+// (two registers per value).
+constexpr int kWarpMaxDim = 1024;
+constexpr int softmax_warp_max_dim(int acc_bytes) { return acc_bytes == 8 ? kWarpMaxDim / 2 : kWarpMaxDim; }
+
+// Threads per block of the warp kernel: 4 warps. Why: small blocks let the scheduler fill an SM
+// with up to 16 of them (2048 threads) and keep the tail of the grid short.
+constexpr int kWarpBlockThreads = 128;
+
+// Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
+// time: at least 4 vectors (so 4 independent 16-byte loads are in flight per lane), or 8 elements
+// with element access, and never fewer than elems / 32 (a row never spans more than a warp).
+constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec) {
+  return softmax_detail::cmax((1 << log2_elems) / 32,
+                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? 4 * vec : 8));
+}
+constexpr int softmax_warp_threads_per_row(int log2_elems, int vec) {
+  return (1 << log2_elems) / softmax_warp_elems_per_thread(log2_elems, vec);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thresholds (each with why).
+
+// Largest block of the resident kernels: the hardware limit.
+constexpr int kResidentMaxThreads = 1024;
+// With clusters available, `vec` stops at 512 threads per row and longer rows go to long_row.
+// Why: a 1024-thread block owns all of an SM's registers, so nothing overlaps its load -> reduce ->
+// store phases; two 512-thread CTAs of a cluster per SM interleave those phases (one loads while the
+// other reduces or stores).
+constexpr int kVecMaxThreadsWithClusters = 512;
+// long_row cluster CTAs: 512 threads first (two CTAs per SM, as above), 1024 only when 512 would need
+// a cluster larger than the device allows.
+constexpr int kClusterThreadsFirst = 512;
+// Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
+// (the CUDA side probes cudaOccupancyMaxActiveClusters and reports it as max_cluster).
+constexpr int kMaxPortableCluster = 8;
+constexpr int kMaxCluster = 16;
+
+// split: threads per CTA and 16-byte (or element) accesses in flight per thread per iteration.
+// Why: 256 threads x 4 x 16 B = 16 KB in flight per CTA, 8 CTAs per SM: far above the ~20 KB per SM
+// that hides HBM latency at full bandwidth.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitUnroll = 4;
+// split: aim for this many CTAs per SM in each launch. Why: enough independent CTAs that every SM
+// streams, and the tail of the grid is a small fraction.
+constexpr int kSplitCtasPerSm = 4;
+// split: a chunk is at least this many elements. Why: below that a CTA spends more time on its
+// reductions and partial-combining than on streaming (8 elements per thread at 256 threads).
+constexpr int64_t kSplitMinChunk = 2048;
+// split: at most this many chunks per row. Why: every write-pass CTA reads all K partials of its
+// row, and each stats CTA writes its partial K times (the parking scheme), so K^2 grows fast.
+constexpr int64_t kSplitMaxChunks = 64;
+// split: the rows of one (stats, write) launch pair read at most L2 / kL2ReuseDivisor bytes, so that
+// the write pass re-reads them from L2, not HBM. Why a third: the output written meanwhile and the
+// L2's two partitions leave roughly that much for reuse.
+constexpr int kL2ReuseDivisor = 3;
+// split: at most this many launch pairs per call. Why: each launch costs ~2-4 us of launch gap; past
+// that, bigger groups (less L2 reuse) are cheaper than more launches.
+constexpr int64_t kSplitMaxGroups = 128;
+// Bytes of the parked partial of one chunk: a (max, sum) pair of the accumulation type, padded to 16.
+constexpr int kSplitSlotBytes = 16;
+
+// strided: contiguous bytes of one D-row that a block's threads read side by side: a 128-byte line.
+// Why: smaller pieces waste DRAM bursts; larger ones leave fewer threads to split D.
+constexpr int kStridedRowBytes = 128;
+constexpr int kStridedMaxThreads = 1024;
+// strided: for short D, widen the tile (more columns) until a block has this many threads.
+// Why: tiny blocks cap the resident threads per SM at 32 blocks x 32 threads.
+constexpr int kStridedMinThreads = 128;
+// strided, D too long to cache: threads per block of the streaming (two-read) mode.
+constexpr int kStridedStreamThreads = 512;
+// strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
+// Why: as kVecMaxThreadsWithClusters (two CTAs per SM overlap each other's reductions).
+constexpr int kStridedClusterAbove = 512;
+// strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
+constexpr int kStridedMaxSmem = 48 * 1024;
+
+// Values of the strided kernel's reduction buffers (see column_allreduce in softmax/common.cuh):
+// red[2][R][C][L], res[2][C][L], cta[2][C][L]; R = threads / 32 when C < 32, else threads / C.
+inline int64_t softmax_strided_smem_values(int64_t threads, int64_t columns, int lanes) {
+  const int64_t reps = columns < 32 ? threads / 32 : threads / columns;
+  return (2 * reps * columns + 4 * columns) * lanes;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct SoftmaxProblem {
+  int64_t outer = 1;
+  int64_t dim_size = 1;    // D
+  int64_t inner = 1;
+  int64_t row_stride = 1;  // input elements between rows when inner == 1 (== dim_size when dense)
+  int in_bytes = 4;        // forward: input element; backward: grad_input element
+  int out_bytes = 4;       // forward: output element; backward: grad_output and output element
+  int acc_bytes = 4;       // accumulation type: 4 (float) or 8 (double)
+  bool backward = false;
+  // Every pointer is aligned to its 128-bit access: W * sizeof(its element), W = softmax_vec_width.
+  bool aligned = false;
+  int sm_count = 132;
+  int cc_major = 9;
+  int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
+  int64_t l2_bytes = 50 << 20;
+};
+
+// What the dispatcher needs of the device (read once per device: softmax_device_props in
+// softmax/launch.cuh).
+struct SoftmaxDeviceProps {
+  int sm_count = 0;
+  int cc_major = 0;
+  int max_cluster = 1;  // 1 (no clusters), 8 or 16
+  int64_t l2_bytes = 0;
+};
+
+enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided };
+
+// How a variant runs a problem. Filled by plan_softmax; read by the launchers and by explain.
+struct SoftmaxPlan {
+  SoftmaxVariant variant = SoftmaxVariant::kAuto;
+  SoftmaxMode mode = SoftmaxMode::kWarp;
+  int vec = 1;             // elements per access: softmax_vec_width (128-bit) or 1
+  int threads = 0;         // per block
+  int cluster = 1;         // CTAs per row (resident) or per tile (strided); 1: no cluster
+  int warp_log2 = 0;       // warp: log2 of the padded row
+  int64_t chunks = 1;      // split: chunks (CTAs) per row; 1: one kernel, a block per row
+  int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
+  int columns = 0;         // strided: column vectors per block
+  bool streaming = false;  // strided: D too long to cache, read twice
+  int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
+  const char* why = "";    // auto: why this variant (static text)
+};
+
+inline int softmax_vec_width(const SoftmaxProblem& p) { return softmax_vec_width(p.in_bytes, p.out_bytes); }
+
+// Rows (inner == 1) can move in 128-bit accesses.
+inline bool softmax_rows_vectorizable(const SoftmaxProblem& p) {
+  const int w = softmax_vec_width(p);
+  return p.aligned && p.inner == 1 && p.dim_size % w == 0 && (p.row_stride % w == 0 || p.outer == 1);
+}
+// Columns (inner > 1) can move in 128-bit accesses along inner.
+inline bool softmax_columns_vectorizable(const SoftmaxProblem& p) {
+  return p.aligned && p.inner > 1 && p.inner % softmax_vec_width(p) == 0;
+}
+
+inline int softmax_resident_elems(const SoftmaxProblem& p, int vec) {
+  return softmax_resident_elems(p.backward, vec, p.out_bytes, p.acc_bytes);
+}
+
+// Largest row one block caches (vec: vec = 128-bit width; scalar: vec = 1).
+inline int64_t softmax_block_capacity(const SoftmaxProblem& p, int vec) {
+  return int64_t(kResidentMaxThreads) * softmax_resident_elems(p, vec);
+}
+
+inline bool softmax_ptr_aligned(const void* ptr, int64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % static_cast<std::uintptr_t>(bytes) == 0;
+}
+
+// The dispatcher's view of a forward call: x (in_bytes elements) -> y (out_bytes). A null pointer
+// counts as aligned (a tensor about to be allocated).
+inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const void* y, int out_bytes, int acc_bytes,
+                                              int64_t outer, int64_t dim, int64_t inner, int64_t row_stride,
+                                              const SoftmaxDeviceProps& dev) {
+  SoftmaxProblem p;
+  p.outer = outer;
+  p.dim_size = dim;
+  p.inner = inner;
+  p.row_stride = row_stride;
+  p.in_bytes = in_bytes;
+  p.out_bytes = out_bytes;
+  p.acc_bytes = acc_bytes;
+  p.backward = false;
+  const int w = softmax_vec_width(in_bytes, out_bytes);
+  p.aligned = softmax_ptr_aligned(x, int64_t(w) * in_bytes) && softmax_ptr_aligned(y, int64_t(w) * out_bytes);
+  p.sm_count = dev.sm_count;
+  p.cc_major = dev.cc_major;
+  p.max_cluster = dev.max_cluster;
+  p.l2_bytes = dev.l2_bytes;
+  return p;
+}
+
+// The dispatcher's view of a backward call: grad_output and output (out_bytes) -> grad_input
+// (in_bytes), all dense (row stride D).
+inline SoftmaxProblem softmax_backward_problem(const void* grad_output, const void* output, int out_bytes,
+                                               const void* grad_input, int in_bytes, int acc_bytes, int64_t outer,
+                                               int64_t dim, int64_t inner, const SoftmaxDeviceProps& dev) {
+  SoftmaxProblem p = softmax_forward_problem(grad_output, out_bytes, output, out_bytes, acc_bytes, outer, dim, inner,
+                                             dim, dev);
+  p.in_bytes = in_bytes;
+  p.backward = true;
+  const int w = softmax_vec_width(in_bytes, out_bytes);
+  p.aligned = softmax_ptr_aligned(grad_output, int64_t(w) * out_bytes) &&
+              softmax_ptr_aligned(output, int64_t(w) * out_bytes) &&
+              softmax_ptr_aligned(grad_input, int64_t(w) * in_bytes);
+  return p;
+}
+
+namespace softmax_detail {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+inline int64_t pow2_ceil(int64_t a) {
+  int64_t p = 1;
+  while (p < a) p *= 2;
+  return p;
+}
+inline int64_t pow2_floor(int64_t a) {
+  int64_t p = 1;
+  while (p * 2 <= a) p *= 2;
+  return p;
+}
+inline int log2_ceil(int64_t a) {
+  int l = 0;
+  while ((int64_t(1) << l) < a) ++l;
+  return l;
+}
+inline bool clusters_available(const SoftmaxProblem& p) { return p.cc_major >= 9 && p.max_cluster >= 2; }
+
+// One block per row, the row in registers (vec, scalar).
+inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec) {
+  SoftmaxPlan s;
+  s.variant = v;
+  s.mode = SoftmaxMode::kResident;
+  s.vec = vec;
+  s.elems_per_thread = softmax_resident_elems(p, vec);
+  s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
+  s.cluster = 1;
+  return s;
+}
+
+// The row over a cluster; false when no cluster the device takes can cache it.
+inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
+  if (!clusters_available(p)) return false;
+  const int e = softmax_resident_elems(p, vec);
+  const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
+  for (int t : {kClusterThreadsFirst, kResidentMaxThreads}) {
+    int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
+    if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
+    if (s > cap) continue;
+    SoftmaxPlan plan;
+    plan.variant = SoftmaxVariant::kLongRow;
+    plan.mode = SoftmaxMode::kResident;
+    plan.vec = vec;
+    plan.elems_per_thread = e;
+    plan.cluster = int(s);
+    // Balance: the fewest threads that still cache the row over s CTAs.
+    plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
+    *out = plan;
+    return true;
+  }
+  return false;
+}
+
+// Online max+sum per chunk, then a write pass.
+inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool one_block_per_row) {
+  SoftmaxPlan s;
+  s.variant = v;
+  s.mode = SoftmaxMode::kSplit;
+  s.vec = vec;
+  s.threads = kSplitThreads;
+  s.chunks = 1;
+  s.group_rows = p.outer;
+  const int64_t d = p.dim_size;
+  // Rows whose input fits the L2 reuse budget, read by one launch pair.
+  const int64_t row_bytes = d * (p.backward ? 2 * p.out_bytes : p.in_bytes);
+  const int64_t budget = p.l2_bytes / kL2ReuseDivisor;
+  int64_t group = budget / (row_bytes > 0 ? row_bytes : 1);
+  if (group < 1) group = 1;
+  if (group > p.outer) group = p.outer;
+  if (ceil_div(p.outer, group) > kSplitMaxGroups) group = ceil_div(p.outer, kSplitMaxGroups);
+  // Chunks per row: enough CTAs per launch for every SM, chunks no shorter than kSplitMinChunk.
+  int64_t k = ceil_div(int64_t(kSplitCtasPerSm) * p.sm_count, group);
+  if (k > kSplitMaxChunks) k = kSplitMaxChunks;
+  if (k > d / kSplitMinChunk) k = d / kSplitMinChunk;
+  // The parking scheme needs each chunk's output bytes to hold 16 bytes of alignment slack plus K
+  // partials; the smallest chunk has floor(units / k) units of `vec` elements.
+  const int dst_bytes = p.backward ? p.in_bytes : p.out_bytes;
+  const int64_t units = d / vec;
+  while (k > 1 && (units / k) * vec * dst_bytes < int64_t(kSplitSlotBytes) * (k + 1)) --k;
+  if (one_block_per_row || k < 2) {
+    s.chunks = 1;
+    s.group_rows = p.outer;
+  } else {
+    s.chunks = k;
+    s.group_rows = group;
+  }
+  return s;
+}
+
+inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
+  SoftmaxPlan s;
+  s.variant = SoftmaxVariant::kStrided;
+  s.mode = SoftmaxMode::kStrided;
+  s.vec = softmax_columns_vectorizable(p) ? softmax_vec_width(p) : 1;
+  const int kv = softmax_strided_rows(p.backward, s.vec, p.out_bytes, p.acc_bytes);  // D-rows cached per thread
+  s.elems_per_thread = kv * s.vec;
+  const int load_bytes = p.backward ? p.out_bytes : p.in_bytes;
+  const int64_t inner_units = p.inner / s.vec;
+  const int64_t total_cols = p.outer * inner_units;
+  // Columns per block: a 128-byte line of one D-row, at most the column vectors of one outer index
+  // (so a block's line is contiguous), a power of two.
+  int64_t c = kStridedRowBytes / (int64_t(s.vec) * load_bytes);
+  if (c < 1) c = 1;
+  const int64_t c_cap = pow2_floor(inner_units);
+  if (c > c_cap) c = c_cap;
+  const int64_t d = p.dim_size;
+  const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
+  auto smem_ok = [&](int64_t threads, int64_t cols, bool streaming) {
+    const int64_t value_bytes = (!p.backward && streaming) ? 2 * p.acc_bytes : p.acc_bytes;
+    return softmax_strided_smem_values(threads, cols, s.vec) * value_bytes <= kStridedMaxSmem;
+  };
+  auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
+  const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
+  if (c * g_needed <= single_cap) {
+    // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
+    while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
+           smem_ok(threads_for(c * 2, g_needed), c * 2, false))
+      c *= 2;
+    s.columns = int(c);
+    s.threads = int(threads_for(c, g_needed));
+    s.cluster = 1;
+    s.streaming = false;
+    return s;
+  }
+  if (clusters_available(p)) {
+    const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
+    for (int t : {kStridedClusterAbove, kStridedMaxThreads}) {
+      const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
+      if (cl > cap) continue;
+      const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
+      if (!smem_ok(threads, c, false)) continue;
+      s.columns = int(c);
+      s.cluster = int(cl);
+      s.threads = int(threads);
+      s.streaming = false;
+      return s;
+    }
+  }
+  s.columns = int(c);
+  s.threads = int(threads_for(c, ceil_div(kStridedStreamThreads, c)));
+  s.cluster = 1;
+  s.streaming = true;
+  return s;
+}
+
+}  // namespace softmax_detail
+
+// nullptr if `v` can run `p`, else why not (static text; the caller adds the sizes).
+inline const char* softmax_variant_rejects(SoftmaxVariant v, const SoftmaxProblem& p) {
+  const bool rows = p.inner == 1;
+  switch (v) {
+    case SoftmaxVariant::kAuto:
+      return nullptr;
+    case SoftmaxVariant::kWarp:
+      if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
+      if (p.dim_size > softmax_warp_max_dim(p.acc_bytes))
+        return "D exceeds the warp variant's limit (1024 elements; 512 for float64)";
+      return nullptr;
+    case SoftmaxVariant::kVec:
+      if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
+      if (!softmax_rows_vectorizable(p))
+        return "it needs 16-byte aligned pointers and a row length and row stride that are multiples of "
+               "the 128-bit vector width ('scalar' takes any layout)";
+      if (p.dim_size > softmax_block_capacity(p, softmax_vec_width(p)))
+        return "the row does not fit one block's registers (1024 threads x 32 elements forward, x 8-32 "
+               "backward); 'long_row' takes it";
+      return nullptr;
+    case SoftmaxVariant::kScalar:
+    case SoftmaxVariant::kLongRow:
+    case SoftmaxVariant::kSplit:
+      if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
+      return nullptr;
+    case SoftmaxVariant::kStrided:
+      if (rows)
+        return "inner == 1 (the softmax dim is contiguous); 'warp', 'vec', 'scalar', 'long_row' and "
+               "'split' take it";
+      return nullptr;
+  }
+  return "unknown variant";
+}
+
+// The launch plan of variant `v` (not kAuto) on `p`; `v` must not reject `p`.
+inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
+  using namespace softmax_detail;
+  const int w = softmax_vec_width(p);
+  const int row_vec = softmax_rows_vectorizable(p) ? w : 1;
+  switch (v) {
+    case SoftmaxVariant::kWarp: {
+      SoftmaxPlan s;
+      s.variant = v;
+      s.mode = SoftmaxMode::kWarp;
+      s.vec = row_vec;
+      s.warp_log2 = log2_ceil(p.dim_size);
+      s.threads = kWarpBlockThreads;
+      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec);
+      return s;
+    }
+    case SoftmaxVariant::kVec:
+      return plan_block(p, v, w);
+    case SoftmaxVariant::kScalar:
+      if (p.dim_size <= softmax_block_capacity(p, 1)) return plan_block(p, v, 1);
+      return plan_split(p, v, 1, /*one_block_per_row=*/true);
+    case SoftmaxVariant::kLongRow: {
+      SoftmaxPlan s;
+      if (plan_cluster(p, row_vec, &s)) return s;
+      return plan_split(p, v, row_vec, false);
+    }
+    case SoftmaxVariant::kSplit:
+      return plan_split(p, v, row_vec, false);
+    case SoftmaxVariant::kStrided:
+      return plan_strided(p);
+    case SoftmaxVariant::kAuto:
+      break;
+  }
+  return SoftmaxPlan{};
+}
+
+// The dispatcher: the variant for `p`, with its plan and (in plan.why) the reason.
+inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
+  using namespace softmax_detail;
+  SoftmaxPlan s;
+  if (p.inner > 1) {
+    s = plan_softmax(SoftmaxVariant::kStrided, p);
+    s.why = s.streaming ? "the softmax dim is not innermost; D too long to cache a tile of columns: two reads"
+                        : "the softmax dim is not innermost: threads along inner, D split over threads "
+                          "(and a cluster) with the tile cached: one read";
+    return s;
+  }
+  if (p.dim_size <= softmax_warp_max_dim(p.acc_bytes)) {
+    s = plan_softmax(SoftmaxVariant::kWarp, p);
+    s.why = "short rows: a warp (or part of one) per row, the row in registers";
+    return s;
+  }
+  const bool vectorizable = softmax_rows_vectorizable(p);
+  const int block_threads = clusters_available(p) ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
+  const int64_t block_cap = int64_t(block_threads) * softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
+  if (p.dim_size <= block_cap) {
+    if (vectorizable) {
+      s = plan_softmax(SoftmaxVariant::kVec, p);
+      s.why = "the row fits one block's registers; aligned: 128-bit accesses";
+    } else {
+      s = plan_softmax(SoftmaxVariant::kScalar, p);
+      s.why = "the row fits one block's registers; not 16-byte aligned (or D / row stride not a multiple "
+              "of the vector width): element accesses";
+    }
+    return s;
+  }
+  s = plan_softmax(SoftmaxVariant::kLongRow, p);
+  s.why = s.mode == SoftmaxMode::kResident
+              ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
+                "registers, combined through distributed shared memory: one read"
+              : "the row is longer than a cluster caches (or no clusters): online max+sum per chunk, then "
+                "a write pass";
+  return s;
+}
+
+// "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
+inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  char buf[512];
+  const char* access = s.vec > 1 ? "128-bit accesses" : "element accesses";
+  int n = std::snprintf(buf, sizeof(buf), "variant=%s: D=%lld, outer=%lld, inner=%lld", softmax_variant_name(s.variant),
+                        static_cast<long long>(p.dim_size), static_cast<long long>(p.outer),
+                        static_cast<long long>(p.inner));
+  std::string out(buf, n > 0 ? size_t(n) : 0);
+  if (s.why && *s.why) {
+    out += ": ";
+    out += s.why;
+  }
+  switch (s.mode) {
+    case SoftmaxMode::kWarp:
+      n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s]",
+                        softmax_warp_threads_per_row(s.warp_log2, s.vec), s.elems_per_thread, access);
+      break;
+    case SoftmaxMode::kResident:
+      n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row, %s]", s.cluster,
+                        s.threads, s.elems_per_thread, access);
+      break;
+    case SoftmaxMode::kSplit:
+      n = std::snprintf(buf, sizeof(buf), " [%lld chunk(s) per row, %lld rows per launch pair, %d threads, %s]",
+                        static_cast<long long>(s.chunks), static_cast<long long>(s.group_rows), s.threads, access);
+      break;
+    case SoftmaxMode::kStrided:
+      n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, %s, %s]", s.columns,
+                        s.threads, s.cluster, s.streaming ? "streamed twice" : "cached", access);
+      break;
+  }
+  if (n > 0) out.append(buf, size_t(n));
+  return out;
+}
+
+}  // namespace fastact

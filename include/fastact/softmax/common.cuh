@@ -1,0 +1,350 @@
+// Pieces every softmax kernel shares: the forward-cache adapter over the math epilogues, the
+// NaN-preserving online (max, sum) combine, the row and column all-reductions (warp -> block ->
+// cluster), and the launch helper (plain or cluster launch, 1-D grid).
+//
+// Conventions of all softmax kernels:
+//   * in_t / out_t are the element types (forward: x / y; backward: grad_input / grad_output and
+//     output); A = acc_t<out_t> is the arithmetic type (float, or double for double).
+//   * Sizes and offsets are int64_t. Grids are 1-D, one work item (row block, row, tile, chunk) per
+//     CTA or cluster, never persistent: a loop carried across work items costs registers that the
+//     cached row needs. Beyond 2^30 blocks the host launches again from a later first item.
+//   * Reductions are deterministic: fixed trees, no atomics; every thread (and every CTA of a
+//     cluster) ends with bitwise the same row statistics.
+//   * torch semantics for non-finite rows: padding and masked lanes hold -inf (forward) or 0
+//     (backward), which never changes a finite result, and a row of all -inf, or one holding NaN or
+//     +inf, gives NaN as torch does.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "fastact/dispatch.h"
+#include "fastact/math.h"
+#include "fastact/reduce.cuh"
+#include "fastact/vec.cuh"
+
+namespace fastact::softmax_impl {
+
+// Blocks per launch at most; the host launches again for the rest (each kernel takes the index of
+// its first work item). Below 2^31 - 1 and a multiple of every cluster size.
+constexpr int64_t kMaxGridBlocks = int64_t(1) << 30;
+
+template <typename A>
+FASTACT_HOST_DEVICE A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+
+// q = a / b, r = a % b for a >= 0, b > 0. 64-bit division is a subroutine call on the GPU (whose
+// calling convention forces spills in a kernel that holds a row in registers); take the inline 32-bit
+// path whenever both operands fit, which is every tensor below 2^32 elements.
+FASTACT_DEVICE void divmod_nonneg(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((a | b) >> 32) == 0) {
+    const uint32_t q32 = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    q = q32;
+    r = a - int64_t(q32) * b;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
+// Conversions between element vectors and accumulation values: static_cast per element by default.
+// The torch adapter specialises ElementConvert for c10::Half / c10::BFloat16 (csrc/cuda/softmax_half.cu,
+// softmax_bf16.cu) to convert whole 32-bit words: c10's operator float goes through its 16-bit member,
+// and ptxas then unpacks each element into a register of its own, which spilled the register-bound
+// kernels.
+template <typename T>
+struct ElementConvert {
+  template <typename A, int N>
+  static FASTACT_DEVICE void to_acc(const AlignedVector<T, N>& v, A (&out)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = static_cast<A>(v.val[k]);
+  }
+  template <typename A, int N>
+  static FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
+    AlignedVector<T, N> v;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v.val[k] = static_cast<T>(in[k]);
+    return v;
+  }
+};
+
+template <typename A, typename T, int N>
+FASTACT_DEVICE void to_acc(const AlignedVector<T, N>& v, A (&out)[N]) {
+  ElementConvert<T>::template to_acc<A, N>(v, out);
+}
+template <typename T, typename A, int N>
+FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
+  return ElementConvert<T>::template from_acc<A, N>(in);
+}
+
+// How a kernel that holds the row in registers applies an epilogue: after the max m is known it
+// keeps t = keep(x, m) per element, sums term(t, m) and writes out(t, m, c) with c = row_constant(sum).
+// Generic form (log_softmax): keep x, sum exp(x - m), write epi.forward(x, m, c). Softmax keeps
+// exp(x - m), so exp runs once per element; same formula as SoftmaxEpilogue::forward.
+template <typename Epi>
+struct ForwardCache {
+  template <typename A>
+  static FASTACT_DEVICE A keep(A x, A /*max*/) {
+    return x;
+  }
+  template <typename A>
+  static FASTACT_DEVICE A term(A kept, A max) {
+    return math::exp_(kept - max);
+  }
+  template <typename A>
+  static FASTACT_DEVICE A out(const Epi& epi, A kept, A max, A c) {
+    return epi.forward(kept, max, c);
+  }
+};
+
+template <>
+struct ForwardCache<math::SoftmaxEpilogue> {
+  template <typename A>
+  static FASTACT_DEVICE A keep(A x, A max) {
+    return math::exp_(x - max);
+  }
+  template <typename A>
+  static FASTACT_DEVICE A term(A kept, A /*max*/) {
+    return kept;
+  }
+  template <typename A>
+  static FASTACT_DEVICE A out(const math::SoftmaxEpilogue&, A kept, A /*max*/, A c) {
+    return kept * c;  // exp(x - max) * (1 / sum)
+  }
+};
+
+// Combine of two (max, sum of exp(x - max)) partials that keeps NaN: a partial whose max is -inf
+// (it saw only -inf, or NaN, or nothing) contributes sum * 0, which is 0 unless its sum is NaN.
+// Commutative bit for bit (so butterfly reductions agree in every lane). reduce.cuh's MaxSumOp drops
+// such a partial's sum instead, which would lose a NaN that torch propagates.
+template <typename A>
+struct OnlineOp {
+  FASTACT_DEVICE MaxSum<A> operator()(MaxSum<A> a, MaxSum<A> b) const {
+    const A m = a.max > b.max ? a.max : b.max;
+    const A ms = m == neg_inf<A>() ? A(0) : m;
+    return {m, a.sum * math::exp_(a.max - ms) + b.sum * math::exp_(b.max - ms)};
+  }
+  static FASTACT_HOST_DEVICE MaxSum<A> identity() { return {neg_inf<A>(), A(0)}; }
+};
+
+// Folds N values into a running (max, sum): one exp per value plus one rescale per batch. Masked
+// values are -inf and add exp(-inf) = 0.
+template <typename A, int N>
+FASTACT_DEVICE void online_update(MaxSum<A>& st, const A (&v)[N]) {
+  A m = st.max;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = v[i] > m ? v[i] : m;
+  const A ms = m == neg_inf<A>() ? A(0) : m;
+  A s = st.sum * math::exp_(st.max - ms);
+#pragma unroll
+  for (int i = 0; i < N; ++i) s += math::exp_(v[i] - ms);
+  st.max = m;
+  st.sum = s;
+}
+
+template <typename A, int N, int M>
+FASTACT_DEVICE void online_update(MaxSum<A>& st, const A (&v)[N][M]) {
+  A m = st.max;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) m = v[i][k] > m ? v[i][k] : m;
+  }
+  const A ms = m == neg_inf<A>() ? A(0) : m;
+  A s = st.sum * math::exp_(st.max - ms);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) s += math::exp_(v[i][k] - ms);
+  }
+  st.max = m;
+  st.sum = s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Clusters (sm_90). Compiled to nothing below sm_90, where the host never launches a cluster.
+
+// Arrive (.release: this thread's earlier shared-memory accesses are ordered before the barrier)
+// and wait (.acquire) on the cluster barrier. Every thread of every CTA of the cluster alternates
+// arrive and wait.
+FASTACT_DEVICE void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __cluster_barrier_arrive();
+#endif
+}
+FASTACT_DEVICE void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __cluster_barrier_wait();
+#endif
+}
+FASTACT_DEVICE void cluster_sync_all() {
+  cluster_arrive();
+  cluster_wait();
+}
+
+// The same shared-memory variable in the CTA of cluster rank `rank` (distributed shared memory).
+template <typename T>
+FASTACT_DEVICE const T* cluster_peer(const T* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return static_cast<const T*>(__cluster_map_shared_rank(p, static_cast<unsigned>(rank)));
+#else
+  (void)rank;
+  return p;
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// Row all-reduce: one value per thread, reduced over the block and then over the cluster.
+
+// Two buffers, used alternately by successive rounds (`round` counts them): a buffer is rewritten
+// two rounds later, after every thread has passed the intervening round's barrier, i.e. after every
+// thread finished reading it. So one barrier per round suffices.
+template <typename V>
+struct RowScratch {
+  V warp[2][kWarpSize];
+  V cta[2];
+};
+
+// blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
+// `cluster` (1: no cluster). Result: valid, and bitwise identical, in every thread of the cluster.
+template <typename V, typename Op>
+FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cluster) {
+  const int ring = round & 1;
+  ++round;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  v = warp_reduce(v, op);
+  if (lane == 0) sm.warp[ring][warp] = v;
+  __syncthreads();
+  // Every warp reduces the per-warp partials itself (same tree everywhere): no second barrier.
+  v = warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
+  if (cluster > 1) {
+    if (threadIdx.x == 0) sm.cta[ring] = v;
+    cluster_sync_all();
+    v = warp_reduce(lane < cluster ? *cluster_peer(&sm.cta[ring], lane) : Op::identity(), op);
+  }
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Column all-reduce (strided kernel): thread tid owns column c = tid % C (C = `columns`, a power of
+// two) and holds L lanes (the elements of its vector along inner); threads with the same c split D.
+// Reduces each (column, lane) over all threads of its column, in the block and then the cluster.
+//
+// Shared memory (dynamic, V values): red[2][R][C][L], res[2][C][L], cta[2][C][L], where R, the
+// representatives per column, is one per warp when C < 32 (the warp first reduces its own D-groups
+// by shuffles) and one per D-group when C >= 32. Size: softmax_strided_smem_values (dispatch.h). Buffers alternate
+// by round as in RowScratch (each round has two block barriers).
+// blockDim.x a multiple of 32 and of C. Result: valid in every thread, identical for a column.
+
+template <int L, typename V, typename Op>
+FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, int columns, int cluster) {
+  const int ring = round & 1;
+  ++round;
+  const int nthreads = blockDim.x;
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int C = columns;
+  const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads / C;
+  const int CL = C * L;
+  V* red = smem + ring * R * CL;              // [R][C][L]
+  V* res = smem + 2 * R * CL + ring * CL;     // [C][L]
+  V* cta = smem + 2 * R * CL + 2 * CL + ring * CL;
+  const int c = tid % C;
+  if (C < kWarpSize) {
+    for (int mask = C; mask < kWarpSize; mask *= 2) {
+#pragma unroll
+      for (int k = 0; k < L; ++k) vals[k] = op(vals[k], shfl_xor(vals[k], mask, kWarpSize));
+    }
+  }
+  const bool rep = C < kWarpSize ? lane < C : true;
+  const int j = C < kWarpSize ? tid / kWarpSize : tid / C;
+  if (rep) {
+#pragma unroll
+    for (int k = 0; k < L; ++k) red[(j * C + c) * L + k] = vals[k];
+  }
+  __syncthreads();
+  V* dst = cluster > 1 ? cta : res;
+  for (int q = tid; q < CL; q += nthreads) {
+    V r = red[q];
+    for (int jj = 1; jj < R; ++jj) r = op(r, red[jj * CL + q]);
+    dst[q] = r;
+  }
+  if (cluster > 1) {
+    cluster_sync_all();
+    for (int q = tid; q < CL; q += nthreads) {
+      V r = *cluster_peer(cta + q, 0);
+      for (int rk = 1; rk < cluster; ++rk) r = op(r, *cluster_peer(cta + q, rk));
+      res[q] = r;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < L; ++k) vals[k] = res[c * L + k];
+}
+
+// ------------------------------------------------------------------------------------------------
+// Launching.
+
+constexpr int kMaxDevices = 64;
+
+// Lets kKernel run in clusters larger than 8 (non-portable), once per device.
+template <auto kKernel>
+cudaError_t allow_large_clusters() {
+  static std::once_flag once[kMaxDevices];
+  static cudaError_t result[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::call_once(once[device], [device] {
+    result[device] = cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
+  return result[device];
+}
+
+// Launches kKernel on a 1-D grid of `blocks` blocks (a multiple of `cluster`), as clusters of
+// `cluster` CTAs along x when cluster > 1. Returns the launch error, if any.
+template <auto kKernel, typename... Args>
+cudaError_t launch(int64_t blocks, int threads, size_t smem, int cluster, cudaStream_t stream, Args... args) {
+  if (blocks <= 0) return cudaSuccess;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (cluster > 1) {
+    if (cluster > kMaxPortableCluster) {
+      const cudaError_t err = allow_large_clusters<kKernel>();
+      if (err != cudaSuccess) return err;
+    }
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kKernel, args...);
+}
+
+// Launches kKernel over `items` work items, `cluster` CTAs each (a cluster when > 1), at most
+// kMaxGridBlocks blocks per launch; the kernel's last argument is the index of its launch's first item.
+template <auto kKernel, typename... Args>
+cudaError_t launch_items(int64_t items, int threads, size_t smem, int cluster, cudaStream_t stream, Args... args) {
+  const int64_t cap = kMaxGridBlocks / cluster;
+  for (int64_t first = 0; first < items; first += cap) {
+    const int64_t n = items - first < cap ? items - first : cap;
+    const cudaError_t err = launch<kKernel>(n * cluster, threads, smem, cluster, stream, args..., first);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace fastact::softmax_impl

@@ -1,0 +1,255 @@
+// The plain softmax launchers (torch-free): pointers, int64 sizes, a plan or a variant, a stream.
+//
+//   softmax_forward<in_t, out_t, Epilogue>(x, y, outer, D, inner, row_stride, plan | variant, stream)
+//   softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, D, inner,
+//                                           plan | variant, stream)
+//
+// Geometry: [outer, D, inner]. Forward with inner == 1: input row r at x + r * row_stride, output
+// dense; with inner > 1: both dense. Backward: all three dense. Epilogue: math::SoftmaxEpilogue or
+// math::LogSoftmaxEpilogue (include/fastact/math.h). Outputs must not alias inputs (the `split` mode
+// parks partial results in the output's memory between its two kernels).
+//
+// Returns the first launch error (cudaSuccess if none); cudaErrorInvalidValue / ...Configuration /
+// ...MisalignedAddress for a plan that does not fit the arguments. No allocation, no host sync, no
+// static device state: safe under CUDA graph capture on any stream.
+//
+// Where each variant lives: warp.cuh (warp), vec.cuh (vec), scalar.cuh (scalar), long_row.cuh
+// (long_row), split.cuh (split), strided.cuh (strided); block.cuh holds the row-resident kernels that
+// vec, scalar and long_row share; common.cuh the reductions and the launch helper.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "fastact/dispatch.h"
+#include "fastact/math.h"
+#include "fastact/softmax/block.cuh"
+#include "fastact/softmax/common.cuh"
+#include "fastact/softmax/long_row.cuh"
+#include "fastact/softmax/scalar.cuh"
+#include "fastact/softmax/split.cuh"
+#include "fastact/softmax/strided.cuh"
+#include "fastact/softmax/vec.cuh"
+#include "fastact/softmax/warp.cuh"
+
+namespace fastact {
+
+// ------------------------------------------------------------------------------------------------
+// Device properties the dispatcher needs.
+
+namespace softmax_impl::detail {
+
+// The largest cluster worth using on the current device: 16 if clusters of 16 CTAs of 1024 threads
+// (one CTA per SM, the worst case of our kernels) cover at least 90% of the SMs, else 8 (portable),
+// 1 below sm_90. Why the 90%: a GPC with fewer free SMs than the cluster leaves them idle.
+inline int probe_max_cluster(int sm_count, int cc_major) {
+  if (cc_major < 9) return 1;
+  constexpr auto kKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
+  if (allow_large_clusters<kKernel>() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return kMaxPortableCluster;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kMaxCluster, 1, 1);
+  config.blockDim = dim3(kResidentMaxThreads, 1, 1);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kMaxCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return kMaxPortableCluster;
+  }
+  return int64_t(clusters) * kMaxCluster * 10 >= int64_t(sm_count) * 9 ? kMaxCluster : kMaxPortableCluster;
+}
+
+}  // namespace softmax_impl::detail
+
+// Properties of `device`, read once per device per process (host-side cache). Switches to `device`
+// for the probe and back.
+inline cudaError_t softmax_device_props(int device, SoftmaxDeviceProps* out) {
+  constexpr int kMax = softmax_impl::kMaxDevices;
+  static std::once_flag once[kMax];
+  static SoftmaxDeviceProps props[kMax];
+  static cudaError_t status[kMax];
+  if (device < 0 || device >= kMax) return cudaErrorInvalidDevice;
+  std::call_once(once[device], [device] {
+    SoftmaxDeviceProps p;
+    int l2 = 0, previous = 0;
+    cudaError_t err = cudaGetDevice(&previous);
+    if (err == cudaSuccess && previous != device) err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&p.cc_major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    if (err == cudaSuccess) {
+      p.l2_bytes = l2;
+      p.max_cluster = softmax_impl::detail::probe_max_cluster(p.sm_count, p.cc_major);
+    }
+    if (previous != device) {
+      const cudaError_t restore = cudaSetDevice(previous);
+      if (err == cudaSuccess) err = restore;
+    }
+    props[device] = p;
+    status[device] = err;
+  });
+  *out = props[device];
+  return status[device];
+}
+
+// The dispatcher's view of a call (dispatch.h's builders with the element sizes filled in).
+template <typename in_t, typename out_t>
+SoftmaxProblem softmax_forward_problem(const in_t* x, const out_t* y, int64_t outer, int64_t dim, int64_t inner,
+                                       int64_t row_stride, const SoftmaxDeviceProps& dev) {
+  return softmax_forward_problem(static_cast<const void*>(x), int(sizeof(in_t)), static_cast<const void*>(y),
+                                 int(sizeof(out_t)), int(sizeof(acc_t<out_t>)), outer, dim, inner, row_stride, dev);
+}
+
+template <typename in_t, typename out_t>
+SoftmaxProblem softmax_backward_problem(const out_t* grad_output, const out_t* output, const in_t* grad_input,
+                                        int64_t outer, int64_t dim, int64_t inner, const SoftmaxDeviceProps& dev) {
+  return softmax_backward_problem(static_cast<const void*>(grad_output), static_cast<const void*>(output),
+                                  int(sizeof(out_t)), static_cast<const void*>(grad_input), int(sizeof(in_t)),
+                                  int(sizeof(acc_t<out_t>)), outer, dim, inner, dev);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Launchers taking a plan (from choose_softmax / plan_softmax in dispatch.h).
+
+template <typename in_t, typename out_t, typename Epilogue>
+cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int64_t row_stride,
+                            const SoftmaxPlan& plan, cudaStream_t stream) {
+  using namespace softmax_impl::detail;
+  constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
+  if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
+  if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
+  const bool vec = plan.vec == kW;
+  if (vec && !(softmax_ptr_aligned(x, kW * int64_t(sizeof(in_t))) &&
+               softmax_ptr_aligned(y, kW * int64_t(sizeof(out_t)))))
+    return cudaErrorMisalignedAddress;
+  if (plan.mode == SoftmaxMode::kStrided) {
+    if (inner <= 1) return cudaErrorInvalidValue;
+    if (vec) {
+      if (inner % kW != 0) return cudaErrorMisalignedAddress;
+      return strided_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, inner, plan.threads, plan.columns,
+                                                        plan.cluster, plan.streaming, stream);
+    }
+    return strided_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, inner, plan.threads, plan.columns,
+                                                     plan.cluster, plan.streaming, stream);
+  }
+  if (inner != 1) return cudaErrorInvalidValue;
+  if (vec && (dim % kW != 0 || (outer > 1 && row_stride % kW != 0))) return cudaErrorMisalignedAddress;
+  switch (plan.variant) {
+    case SoftmaxVariant::kWarp:
+      if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))
+        return cudaErrorInvalidValue;
+      return vec ? warp_forward<in_t, out_t, Epilogue, kW>(plan.warp_log2, x, y, outer, dim, row_stride, stream)
+                 : warp_forward<in_t, out_t, Epilogue, 1>(plan.warp_log2, x, y, outer, dim, row_stride, stream);
+    case SoftmaxVariant::kVec:
+      if (!vec) return cudaErrorInvalidValue;
+      return vec_forward<in_t, out_t, Epilogue>(x, y, outer, dim, row_stride, plan, stream);
+    case SoftmaxVariant::kScalar:
+      if (vec) return cudaErrorInvalidValue;
+      return scalar_forward<in_t, out_t, Epilogue>(x, y, outer, dim, row_stride, plan, stream);
+    case SoftmaxVariant::kLongRow:
+      return vec ? long_row_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, row_stride, plan, stream)
+                 : long_row_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, row_stride, plan, stream);
+    case SoftmaxVariant::kSplit:
+      return vec ? split_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, row_stride, plan.chunks,
+                                                            plan.group_rows, stream)
+                 : split_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, row_stride, plan.chunks,
+                                                           plan.group_rows, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename in_t, typename out_t, typename Epilogue>
+cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t* grad_input, int64_t outer,
+                             int64_t dim, int64_t inner, const SoftmaxPlan& plan, cudaStream_t stream) {
+  using namespace softmax_impl::detail;
+  constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
+  if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
+  if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
+  const bool vec = plan.vec == kW;
+  if (vec && !(softmax_ptr_aligned(grad_output, kW * int64_t(sizeof(out_t))) &&
+               softmax_ptr_aligned(output, kW * int64_t(sizeof(out_t))) &&
+               softmax_ptr_aligned(grad_input, kW * int64_t(sizeof(in_t)))))
+    return cudaErrorMisalignedAddress;
+  const out_t* dy = grad_output;
+  const out_t* y = output;
+  in_t* dx = grad_input;
+  if (plan.mode == SoftmaxMode::kStrided) {
+    if (inner <= 1) return cudaErrorInvalidValue;
+    if (vec) {
+      if (inner % kW != 0) return cudaErrorMisalignedAddress;
+      return strided_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, inner, plan.threads, plan.columns,
+                                                         plan.cluster, plan.streaming, stream);
+    }
+    return strided_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, inner, plan.threads, plan.columns,
+                                                      plan.cluster, plan.streaming, stream);
+  }
+  if (inner != 1) return cudaErrorInvalidValue;
+  if (vec && dim % kW != 0) return cudaErrorMisalignedAddress;
+  switch (plan.variant) {
+    case SoftmaxVariant::kWarp:
+      if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))
+        return cudaErrorInvalidValue;
+      return vec ? warp_backward<in_t, out_t, Epilogue, kW>(plan.warp_log2, dy, y, dx, outer, dim, stream)
+                 : warp_backward<in_t, out_t, Epilogue, 1>(plan.warp_log2, dy, y, dx, outer, dim, stream);
+    case SoftmaxVariant::kVec:
+      if (!vec) return cudaErrorInvalidValue;
+      return vec_backward<in_t, out_t, Epilogue>(dy, y, dx, outer, dim, plan, stream);
+    case SoftmaxVariant::kScalar:
+      if (vec) return cudaErrorInvalidValue;
+      return scalar_backward<in_t, out_t, Epilogue>(dy, y, dx, outer, dim, plan, stream);
+    case SoftmaxVariant::kLongRow:
+      return vec ? long_row_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, plan, stream)
+                 : long_row_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, plan, stream);
+    case SoftmaxVariant::kSplit:
+      return vec ? split_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, plan.chunks, plan.group_rows,
+                                                             stream)
+                 : split_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, plan.chunks, plan.group_rows,
+                                                            stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Launchers taking a variant (kAuto: the dispatcher chooses) on the current device.
+// cudaErrorInvalidValue when a forced variant rejects the problem (softmax_variant_rejects says why).
+
+template <typename in_t, typename out_t, typename Epilogue>
+cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int64_t row_stride,
+                            SoftmaxVariant variant, cudaStream_t stream) {
+  int device = 0;
+  SoftmaxDeviceProps dev;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = softmax_device_props(device, &dev);
+  if (err != cudaSuccess) return err;
+  const SoftmaxProblem p = softmax_forward_problem(x, y, outer, dim, inner, row_stride, dev);
+  if (softmax_variant_rejects(variant, p) != nullptr) return cudaErrorInvalidValue;
+  const SoftmaxPlan plan = variant == SoftmaxVariant::kAuto ? choose_softmax(p) : plan_softmax(variant, p);
+  return softmax_forward<in_t, out_t, Epilogue>(x, y, outer, dim, inner, row_stride, plan, stream);
+}
+
+template <typename in_t, typename out_t, typename Epilogue>
+cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t* grad_input, int64_t outer,
+                             int64_t dim, int64_t inner, SoftmaxVariant variant, cudaStream_t stream) {
+  int device = 0;
+  SoftmaxDeviceProps dev;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = softmax_device_props(device, &dev);
+  if (err != cudaSuccess) return err;
+  const SoftmaxProblem p = softmax_backward_problem(grad_output, output, grad_input, outer, dim, inner, dev);
+  if (softmax_variant_rejects(variant, p) != nullptr) return cudaErrorInvalidValue;
+  const SoftmaxPlan plan = variant == SoftmaxVariant::kAuto ? choose_softmax(p) : plan_softmax(variant, p);
+  return softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, dim, inner, plan, stream);
+}
+
+}  // namespace fastact

@@ -1,0 +1,328 @@
+// Variant `strided`: softmax over a dim that is not innermost (inner > 1). Every tensor is dense
+// [outer, D, inner]; the softmax runs down each of the outer * inner columns of D elements at stride
+// inner. No transposing copy.
+//
+// A column vector is kVec consecutive columns of one outer index (kVec = 128-bit width when
+// inner % width == 0 and the pointers are aligned, else 1), read as one access per D-row. A block
+// owns a tile of C consecutive column vectors (C = `columns`, a power of two: a 128-byte line of a
+// D-row) and T = blockDim.x threads: thread t works on column vector c = t % C of the tile and
+// D-group g = t / C of G = T / C, so a warp reads whole lines of consecutive D-rows (coalesced).
+//   cached mode (kStreaming = false): the CTA of cluster rank r caches D-rows
+//       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
+//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read. Max and sum are
+//     reduced per (column, lane) over the D-groups (shuffles within a warp, shared memory across
+//     warps, distributed shared memory across a cluster), as in the row kernels.
+//   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
+//     pass down the column, then the write pass: two reads.
+// One tile per CTA (or per cluster).
+#pragma once
+
+#include "fastact/softmax/common.cuh"
+
+namespace fastact::softmax_impl {
+
+// How many of a thread's kRows cached D-rows d_first + j * G (j < kRows) are below D. 32-bit
+// arithmetic: in cached mode the host caps D at cluster x G x kRows <= 16 x 1024 x 16.
+template <int kRows>
+FASTACT_DEVICE int cached_rows(int64_t d_first, int64_t dim, int G) {
+  const int d = static_cast<int>(dim);
+  const int f = static_cast<int>(d_first);
+  if (f >= d) return 0;
+  const int n = (d - f + G - 1) / G;
+  return n < kRows ? n : kRows;
+}
+
+// The tile's geometry as one thread sees it.
+struct StridedThread {
+  int C, c, g, G, rank;
+  bool col_ok;      // this thread's column vector exists (the last tile may be partial)
+  int64_t base;     // element offset of the column vector's D-row 0
+  int64_t d_first;  // first D-row of this thread (cached mode: in this CTA's slice)
+};
+
+template <int kVec>
+FASTACT_DEVICE StridedThread strided_thread(int64_t outer, int64_t dim, int64_t inner, int columns, int cluster,
+                                            int rows_per_thread, int64_t first_tile) {
+  StridedThread t;
+  t.C = columns;
+  t.c = threadIdx.x % columns;
+  t.g = threadIdx.x / columns;
+  t.G = blockDim.x / columns;
+  t.rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+  const int64_t inner_units = inner / kVec;
+  const int64_t cv = (first_tile + blockIdx.x / cluster) * columns + t.c;
+  t.col_ok = cv < outer * inner_units;
+  int64_t o = 0, iv = 0;
+  if (t.col_ok) divmod_nonneg(cv, inner_units, o, iv);
+  t.base = o * dim * inner + iv * kVec;
+  t.d_first = int64_t(t.rank) * t.G * rows_per_thread + t.g;
+  return t;
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_kernel(
+    const in_t* __restrict__ x,  // [outer, D, inner]
+    out_t* __restrict__ y,       // [outer, D, inner]
+    int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
+  using A = acc_t<out_t>;
+  using P = MaxSum<A>;
+  using Cache = ForwardCache<Epi>;
+  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(out_t), sizeof(A));
+  constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const StridedThread t = strided_thread<kVec>(outer, dim, inner, columns, cluster, kRows, first_tile);
+  const in_t* xc = x + t.base;
+  out_t* yc = y + t.base;
+  int round = 0;
+  if constexpr (!kStreaming) {
+    const int nrows = t.col_ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+    const int64_t first = t.d_first * inner;
+    const int64_t step = int64_t(t.G) * inner;
+    A v[kRows][kVec];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) to_acc(load_vector<in_t, kVec>(xc + first + j * step), v[j]);
+    }
+    A m[kVec], s[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], v[j][k]);
+      }
+    }
+    column_allreduce(m, MaxOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s[k] = A(0);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          v[j][k] = Cache::keep(v[j][k], m[k]);
+          s[k] += Cache::term(v[j][k], m[k]);
+        }
+      }
+    }
+    column_allreduce(s, SumOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
+    if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        A o[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m[k], s[k]);
+        store_vector<out_t, kVec>(yc + first + j * step, from_acc<out_t>(o));
+      }
+    }
+    // A CTA's shared memory must outlive the other CTAs' reads of it.
+    if (cluster > 1) cluster_wait();
+  } else {
+    // Streaming: D-rows g, g + G, ... in batches of kU; masked rows are -inf (exp(-inf) adds 0).
+    const int64_t step = int64_t(t.G) * inner;
+    const int64_t dim_rows = t.col_ok ? dim : 0;
+    P st[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
+    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+      const in_t* xp = xc + d * inner;
+      A v[kVec][kU];
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        A w[kVec];
+        if (d + int64_t(q) * t.G < dim_rows) {
+          to_acc(load_vector<in_t, kVec>(xp + q * step), w);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) w[k] = neg_inf<A>();
+        }
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[k][q] = w[k];
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) online_update(st[k], v[k]);
+    }
+    column_allreduce(st, OnlineOp<A>(), reinterpret_cast<P*>(smem_raw), round, t.C, 1);
+    A cst[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) cst[k] = epi.row_constant(st[k].sum);
+    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+      const in_t* xp = xc + d * inner;
+      out_t* yp = yc + d * inner;
+      AlignedVector<in_t, kVec> in[kU];
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) in[q] = load_vector<in_t, kVec>(xp + q * step);
+      }
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) {
+          A o[kVec];
+          to_acc(in[q], o);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) o[k] = epi.forward(o[k], st[k].max, cst[k]);
+          store_vector<out_t, kVec>(yp + q * step, from_acc<out_t>(o));
+        }
+      }
+    }
+  }
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_kernel(
+    const out_t* __restrict__ grad_output,  // [outer, D, inner]
+    const out_t* __restrict__ output,       // [outer, D, inner]
+    in_t* __restrict__ grad_input,          // [outer, D, inner]
+    int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
+  using A = acc_t<out_t>;
+  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(out_t), sizeof(A));
+  constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* smem = reinterpret_cast<A*>(smem_raw);
+  const StridedThread t = strided_thread<kVec>(outer, dim, inner, columns, cluster, kRows, first_tile);
+  const out_t* dyc = grad_output + t.base;
+  const out_t* yc = output + t.base;
+  in_t* dxc = grad_input + t.base;
+  int round = 0;
+  A dot[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) dot[k] = A(0);
+  if constexpr (!kStreaming) {
+    const int nrows = t.col_ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+    const int64_t first = t.d_first * inner;
+    const int64_t step = int64_t(t.G) * inner;
+    AlignedVector<out_t, kVec> dy[kRows], yv[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        dy[j] = load_vector<out_t, kVec>(dyc + first + j * step);
+        yv[j] = load_vector<out_t, kVec>(yc + first + j * step);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        A g[kVec], o[kVec];
+        to_acc(dy[j], g);
+        to_acc(yv[j], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
+      }
+    }
+    column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
+    if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        A g[kVec], o[kVec];
+        to_acc(dy[j], g);
+        to_acc(yv[j], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot[k]);
+        store_vector<in_t, kVec>(dxc + first + j * step, from_acc<in_t>(g));
+      }
+    }
+    if (cluster > 1) cluster_wait();  // the other CTAs are done reading this one's shared memory
+  } else {
+    const int64_t step = int64_t(t.G) * inner;
+    const int64_t dim_rows = t.col_ok ? dim : 0;
+    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+      const int64_t off = d * inner;
+      AlignedVector<out_t, kVec> dy[kU], yv[kU];
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) {
+          dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
+          yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) {
+          A g[kVec], o[kVec];
+          to_acc(dy[q], g);
+          to_acc(yv[q], o);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
+        }
+      }
+    }
+    column_allreduce(dot, SumOp<A>(), smem, round, t.C, 1);
+    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+      const int64_t off = d * inner;
+      AlignedVector<out_t, kVec> dy[kU], yv[kU];
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) {
+          dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
+          yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kU; ++q) {
+        if (d + int64_t(q) * t.G < dim_rows) {
+          A g[kVec], o[kVec];
+          to_acc(dy[q], g);
+          to_acc(yv[q], o);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot[k]);
+          store_vector<in_t, kVec>(dxc + off + q * step, from_acc<in_t>(g));
+        }
+      }
+    }
+  }
+}
+
+namespace detail {
+
+inline bool strided_shape_ok(int threads, int columns) {
+  if (threads <= 0 || threads > kStridedMaxThreads || threads % kWarpSize != 0) return false;
+  if (columns <= 0 || (columns & (columns - 1)) != 0) return false;
+  return columns <= threads && threads % columns == 0;
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
+                            int columns, int cluster, bool streaming, cudaStream_t stream) {
+  using A = acc_t<out_t>;
+  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(out_t), sizeof(acc_t<out_t>));
+  if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
+    return cudaErrorInvalidConfiguration;
+  if (streaming) cluster = 1;
+  if (!streaming && int64_t(cluster) * (threads / columns) * kRows < dim) return cudaErrorInvalidConfiguration;
+  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) *
+                      (streaming ? sizeof(MaxSum<A>) : sizeof(A));
+  if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
+  const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
+  if (streaming)
+    return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true>>(
+        ntiles, threads, smem, 1, stream, x, y, outer, dim, inner, columns, 1, Epi{});
+  return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false>>(
+      ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim, int64_t inner,
+                             int threads, int columns, int cluster, bool streaming, cudaStream_t stream) {
+  using A = acc_t<out_t>;
+  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(out_t), sizeof(acc_t<out_t>));
+  if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
+    return cudaErrorInvalidConfiguration;
+  if (streaming) cluster = 1;
+  if (!streaming && int64_t(cluster) * (threads / columns) * kRows < dim) return cudaErrorInvalidConfiguration;
+  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) * sizeof(A);
+  if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
+  const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
+  if (streaming)
+    return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true>>(
+        ntiles, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, 1, Epi{});
+  return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false>>(
+      ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
+}
+
+}  // namespace detail
+}  // namespace fastact::softmax_impl

@@ -1,0 +1,201 @@
+// Variant `warp`: rows of up to 1024 elements (512 for float64), inner == 1.
+//
+// A row is padded to 2^kLog2 elements and split over kTpr lanes of a warp (a power of two <= 32), so
+// a warp takes 32 / kTpr rows at once. Each lane holds kElems = 2^kLog2 / kTpr elements in registers,
+// as kVecs accesses of kVec elements (kVec = 128-bit width when aligned, else 1):
+//   element e of the row, with lane-in-row l and access j:  e = (j * kTpr + l) * kVec + k,
+// so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). Accesses at or
+// beyond D (kVec divides D when kVec > 1) are skipped: loops are guarded by j < nvalid. Reductions
+// are xor shuffles within the row's lanes; no shared memory, no barriers. Blocks of 4 warps, one
+// block of rows each.
+#pragma once
+
+#include "fastact/softmax/common.cuh"
+
+namespace fastact::softmax_impl {
+
+template <int kLog2, int kVec>
+struct WarpShape {
+  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec);  // per lane
+  static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
+  static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
+  static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
+  static_assert(kTpr >= 1 && kTpr <= kWarpSize && (kTpr & (kTpr - 1)) == 0, "lanes per row: power of two <= 32");
+  static_assert(kElems % kVec == 0 && kVecs >= 1, "a lane holds whole accesses");
+};
+
+// How many of a lane's accesses (j * kTpr + lane) * kVec, j < kVecs, start inside a row of `dim`.
+template <int kVecs, int kTpr, int kVec>
+FASTACT_DEVICE int warp_valid(int lane_in_row, int dim) {
+  const int units = dim / kVec;
+  if (lane_in_row >= units) return 0;
+  const int n = (units - lane_in_row + kTpr - 1) / kTpr;
+  return n < kVecs ? n : kVecs;
+}
+
+// x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Rows
+// (first_block + blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr.
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+__global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x,
+                                                                             out_t* __restrict__ y, int64_t rows,
+                                                                             int dim, int64_t row_stride, Epi epi,
+                                                                             int64_t first_block) {
+  using A = acc_t<out_t>;
+  using S = WarpShape<kLog2, kVec>;
+  using Cache = ForwardCache<Epi>;
+  const int lane_in_row = threadIdx.x % S::kTpr;
+  const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
+  // Rows past the end still take part in the shuffles, with nothing valid.
+  const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
+  const int first = lane_in_row * kVec;
+  constexpr int kStep = S::kTpr * kVec;
+  const in_t* xr = x + (row < rows ? row : 0) * row_stride + first;
+
+  A v[S::kVecs][kVec];
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) to_acc(load_vector<in_t, kVec>(xr + j * kStep), v[j]);
+  }
+  A m = neg_inf<A>();
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+    }
+  }
+  m = warp_reduce<S::kTpr>(m, MaxOp<A>());
+  A s = A(0);
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        v[j][k] = Cache::keep(v[j][k], m);
+        s += Cache::term(v[j][k], m);
+      }
+    }
+  }
+  s = warp_reduce<S::kTpr>(s, SumOp<A>());
+  const A c = epi.row_constant(s);
+  out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+      A o[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
+      store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
+    }
+  }
+}
+
+// grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t).
+// Caches grad_output and output as loaded and converts on use.
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+__global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(const out_t* __restrict__ grad_output,
+                                                                             const out_t* __restrict__ output,
+                                                                             in_t* __restrict__ grad_input,
+                                                                             int64_t rows, int dim, Epi epi,
+                                                                             int64_t first_block) {
+  using A = acc_t<out_t>;
+  using S = WarpShape<kLog2, kVec>;
+  const int lane_in_row = threadIdx.x % S::kTpr;
+  const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
+  const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
+  constexpr int kStep = S::kTpr * kVec;
+  const int64_t offset = (row < rows ? row : 0) * int64_t(dim) + lane_in_row * kVec;
+
+  AlignedVector<out_t, kVec> dy[S::kVecs], yv[S::kVecs];
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * kStep);
+      yv[j] = load_vector<out_t, kVec>(output + offset + j * kStep);
+    }
+  }
+  A dot = A(0);
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(dy[j], g);
+      to_acc(yv[j], o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    }
+  }
+  dot = warp_reduce<S::kTpr>(dot, SumOp<A>());
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(dy[j], g);
+      to_acc(yv[j], o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
+      store_vector<in_t, kVec>(grad_input + offset + j * kStep, from_acc<in_t>(g));
+    }
+  }
+}
+
+namespace detail {
+
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                            cudaStream_t stream) {
+  using S = WarpShape<kLog2, kVec>;
+  const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
+  return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
+      blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
+}
+
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
+                            cudaStream_t stream) {
+  using S = WarpShape<kLog2, kVec>;
+  const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
+  return launch_items<softmax_warp_bwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
+      blocks, kWarpBlockThreads, 0, 1, stream, dy, y, dx, rows, static_cast<int>(dim), Epi{});
+}
+
+// Compile-time dispatch over log2(padded D) in [0, kMaxLog2]; only (kLog2, kVec) with 2^kLog2 >= kVec
+// and 2^kLog2 <= the type's warp limit are instantiated.
+template <typename in_t, typename out_t, typename Epi, int kVec, int kLog2 = 0>
+cudaError_t warp_forward(int log2, const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                         cudaStream_t stream) {
+  constexpr int kMaxLog2 = sizeof(acc_t<out_t>) == 8 ? 9 : 10;
+  if constexpr (kLog2 > kMaxLog2) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (log2 == kLog2) {
+      if constexpr ((1 << kLog2) >= kVec) {
+        return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec>(x, y, rows, dim, row_stride, stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    }
+    return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, x, y, rows, dim, row_stride, stream);
+  }
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec, int kLog2 = 0>
+cudaError_t warp_backward(int log2, const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
+                          cudaStream_t stream) {
+  constexpr int kMaxLog2 = sizeof(acc_t<out_t>) == 8 ? 9 : 10;
+  if constexpr (kLog2 > kMaxLog2) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (log2 == kLog2) {
+      if constexpr ((1 << kLog2) >= kVec) {
+        return launch_warp_bwd<in_t, out_t, Epi, kLog2, kVec>(dy, y, dx, rows, dim, stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    }
+    return warp_backward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, dy, y, dx, rows, dim, stream);
+  }
+}
+
+}  // namespace detail
+}  // namespace fastact::softmax_impl

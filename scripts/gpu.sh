@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Everything a GPU machine does for fastact, in one go: install carried wheels (if .whl/ holds any),
+# build the CUDA extension, run the whole test suite, the sanitizers and the benchmark report.
+# Logs go to $OUT (default ./gpu-out): env.txt, build.log, tests.log, sanitize.log, bench.log and the
+# report's JSON and PNG.
+#
+# Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench (default: all four, in order)
+# Env:   TESTS (pytest args, default "tests"), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
+#        (default 9.0), MAX_JOBS (default: cores).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+stages=${*:-build test sanitize bench}
+status=0
+
+# oneTBB is not on the GPU machine: carried wheels go to a prefix (not --target, which drops the
+# wheels' lib/ folder), whose site-packages joins PYTHONPATH so setup.py finds them by metadata.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  prefix=/tmp/fastact-deps
+  python3 -m pip install -q --no-index --no-deps --no-compile --ignore-installed --prefix "$prefix" .whl/*.whl || exit 1
+  site=$(python3 -c "import sysconfig; print(sysconfig.get_path('purelib', vars={'base': '$prefix', 'platbase': '$prefix'}))")
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nproc
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  nvcc --version | tail -1; git log --oneline -1; } >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+run_stage() {  # name, log, command...
+  local name=$1 log=$2; shift 2
+  echo "=== $name ($(date +%T))"
+  "$@" >"$log" 2>&1
+  local rc=$?
+  tail -n 25 "$log"
+  echo "=== $name: exit $rc ($(date +%T))"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+for stage in $stages; do
+  case $stage in
+    build)
+      export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+      run_stage build "$OUT/build.log" env FASTACT_BUILD=cuda \
+        python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
+      python3 -c "import fastact, torch; x = torch.randn(4, 8, device='cuda'); print(fastact.explain('softmax', x))" || exit 1
+      ;;
+    test)
+      # shellcheck disable=SC2086
+      run_stage test "$OUT/tests.log" python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider
+      ;;
+    sanitize)
+      run_stage sanitize "$OUT/sanitize.log" bash scripts/sanitize.sh
+      ;;
+    bench)
+      # shellcheck disable=SC2086
+      run_stage bench "$OUT/bench.log" python3 -m fastact.bench --out "$OUT" ${BENCH:-}
+      ;;
+    *) echo "gpu.sh: unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,96 @@
+"""Runs every fastact CUDA kernel once on small boundary shapes, for compute-sanitizer.
+
+Every softmax variant forced (forward and backward, softmax and log_softmax) on each shape it
+accepts, every elementwise op forward and backward, every dtype, aligned and misaligned inputs.
+Checks each result against torch so that a run that is clean but wrong also fails.
+Usage: python3 scripts/sanitize_cases.py [--quick]   (--quick: float32 and bfloat16 only)
+"""
+
+import sys
+
+import torch
+
+import fastact
+
+ops = torch.ops.fastact
+VARIANTS = ("warp", "vec", "scalar", "long_row", "strided")
+TOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def check(name, got, want, dtype):
+    err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+    if not err <= TOL[dtype] * max(1.0, want.double().abs().max().item() if want.numel() else 1.0):
+        raise AssertionError(f"{name}: max error {err}")
+
+
+def softmax_cases(dtype):
+    dev = "cuda"
+    shapes = [((3, 1), -1), ((5, 33), -1), ((4, 1024), -1), ((2, 1025), -1), ((2, 4104), -1),
+              ((2, 70000), -1), ((3, 37, 5), 1), ((2, 64, 130), 1)]
+    for shape, dim in shapes:
+        for misaligned in (False, True):
+            n = torch.Size(shape).numel()
+            base = torch.randn(n + 1, device=dev, dtype=dtype)
+            x = (base[1:] if misaligned else base[:n]).view(shape)
+            for log in (False, True):
+                fwd = ops.log_softmax if log else ops.softmax
+                bwd = ops.log_softmax_backward if log else ops.softmax_backward
+                ref_fn = torch.log_softmax if log else torch.softmax
+                want = ref_fn(x.double(), dim)
+                dy = torch.randn_like(x)
+                for v in VARIANTS:
+                    try:
+                        y = fwd(x, dim, None, variant=v)
+                    except RuntimeError as e:
+                        if "cannot take" in str(e):
+                            continue
+                        raise
+                    check(f"{'log_' if log else ''}softmax {v} {shape} {dtype}", y, want, dtype)
+                    dx = bwd(dy, y, dim, dtype, variant=v)
+                    want_dx = torch.ops.aten._softmax_backward_data(dy.double(), want, dim, torch.float64) if not log \
+                        else torch.ops.aten._log_softmax_backward_data(dy.double(), want, dim, torch.float64)
+                    check(f"{'log_' if log else ''}softmax_backward {v} {shape} {dtype}", dx, want_dx, dtype)
+
+
+def elementwise_cases(dtype):
+    dev = "cuda"
+    for n in (1, 7, 8, 9, 1000, 4099):
+        for misaligned in (False, True):
+            base = torch.randn(n + 1, device=dev, dtype=dtype)
+            x = base[1:] if misaligned else base[:n]
+            dy = torch.randn_like(x)
+            for approx in ("none", "tanh"):
+                xr = x.double().requires_grad_()
+                want = torch.nn.functional.gelu(xr, approximate=approx)
+                check(f"gelu {approx} {n}", fastact.gelu(x, approx), want, dtype)
+                (gx,) = torch.autograd.grad(want, xr, dy.double())
+                check(f"gelu_backward {approx} {n}", ops.gelu_backward(dy, x, approx), gx, dtype)
+            y = fastact.sigmoid(x)
+            check(f"sigmoid {n}", y, torch.sigmoid(x.double()), dtype)
+            check(f"sigmoid_backward {n}", ops.sigmoid_backward(dy, y), dy.double() * y.double() * (1 - y.double()), dtype)
+    for rows, h in ((3, 8), (5, 33), (64, 1024), (1, 4100)):
+        x = torch.randn(rows, h, device=dev, dtype=dtype)
+        b = torch.randn(h, device=dev, dtype=dtype)
+        dy = torch.randn_like(x)
+        for approx in ("none", "tanh"):
+            xr, br = x.double().requires_grad_(), b.double().requires_grad_()
+            want = torch.nn.functional.gelu(xr + br, approximate=approx)
+            check(f"bias_gelu {approx} {rows}x{h}", fastact.bias_gelu(x, b, approx), want, dtype)
+            gx, gb = torch.autograd.grad(want, (xr, br), dy.double())
+            dx, db = ops.bias_gelu_backward(dy, x, b, approx)
+            check(f"bias_gelu_backward dx {rows}x{h}", dx, gx, dtype)
+            check(f"bias_gelu_backward dbias {rows}x{h}", db, gb, dtype)  # scaled by max |dbias|
+
+
+def main():
+    dtypes = [torch.float32, torch.bfloat16] if "--quick" in sys.argv else \
+        [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+    for dtype in dtypes:
+        softmax_cases(dtype)
+        elementwise_cases(dtype)
+    torch.cuda.synchronize()
+    print("sanitize_cases: all cases ran and matched torch")
+
+
+if __name__ == "__main__":
+    main()

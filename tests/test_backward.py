@@ -1,0 +1,223 @@
+"""The backward ops called directly (they are registered ops of their own: autograd, compile and
+opcheck all see them), and torch.autograd.gradcheck in float64 on every public op."""
+
+import pytest
+import torch
+
+import fastact
+from fastact_testing import (
+    ALL_OPS,
+    FLOAT_DTYPES,
+    assert_close,
+    bias_for,
+    coarsest,
+    contiguous_stride,
+    describe,
+    dtype_id,
+    make_tensor,
+    poison_allocator,
+    softmax_backward_ref,
+    softmax_backward_torch,
+)
+
+ops = torch.ops.fastact
+
+# (output, grad) layouts: equal layouts, grad in another memory order (copied into output's),
+# misaligned dense tensors, and a non-dense output (made contiguous).
+BWD_LAYOUTS = [
+    ("contiguous", "contiguous"),
+    ("transposed", "transposed"),
+    ("contiguous", "transposed"),
+    ("transposed", "contiguous"),
+    ("offset", "offset"),
+    ("sliced_last", "contiguous"),
+    ("contiguous", "expanded"),
+    ("transposed_stepped", "transposed_stepped"),
+    ("contiguous", "transposed_stepped"),
+]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("layouts", BWD_LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.mark.parametrize("shape", [(6, 33), (5, 2049), (3, 7, 5), (2, 3, 4, 9)], ids=lambda s: "x".join(map(str, s)))
+def test_softmax_backward_op(device, dtype, log, layouts, shape):
+    out_layout, grad_layout = layouts
+    name = "log_softmax_backward" if log else "softmax_backward"
+    op = getattr(ops, name).default
+    fwd = torch.log_softmax if log else torch.softmax
+    x = make_tensor(shape, dtype, device)
+    for dim in range(-len(shape), len(shape)):
+        # a real (log-)softmax output, in the layout under test
+        y = _relayout(fwd(x, dim), out_layout)
+        g = _relayout(make_tensor(shape, dtype, device), grad_layout)
+        msg = f"{name} dim={dim} output: {describe(y)} grad: {describe(g)}"
+        poison_allocator(device, y.numel() * dtype.itemsize)
+        dx = op(g, y, dim, dtype)
+        assert dx.dtype == dtype and dx.shape == y.shape, msg
+        want = torch.empty_like(y, dtype=dtype).stride()  # y's strides when dense, else contiguous
+        assert dx.stride() == want, f"{msg}: strides {dx.stride()} != {want}"
+        assert_close(dx, softmax_backward_ref(g, y, dim, log), torch_actual=softmax_backward_torch(g, y, dim, dtype, log), msg=msg)
+
+
+def _relayout(t, layout):
+    """t's values in a tensor of the given layout (make_tensor's names)."""
+    if layout == "contiguous":
+        return t.contiguous()
+    if layout == "expanded":  # dim 0 broadcast (stride 0), as a sum's gradient is
+        return t[:1].expand(t.shape)
+    return make_tensor(tuple(t.shape), t.dtype, t.device, layout).copy_(t)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("input_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("out_dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_softmax_backward_input_dtype(device, log, out_dtype, input_dtype):
+    """grad_input comes back in input_dtype (fused for a bf16/fp16 input of an fp32 output)."""
+    op = (ops.log_softmax_backward if log else ops.softmax_backward).default
+    for shape, dim in [((7, 300), -1), ((4, 33, 6), 1)]:
+        x = make_tensor(shape, out_dtype, device)
+        y = (torch.log_softmax if log else torch.softmax)(x, dim)
+        g = make_tensor(shape, out_dtype, device)
+        dx = op(g, y, dim, input_dtype)
+        assert dx.dtype == input_dtype and dx.stride() == y.stride()
+        assert_close(
+            dx,
+            softmax_backward_ref(g, y, dim, log),
+            coarsest(out_dtype, input_dtype),
+            torch_actual=softmax_backward_torch(g, y, dim, input_dtype, log),
+            msg=f"{op} {shape} dim={dim} {out_dtype}->{input_dtype}",
+        )
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax_backward", "log_softmax_backward"])
+def test_softmax_backward_scalar_and_empty(device, dtype, log):
+    op = (ops.log_softmax_backward if log else ops.softmax_backward).default
+    fwd = torch.log_softmax if log else torch.softmax
+    for shape in [(), (0,), (3, 0), (0, 4), (2, 0, 5)]:
+        x = make_tensor(shape, dtype, device)
+        for dim in range(-max(len(shape), 1), max(len(shape), 1)):
+            y, g = fwd(x, dim), make_tensor(shape, dtype, device)
+            dx = op(g, y, dim, dtype)
+            assert dx.shape == x.shape and dx.dtype == dtype
+            assert_close(dx, softmax_backward_ref(g, y, dim, log), torch_actual=softmax_backward_torch(g, y, dim, dtype, log), msg=f"{shape} dim={dim}")
+
+
+def _elementwise_bwd_cases():
+    """(shape, layouts): every layout pair on tensors of rank >= 2, contiguous ones on 0-d and 1-d."""
+    for shape in [(), (0, 3), (1025,), (6, 33), (3, 7, 5)]:
+        for layouts in BWD_LAYOUTS if len(shape) >= 2 else BWD_LAYOUTS[:1]:
+            yield pytest.param(shape, layouts, id=f"{'x'.join(map(str, shape)) or 'scalar'}-{layouts[0]}-{layouts[1]}")
+
+
+ELEMENTWISE_BWD_CASES = list(_elementwise_bwd_cases())
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape,layouts", ELEMENTWISE_BWD_CASES)
+def test_gelu_backward_op(device, dtype, approximate, layouts, shape):
+    x_layout, g_layout = layouts
+    x = make_tensor(shape, dtype, device, x_layout, scale=3.0)
+    g = make_tensor(shape, dtype, device, g_layout)
+    poison_allocator(device, x.numel() * dtype.itemsize)
+    dx = ops.gelu_backward.default(g, x, approximate)
+    assert dx.dtype == dtype and dx.shape == x.shape
+    assert dx.stride() == torch.empty_like(x).stride()
+    ref = torch.ops.aten.gelu_backward(g.double(), x.double(), approximate=approximate)
+    pt = torch.ops.aten.gelu_backward(g, x, approximate=approximate)
+    assert_close(dx, ref, torch_actual=pt, msg=f"gelu_backward {approximate} x: {describe(x)} g: {describe(g)}")
+
+
+@pytest.mark.parametrize("shape,layouts", ELEMENTWISE_BWD_CASES)
+def test_sigmoid_backward_op(device, dtype, layouts, shape):
+    y_layout, g_layout = layouts
+    y = _relayout(torch.sigmoid(make_tensor(shape, dtype, device, scale=3.0)), y_layout)
+    g = make_tensor(shape, dtype, device, g_layout)
+    poison_allocator(device, y.numel() * dtype.itemsize)
+    dx = ops.sigmoid_backward.default(g, y)
+    assert dx.dtype == dtype and dx.shape == y.shape
+    assert dx.stride() == torch.empty_like(y).stride()
+    ref = torch.ops.aten.sigmoid_backward(g.double(), y.double())
+    pt = torch.ops.aten.sigmoid_backward(g, y)
+    assert_close(dx, ref, torch_actual=pt, msg=f"sigmoid_backward y: {describe(y)} g: {describe(g)}")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize(
+    "shape,x_layout,bias_layout,g_layout",
+    [
+        ((1,), "contiguous", "contiguous", "contiguous"),
+        ((33,), "contiguous", "contiguous", "contiguous"),
+        ((7, 33), "contiguous", "contiguous", "contiguous"),
+        ((7, 33), "transposed", "strided", "transposed"),
+        ((7, 33), "offset", "offset", "contiguous"),
+        ((129, 1025), "contiguous", "contiguous", "expanded"),
+        ((3, 5, 64), "sliced_last", "contiguous", "transposed"),
+        ((2048, 31), "contiguous", "contiguous", "contiguous"),
+        ((10007, 7), "contiguous", "contiguous", "contiguous"),  # the bias gradient over many rows and threads
+        ((3, 4099, 33), "offset", "strided", "contiguous"),
+        ((0, 17), "contiguous", "contiguous", "contiguous"),
+        ((4, 0), "contiguous", "contiguous", "contiguous"),
+    ],
+    ids=str,
+)
+def test_bias_gelu_backward_op(device, dtype, approximate, shape, x_layout, bias_layout, g_layout):
+    x = make_tensor(shape, dtype, device, x_layout, scale=2.0)
+    b = bias_for(x, bias_layout)
+    g = make_tensor(shape, dtype, device, g_layout if len(shape) >= 2 else "contiguous")
+    poison_allocator(device, x.numel() * dtype.itemsize, b.numel() * dtype.itemsize)
+    dx, db = ops.bias_gelu_backward.default(g, x, b, approximate)
+    msg = f"bias_gelu_backward {approximate} x: {describe(x)} bias: {describe(b)} g: {describe(g)}"
+    assert dx.dtype == dtype and dx.shape == x.shape and dx.stride() == contiguous_stride(x.shape), msg
+    assert db.dtype == dtype and db.shape == b.shape, msg
+    z64 = x.double() + b.double()
+    dx_ref = torch.ops.aten.gelu_backward(g.double(), z64, approximate=approximate)
+    db_ref = dx_ref.sum(tuple(range(x.dim() - 1))) if x.dim() > 1 else dx_ref
+    dx_pt = torch.ops.aten.gelu_backward(g, x + b, approximate=approximate)
+    db_pt = dx_pt.sum(tuple(range(x.dim() - 1))) if x.dim() > 1 else dx_pt
+    assert_close(dx, dx_ref, torch_actual=dx_pt, msg=msg + ": dx")
+    assert_close(db, db_ref, torch_actual=db_pt, msg=msg + ": dbias")
+
+
+# ----------------------------------------------------------------------------------------------
+# gradcheck (float64)
+
+
+def _gradcheck_inputs(device):
+    """Small float64 inputs: contiguous, transposed and sliced (non-contiguous)."""
+    return {
+        "contiguous": make_tensor((3, 5), torch.float64, device),
+        "transposed": make_tensor((4, 3, 5), torch.float64, device, "transposed"),
+        "sliced": make_tensor((3, 6), torch.float64, device, "sliced_last"),
+        "scalar": make_tensor((), torch.float64, device),
+    }
+
+
+@pytest.mark.parametrize(
+    "op,layout",
+    [(op, layout) for op in ALL_OPS for layout in ("contiguous", "transposed", "sliced", "scalar") if not (op.takes_bias and layout == "scalar")],
+    ids=str,
+)
+def test_gradcheck(device, op, layout):
+    x = _gradcheck_inputs(device)[layout].detach().requires_grad_()
+    if op.takes_bias:
+        b = bias_for(x, "strided").detach().requires_grad_()
+        assert torch.autograd.gradcheck(lambda x, b: op.fastact(x, bias=b), (x, b))
+    elif op.takes_dim:
+        for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
+            assert torch.autograd.gradcheck(lambda x: op.fastact(x, dim=dim), (x,)), dim
+    else:
+        assert torch.autograd.gradcheck(lambda x: op.fastact(x), (x,))
+
+
+@pytest.mark.parametrize("op", [o for o in ALL_OPS if o.takes_dim], ids=str)
+def test_gradcheck_dtype_argument(device, op):
+    # float32 in, float64 out: the cast is part of the op, so the gradient flows through it
+    x = make_tensor((3, 7), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: op.fastact(x, dim=0, dtype=torch.float64), (x,))
+
+
+def test_gradcheck_large_values(device):
+    x = torch.tensor([[30.0, -30.0, 0.5, 40.0], [-50.0, 50.0, 49.9, 0.0]], dtype=torch.float64, device=device)
+    x.requires_grad_()
+    for f in (lambda t: fastact.softmax(t, 1), lambda t: fastact.log_softmax(t, 0), fastact.sigmoid, fastact.gelu):
+        assert torch.autograd.gradcheck(f, (x,))

@@ -1,0 +1,658 @@
+"""CUDA only: every softmax variant forced on every shape class it accepts (boundary sizes, every
+dtype, forward and backward), the dispatcher's choices as explain() reports them, the caller's
+stream, CUDA graphs, torch.compile(mode="reduce-overhead"), a second GPU, peak memory, and tensors
+beyond 2^31 elements (`huge`). The device-parametrised tests of the other files run on CUDA too.
+
+Unwritten outputs: the caching allocator is left holding NaN-filled blocks of the output's size
+before each call (poison_allocator), so an element a kernel fails to write shows up as NaN."""
+
+import math
+import re
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import fastact  # noqa: E402
+from fastact_testing import (  # noqa: E402
+    ALL_OPS,
+    BOUNDARY_SIZES,
+    SOFTMAX_OPS,
+    assert_close,
+    bias_for,
+    check_op,
+    coarsest,
+    describe,
+    dtype_id,
+    is_dense,
+    make_tensor,
+    poison_allocator,
+    random_values,
+    softmax_backward_ref,
+    softmax_backward_torch,
+    strided_tensor,
+)
+
+pytestmark = pytest.mark.cuda
+ops = torch.ops.fastact
+
+# include/fastact/dispatch.h: "split" is long_row's two-read fallback, forceable on its own.
+VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided")
+# input dtype, output dtype (the fused conversions included)
+DTYPE_CONFIGS = [
+    (torch.float32, torch.float32),
+    (torch.float64, torch.float64),
+    (torch.float16, torch.float16),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+]
+# Row lengths: the suite's boundaries, the 128-bit vector widths +-1 (4 floats, 8 halves, 2
+# doubles), each dispatcher threshold of include/fastact/dispatch.h +-1 (the warp kernel's 512 for
+# float64 and 1024; one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements =
+# 4096 ... 32768), and a row far beyond what one SM holds.
+THRESHOLDS = (512, 1024, 4096, 8192, 16384, 32768)
+CUDA_SIZES = tuple(
+    sorted(set(BOUNDARY_SIZES + (3, 4, 5, 7, 8, 9, 15, 16, 17, 262144) + tuple(t + k for t in THRESHOLDS for k in (-1, 0, 1))))
+)
+# Shape classes: inner == 1 rows (contiguous; misaligned dense; `x[..., 1:]` rows with a stride and
+# a misaligned start; aligned rows with a padded stride; a transposed tensor reduced over its
+# memory-contiguous dim) and inner > 1 (strided).
+CLASSES = ("rows", "misaligned", "row_strided", "row_padded", "transposed", "strided_2", "strided_33")
+MAX_ELEMENTS = 1 << 21
+
+
+def _vec_width(dtype):
+    return 16 // dtype.itemsize
+
+
+def _rows(d):
+    return max(3, min(1031, (1 << 19) // d))
+
+
+def make_class(cls, d, dtype):
+    """(x, dim) of shape class `cls` with reduction length d."""
+    if cls.startswith("strided_"):
+        inner = int(cls.split("_")[1])
+        outer = max(1, min(5, MAX_ELEMENTS // (d * inner)))
+        return make_tensor((outer, d, inner), dtype, "cuda"), 1
+    rows = _rows(d)
+    if cls == "rows":
+        return make_tensor((rows, d), dtype, "cuda"), -1
+    if cls == "misaligned":
+        return strided_tensor((rows, d), dtype, "cuda", offset=1), -1
+    if cls == "row_strided":
+        return strided_tensor((rows, d), dtype, "cuda", slices={1: (1, 1, 0)}), -1
+    if cls == "row_padded":
+        return strided_tensor((rows, d), dtype, "cuda", slices={1: (0, 1, _vec_width(dtype))}), -1
+    if cls == "transposed":
+        return make_tensor((rows, d), dtype, "cuda").t(), 0
+    raise ValueError(cls)
+
+
+def must_accept(variant, cls, d, dtype):
+    """Where a forced variant must take the input (DESIGN.md's table and include/fastact/dispatch.h);
+    elsewhere it may take it (and must then be right) or refuse with "cannot take"."""
+    inner1 = not cls.startswith("strided_")
+    aligned = cls in ("rows", "row_padded", "transposed")
+    if variant == "warp":  # the row in one warp's registers: 1024 values (512 doubles)
+        return inner1 and d <= (512 if dtype == torch.float64 else 1024)
+    if variant == "vec":  # aligned rows that fit one block's registers (4096 is far below that)
+        return inner1 and aligned and d % _vec_width(dtype) == 0 and d <= 4096
+    if variant in ("scalar", "long_row", "split"):  # any rows: any alignment, D, row stride
+        return inner1
+    if variant == "strided":
+        return not inner1
+    raise ValueError(variant)
+
+
+def must_refuse(variant, cls, d, dtype):
+    # a 128-bit load from a misaligned pointer is wrong: vec must refuse those views
+    return variant == "vec" and cls in ("misaligned", "row_strided")
+
+
+def _call(fn):
+    """fn() -> (result, None) or (None, the refusal message); any other error propagates."""
+    try:
+        return fn(), None
+    except RuntimeError as e:
+        if "cannot take" not in str(e):
+            raise
+        return None, str(e)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forced_variant(variant, op, dtypes, cls):
+    in_dtype, out_dtype = dtypes
+    log = op.name == "log_softmax"
+    fwd = getattr(ops, op.name).default
+    bwd = getattr(ops, f"{op.name}_backward").default
+    out_arg = out_dtype if out_dtype != in_dtype else None
+    failures, accepted = [], []
+    for d in CUDA_SIZES:
+        if cls.startswith("strided_") and d > 65536:
+            continue
+        x, dim = make_class(cls, d, in_dtype)
+        msg = f"{variant} {op.name} {describe(x)} dim={dim} out={out_dtype}"
+        try:
+            # forward
+            poison_allocator("cuda", x.numel() * out_dtype.itemsize)
+            y, refusal = _call(lambda: fwd(x, dim, out_arg, variant=variant))
+            if refusal is not None:
+                assert not must_accept(variant, cls, d, in_dtype), f"{msg}: refused an input it must take: {refusal}"
+                assert variant in refusal or op.name in refusal, f"{msg}: refusal names neither op nor variant: {refusal}"
+            else:
+                assert not must_refuse(variant, cls, d, in_dtype), f"{msg}: took an input it must refuse"
+                accepted.append(d)
+                assert y.dtype == out_dtype and y.stride() == torch.empty_like(x, dtype=out_dtype).stride(), f"{msg}: {describe(y)}"
+                ref = (torch.log_softmax if log else torch.softmax)(x.to(out_dtype).double(), dim)
+                pt = (torch.log_softmax if log else torch.softmax)(x, dim, dtype=out_arg)
+                assert_close(y, ref, torch_actual=pt, msg=msg + " forward")
+
+            # backward, with the output and grad in the same class as x (computed in out_dtype,
+            # gradient in in_dtype)
+            y_true = (torch.log_softmax if log else torch.softmax)(x, dim, dtype=out_arg)
+            y_in, _ = make_class(cls, d, out_dtype)
+            y_in.copy_(y_true)  # writes through the view classes too (their elements are distinct)
+            g, _ = make_class(cls, d, out_dtype)
+            poison_allocator("cuda", x.numel() * in_dtype.itemsize)
+            dx, refusal = _call(lambda: bwd(g, y_in, dim, in_dtype, variant=variant))
+            if refusal is not None:
+                assert not must_accept(variant, cls, d, in_dtype), f"{msg}: backward refused an input it must take: {refusal}"
+            else:
+                assert not must_refuse(variant, cls, d, in_dtype) or not is_dense(y_in), (
+                    f"{msg}: backward took a misaligned output it must refuse"
+                )
+                assert dx.dtype == in_dtype and dx.shape == x.shape, f"{msg}: {describe(dx)}"
+                assert_close(
+                    dx,
+                    softmax_backward_ref(g, y_in, dim, log),
+                    coarsest(in_dtype, out_dtype),
+                    torch_actual=softmax_backward_torch(g, y_in, dim, in_dtype, log),
+                    msg=msg + " backward",
+                )
+        except AssertionError as e:
+            failures.append(str(e)[:600])
+    assert not failures, f"{len(failures)} size(s) failed:\n" + "\n".join(failures)
+    if any(must_accept(variant, cls, d, in_dtype) for d in CUDA_SIZES):
+        assert accepted
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forced_variant_through_autograd(variant):
+    """The variant a forward was forced to is the one its backward uses (autograd passes it on)."""
+    for cls, d in [("rows", 1024), ("strided_2", 33), ("rows", 65536), ("rows", 4096)]:
+        x, dim = make_class(cls, d, torch.float32)
+        x.requires_grad_()
+        y, refusal = _call(lambda: fastact_softmax_variant(x, dim, variant))
+        if refusal is not None:
+            assert not must_accept(variant, cls, d, torch.float32), refusal
+            continue
+        g = make_tensor(tuple(y.shape), torch.float32, "cuda")
+        y.backward(g)
+        ref = softmax_backward_ref(g, torch.softmax(x.detach().double(), dim), dim, False)
+        assert_close(x.grad, ref, msg=f"{variant} {cls} {d}")
+
+
+def fastact_softmax_variant(x, dim, variant):
+    return ops.softmax(x, dim, None, variant=variant)
+
+
+def test_unknown_variant_cuda():
+    x = make_tensor((4, 64), torch.float32, "cuda")
+    for name in ("", "Warp", "long-row", "cpu_rows"):
+        with pytest.raises(RuntimeError):
+            ops.softmax(x, -1, None, variant=name)
+    torch.testing.assert_close(fastact.softmax(x), torch.softmax(x, -1))
+
+
+# ----------------------------------------------------------------------------------------------
+# The dispatcher
+
+
+def _variant(explanation):
+    m = re.search(r"variant=(\w+)", explanation)
+    assert m, explanation
+    return m.group(1)
+
+
+@pytest.mark.parametrize(
+    "expected,shape,dim,layout",
+    [
+        ("warp", (4096, 512), -1, "contiguous"),
+        ("warp", (4096, 33), -1, "contiguous"),
+        ("vec", (1024, 4096), -1, "contiguous"),
+        ("scalar", (1024, 4097), -1, "sliced_last"),  # x[..., 1:]: misaligned, odd D
+        ("long_row", (4, 262144), -1, "contiguous"),
+        ("strided", (64, 1024, 64), 1, "contiguous"),
+        ("strided", (8, 33, 2), 1, "contiguous"),
+    ],
+)
+def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
+    x = make_tensor(shape, torch.float32, "cuda", layout)
+    s = fastact.explain("softmax", x, dim)
+    assert _variant(s) == expected, s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=dtype_id)
+def test_explained_variant_is_the_one_that_runs(dtype):
+    """For many shapes: explain()'s variant, forced, gives bit-identical results to auto."""
+    for cls in CLASSES:
+        for d in (1, 32, 33, 2048, 65536) + tuple(t + k for t in THRESHOLDS for k in (-1, 0, 1)):
+            x, dim = make_class(cls, d, dtype)
+            for op in ("softmax", "log_softmax"):
+                v = _variant(fastact.explain(op, x, dim))
+                assert v in VARIANTS, v
+                auto = getattr(ops, op)(x, dim, None)
+                forced = getattr(ops, op)(x, dim, None, variant=v)
+                assert torch.equal(auto, forced), f"{op} {describe(x)}: explain says {v}"
+            y = torch.softmax(x, dim)
+            v = _variant(fastact.explain("softmax_backward", y, dim))
+            assert v in VARIANTS, v
+
+
+# ----------------------------------------------------------------------------------------------
+# Streams, graphs, compile, devices
+
+
+def test_device_mismatch():
+    x = make_tensor((4, 6), torch.float32, "cuda")
+    b = random_values((6,), torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="bias_gelu"):
+        fastact.bias_gelu(x, b)
+    with pytest.raises(RuntimeError, match="bias_gelu"):
+        fastact.bias_gelu(x.cpu(), b.cuda())
+    y = torch.softmax(x, -1)
+    with pytest.raises(RuntimeError, match="softmax_backward"):
+        ops.softmax_backward(y, y.cpu(), -1, torch.float32)
+    with pytest.raises(RuntimeError, match="gelu_backward"):
+        ops.gelu_backward(y, y.cpu())
+    with pytest.raises(RuntimeError, match="sigmoid_backward"):
+        ops.sigmoid_backward(y.cpu(), y)
+    with pytest.raises(RuntimeError, match="bias_gelu_backward"):
+        ops.bias_gelu_backward(y, y, b)
+    torch.testing.assert_close(fastact.softmax(x), torch.softmax(x, -1))
+
+
+def _side_stream_case(op, shape, dim, dtype):
+    """Runs op forward and backward on a side stream whose input is produced on that stream after a
+    long sleep; a kernel issued on any other stream would read the NaN the input held before."""
+    s = torch.cuda.Stream()
+    src = make_tensor(shape, dtype, "cuda")
+    gsrc = make_tensor(shape, dtype, "cuda")
+    b = bias_for(src) if op.takes_bias else None
+    s.wait_stream(torch.cuda.current_stream())  # the inputs above were made on the default stream
+    with torch.cuda.stream(s):
+        x = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+        g = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+        torch.cuda._sleep(100_000_000)  # ~0.05-0.1 s of GPU time on stream s
+        x.copy_(src)
+        g.copy_(gsrc)
+        x.requires_grad_()
+        y = op.fastact(x, dim=dim, bias=b)
+        y.backward(g)
+        x_ref = x.detach().double().requires_grad_()
+        y_ref = op.torch(x_ref, dim=dim, bias=b.double() if b is not None else None)
+        y_ref.backward(g.double())
+        done = torch.cuda.Event()
+        done.record(s)
+    done.synchronize()  # the stream's work only, not the device
+    assert_close(y, y_ref, msg=f"{op} on a side stream")
+    assert_close(x.grad, x_ref.grad, msg=f"{op} grad on a side stream")
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize("shape,dim", [((64, 1024), -1), ((4, 70000), -1), ((16, 300, 8), 1)], ids=str)
+def test_side_stream(op, shape, dim):
+    if not op.takes_dim and dim != -1:
+        pytest.skip("elementwise op: one case is enough")
+    _side_stream_case(op, shape, dim, torch.float32)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_side_stream_forced_variants(variant):
+    for cls, d in [("rows", 512), ("rows", 4096), ("misaligned", 1025), ("rows", 65536), ("strided_33", 129)]:
+        x0, dim = make_class(cls, d, torch.float16)
+        if _call(lambda: ops.softmax(x0, dim, None, variant=variant))[1] is not None:
+            continue
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            x = torch.full_like(x0, float("nan"))
+            torch.cuda._sleep(50_000_000)
+            x.copy_(x0)
+            y = ops.softmax(x, dim, None, variant=variant)
+            dx = ops.softmax_backward(x, y, dim, torch.float16, variant=variant)
+            ev = torch.cuda.Event()
+            ev.record(s)
+        ev.synchronize()
+        ref = torch.softmax(x0.double(), dim)
+        assert_close(y, ref, msg=f"{variant} {cls} {d}")
+        assert_close(dx, softmax_backward_ref(x0, y, dim, False), msg=f"{variant} {cls} {d} backward")
+
+
+def _graph_step(x, b, xh, weights):
+    outs = [
+        fastact.softmax(x, -1),
+        fastact.log_softmax(x, 0),
+        fastact.gelu(x),
+        fastact.gelu(x, "tanh"),
+        fastact.bias_gelu(x, b),
+        fastact.sigmoid(x),
+        fastact.softmax(xh, -1, dtype=torch.float32),
+        fastact.log_softmax(x[:, 1:], -1),
+    ]
+    loss = sum((o.float() * w).sum() for o, w in zip(outs, weights))
+    grads = torch.autograd.grad(loss, (x, b, xh))
+    return [o.detach() for o in outs] + list(grads)
+
+
+def test_cuda_graph_capture_and_replay():
+    x = make_tensor((96, 1031), torch.float32, "cuda").requires_grad_()
+    b = random_values((1031,), torch.float32, "cuda").requires_grad_()
+    xh = make_tensor((96, 1031), torch.bfloat16, "cuda").requires_grad_()
+    weights = [random_values(o.shape, torch.float32, "cuda") for o in _graph_step(x, b, xh, [1.0] * 8)[:8]]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture, as torch's docs do
+        for _ in range(3):
+            _graph_step(x, b, xh, weights)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = _graph_step(x, b, xh, weights)
+    for trial in range(3):
+        with torch.no_grad():
+            x.copy_(make_tensor(tuple(x.shape), torch.float32, "cuda", scale=1 + trial))
+            b.copy_(random_values(tuple(b.shape), torch.float32, "cuda"))
+            xh.copy_(make_tensor(tuple(xh.shape), torch.bfloat16, "cuda"))
+        graph.replay()
+        eager = _graph_step(x, b, xh, weights)
+        for i, (r, e) in enumerate(zip(static, eager)):
+            assert torch.equal(r, e), f"replay {trial}: output {i} differs from eager"
+
+
+def test_cuda_graph_forced_variants():
+    cases = [(v, cls, d) for v in VARIANTS for cls, d in [("rows", 256), ("rows", 4096), ("misaligned", 1025), ("rows", 65536), ("strided_2", 100)]]
+    inputs = {}
+    for v, cls, d in cases:
+        x, dim = make_class(cls, d, torch.float16)
+        y, refusal = _call(lambda: ops.log_softmax(x, dim, None, variant=v))
+        if refusal is None and _call(lambda: ops.log_softmax_backward(x, y, dim, torch.float16, variant=v))[1] is None:
+            inputs[(v, cls, d)] = (x, dim)
+    assert inputs
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for (v, _, _), (x, dim) in inputs.items():
+            ops.log_softmax(x, dim, None, variant=v)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = {k: ops.log_softmax(x, dim, None, variant=k[0]) for k, (x, dim) in inputs.items()}
+        grads = {k: ops.log_softmax_backward(x, outs[k], dim, torch.float16, variant=k[0]) for k, (x, dim) in inputs.items()}
+    for (x, _) in inputs.values():
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x, dtype=torch.float32).to(x.dtype))
+    graph.replay()
+    for k, (x, dim) in inputs.items():
+        assert torch.equal(outs[k], ops.log_softmax(x, dim, None, variant=k[0])), k
+        assert torch.equal(grads[k], ops.log_softmax_backward(x, outs[k], dim, torch.float16, variant=k[0])), k
+
+
+def _compile_fn(x, b, xh):
+    return (
+        fastact.softmax(x, -1),
+        fastact.log_softmax(x, 0),
+        fastact.gelu(x, "tanh"),
+        fastact.bias_gelu(x, b, "none"),
+        fastact.sigmoid(x),
+        fastact.softmax(xh, 1, dtype=torch.float32),
+    )
+
+
+@pytest.mark.slow
+def test_compile_reduce_overhead():
+    torch._dynamo.reset()
+    compiled = torch.compile(_compile_fn, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        torch.compiler.cudagraph_mark_step_begin()
+        x = make_tensor((64, 257), torch.float32, "cuda").requires_grad_()
+        b = random_values((257,), torch.float32, "cuda").requires_grad_()
+        xh = make_tensor((64, 257), torch.bfloat16, "cuda").requires_grad_()
+        outs = compiled(x, b, xh)
+        loss = sum(o.float().sum() * (i + 1) for i, o in enumerate(outs))
+        loss.backward()
+        got = [o.detach().clone() for o in outs] + [x.grad.clone(), b.grad.clone(), xh.grad.clone()]
+        xe, be, xhe = (t.detach().requires_grad_() for t in (x, b, xh))
+        oute = _compile_fn(xe, be, xhe)
+        sum(o.float().sum() * (i + 1) for i, o in enumerate(oute)).backward()
+        want = [o.detach() for o in oute] + [xe.grad, be.grad, xhe.grad]
+        for i, (g_, w_) in enumerate(zip(got, want)):
+            assert_close(g_, w_, msg=f"step {step} output {i}")
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_second_gpu(op):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with torch.cuda.device(0):
+        x = make_tensor((33, 1025), torch.float16, "cuda:1")
+        for dim in (-1, 0) if op.takes_dim else (None,):
+            y = check_op(op, x, dim=dim, bias=bias_for(x) if op.takes_bias else None)
+            assert y.device == torch.device("cuda:1")
+        assert isinstance(fastact.explain("softmax", x), str)
+    # and with cuda:1 current while the tensor is on cuda:0
+    with torch.cuda.device(1):
+        x = make_tensor((33, 1025), torch.float32, "cuda:0")
+        y = check_op(op, x, bias=bias_for(x) if op.takes_bias else None)
+        assert y.device == torch.device("cuda:0")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_second_gpu_forced_variants(variant):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with torch.cuda.device(0):
+        for shape, dim in [((64, 512), -1), ((8, 4096), -1), ((4, 65536), -1), ((8, 100, 3), 1)]:
+            x = make_tensor(shape, torch.float32, "cuda:1")
+            y, refusal = _call(lambda: ops.softmax(x, dim, None, variant=variant))
+            if refusal is None:
+                assert y.device == x.device
+                assert_close(y, torch.softmax(x.double(), dim), msg=f"{variant} {shape}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory
+
+
+def _extra_peak(fn):
+    """(result, peak bytes allocated during fn beyond what was allocated before it)."""
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    return out, torch.cuda.max_memory_allocated() - before
+
+
+def _bytes(*tensors):
+    # what the caching allocator charges: sizes rounded up to its 512-byte granule
+    return sum(-(-t.numel() * t.element_size() // 512) * 512 for t in tensors)
+
+
+@pytest.mark.parametrize(
+    "name,make",
+    [
+        ("softmax-rows", lambda: (fastact.softmax, make_tensor((4096, 4096), torch.float32, "cuda"), {"dim": -1})),
+        ("softmax-long-rows", lambda: (fastact.softmax, make_tensor((4, 1 << 20), torch.float16, "cuda"), {"dim": -1})),
+        ("softmax-sliced", lambda: (fastact.softmax, make_tensor((4096, 4095), torch.float32, "cuda", "sliced_last"), {"dim": -1})),
+        ("softmax-strided", lambda: (fastact.softmax, make_tensor((64, 1024, 64), torch.float32, "cuda"), {"dim": 1})),
+        ("softmax-bf16-to-f32", lambda: (fastact.softmax, make_tensor((4096, 4096), torch.bfloat16, "cuda"), {"dim": -1, "dtype": torch.float32})),
+        ("log_softmax-rows", lambda: (fastact.log_softmax, make_tensor((4096, 4096), torch.float16, "cuda"), {"dim": -1})),
+        ("gelu", lambda: (fastact.gelu, make_tensor((4096, 4096), torch.float32, "cuda"), {})),
+        ("sigmoid", lambda: (fastact.sigmoid, make_tensor((4096, 4097), torch.float16, "cuda"), {})),
+    ],
+)
+def test_forward_allocates_only_its_output(name, make):
+    fn, x, kw = make()
+    y, extra = _extra_peak(lambda: fn(x, **kw))
+    assert extra <= _bytes(y), f"{name}: {extra} bytes allocated for a {_bytes(y)}-byte output"
+
+
+def test_bias_gelu_forward_allocates_only_its_output():
+    x = make_tensor((4096, 4096), torch.float16, "cuda")
+    b = bias_for(x)
+    y, extra = _extra_peak(lambda: fastact.bias_gelu(x, b))
+    assert extra <= _bytes(y), f"{extra} bytes allocated for a {_bytes(y)}-byte output"
+
+
+def test_backward_ops_allocate_only_their_gradients():
+    x = make_tensor((4096, 4096), torch.float32, "cuda")
+    y = torch.softmax(x, -1)
+    g = make_tensor((4096, 4096), torch.float32, "cuda")
+    for name, fn in [
+        ("softmax_backward", lambda: ops.softmax_backward(g, y, -1, torch.float32)),
+        ("log_softmax_backward", lambda: ops.log_softmax_backward(g, y, -1, torch.float32)),
+        ("softmax_backward-strided", lambda: ops.softmax_backward(g, y, 0, torch.float32)),
+        ("gelu_backward", lambda: ops.gelu_backward(g, x, "tanh")),
+        ("sigmoid_backward", lambda: ops.sigmoid_backward(g, y)),
+    ]:
+        dx, extra = _extra_peak(fn)
+        assert extra <= _bytes(dx), f"{name}: {extra} bytes allocated for a {_bytes(dx)}-byte gradient"
+    # fused fp16-input gradient of an fp32 output: written in fp16 directly
+    dx, extra = _extra_peak(lambda: ops.softmax_backward(g, y, -1, torch.float16))
+    assert dx.dtype == torch.float16 and extra <= _bytes(dx), extra
+
+
+def test_bias_gelu_backward_workspace_is_small():
+    """dx and dbias, plus at most a small workspace: per-block partial sums of the bias gradient
+    (a few blocks per SM x D floats: 132 SMs x 4 x 4096 x 4 B = 8.25 MiB on an H100). 16 MiB is far
+    below what a materialised x + bias or a float32 dx (128 MiB here) would take, so the bound
+    still proves the backward is fused."""
+    x = make_tensor((8192, 4096), torch.float16, "cuda")
+    b = bias_for(x)
+    g = make_tensor((8192, 4096), torch.float16, "cuda")
+    (dx, db), extra = _extra_peak(lambda: ops.bias_gelu_backward(g, x, b, "tanh"))
+    workspace = extra - _bytes(dx, db)
+    assert workspace <= 16 * 2**20, f"bias_gelu_backward used a {workspace / 2**20:.1f} MiB workspace"
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors beyond 2^31 elements
+
+HUGE = (1 << 31) + 8  # float16 elements: 4 GiB, past every int32 offset
+
+
+def _need_huge_gpu():
+    free, _ = torch.cuda.mem_get_info()
+    if free < 40 * 2**30:
+        pytest.skip(f"needs a GPU with >= 40 GiB free, {free / 2**30:.0f} GiB free")
+
+
+def _lse_rows(x):
+    """float32 logsumexp of each row of a 2-d half tensor, chunked (no full-size float copy)."""
+    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    step = max(1, (1 << 28) // x.shape[1])
+    for i in range(0, x.shape[0], step):
+        out[i : i + step] = torch.logsumexp(x[i : i + step].float(), dim=1)
+    return out
+
+
+def _lse_long_row(row):
+    chunk = 1 << 28
+    parts = torch.stack([torch.logsumexp(row[i : i + chunk].float(), 0) for i in range(0, row.numel(), chunk)])
+    return torch.logsumexp(parts, 0)
+
+
+@pytest.mark.huge
+@pytest.mark.parametrize("variant", ("auto",) + VARIANTS)
+def test_huge_softmax_many_short_rows(variant):
+    _need_huge_gpu()
+    x = torch.randn(HUGE // 8, 8, dtype=torch.float16, device="cuda")
+    y, refusal = _call(lambda: ops.softmax(x, -1, None, variant=variant))
+    if refusal is not None:
+        assert variant != "auto" and not must_accept(variant, "rows", 8, torch.float16), refusal
+        return
+    rows = torch.cat([torch.arange(0, 4096), torch.arange(x.shape[0] // 2, x.shape[0] // 2 + 4096), torch.arange(x.shape[0] - 4096, x.shape[0])]).cuda()
+    assert_close(y[rows], torch.softmax(x[rows].double(), -1), msg=f"{variant} sampled rows")
+    del y
+    g = torch.randn_like(x)
+    y = torch.softmax(x, -1)
+    dx, refusal = _call(lambda: ops.softmax_backward(g, y, -1, torch.float16, variant=variant))
+    if refusal is None:
+        assert_close(dx[rows], softmax_backward_ref(g[rows], y[rows], -1, False), msg=f"{variant} backward sampled rows")
+
+
+@pytest.mark.huge
+@pytest.mark.parametrize("variant", ("auto", "long_row", "split", "scalar", "vec"))
+@pytest.mark.parametrize(
+    "shape",
+    # rows of a multiple of 8 halves (16-byte aligned): 8 rows of 2^28 + 8, 2 rows beyond 2^31 bytes,
+    # one row of 2^31 + 8 elements
+    [(8, (1 << 28) + 8), (2, (1 << 30) + 8), (1, HUGE)],
+    ids=["8-rows-of-2^28", "2-rows-of-2^31-bytes", "1-row-of-2^31"],
+)
+def test_huge_softmax_long_rows(variant, shape):
+    _need_huge_gpu()
+    x = torch.randn(shape, dtype=torch.float16, device="cuda")
+    # softmax into float32 (fused): probabilities of ~2^-28 are below float16's range, so a float16
+    # output would be (correctly) all but zero and compare trivially; log_softmax stays in float16.
+    for op, out in (("softmax", torch.float32), ("log_softmax", None)):
+        y, refusal = _call(lambda: getattr(ops, op)(x, -1, out, variant=variant))
+        if refusal is not None:
+            assert variant not in ("auto", "long_row", "split", "scalar"), refusal
+            continue
+        for r in sorted({0, shape[0] - 1}):
+            lse = _lse_long_row(x[r])
+            idx = torch.cat([torch.arange(0, 1 << 16), torch.randint(0, shape[1], (1 << 16,)), torch.arange(shape[1] - (1 << 16), shape[1])]).cuda()
+            want = x[r, idx].float() - lse
+            want = want if op == "log_softmax" else want.exp()
+            assert_close(y[r, idx], want.double(), msg=f"{op} {variant} row {r}")
+        del y
+
+
+@pytest.mark.huge
+@pytest.mark.parametrize("variant", ("auto", "strided"))
+def test_huge_softmax_strided(variant):
+    _need_huge_gpu()
+    x = torch.randn(HUGE // 8, 8, dtype=torch.float16, device="cuda")
+    # columns of 2^28 + 1: float32 output (fused), as in the long-row test
+    y, refusal = _call(lambda: ops.softmax(x, 0, torch.float32, variant=variant))
+    assert refusal is None, refusal
+    for j in (0, 7):
+        lse = _lse_long_row(x[:, j].contiguous())
+        idx = torch.cat([torch.arange(0, 4096), torch.arange(x.shape[0] - 4096, x.shape[0])]).cuda()
+        assert_close(y[idx, j], (x[idx, j].float() - lse).exp().double(), msg=f"{variant} column {j}")
+
+
+@pytest.mark.huge
+def test_huge_elementwise():
+    _need_huge_gpu()
+    x = torch.randn(HUGE, dtype=torch.float16, device="cuda")
+    chunks = [slice(0, 1 << 20), slice((1 << 31) - (1 << 20), (1 << 31) + 8)]
+    for op in [o for o in ALL_OPS if not o.takes_dim and not o.takes_bias]:
+        y = op.fastact(x)
+        for c in chunks:
+            assert_close(y[c], op.torch(x[c].double()), torch_actual=op.torch(x[c]), msg=f"{op} {c}")
+        del y
+    # bias_gelu over 2^28 + 1 rows of 8, forward and the bias gradient (a reduction over 2^28 rows)
+    x2 = x.view(-1, 8)
+    b = torch.randn(8, dtype=torch.float16, device="cuda")
+    y = fastact.bias_gelu(x2, b)
+    assert_close(y[-4096:], torch.nn.functional.gelu(x2[-4096:].double() + b.double(), approximate="tanh"), torch.float16)
+    del y
+    g = torch.full_like(x2, 2.0**-14)  # small: the bias gradient (2^28 terms, < 2^15) stays in float16
+    dx, db = ops.bias_gelu_backward(g, x2, b, "tanh")
+    assert_close(dx[-4096:], torch.ops.aten.gelu_backward(g[-4096:].double(), x2[-4096:].double() + b.double(), approximate="tanh"), torch.float16)
+    db_ref = torch.zeros(8, dtype=torch.float64, device="cuda")
+    step = 1 << 24
+    for i in range(0, x2.shape[0], step):
+        db_ref += torch.ops.aten.gelu_backward(g[i : i + step].double(), x2[i : i + step].double() + b.double(), approximate="tanh").sum(0)
+    # a sum of 2^28 terms: float accumulation is good to ~1e-4 relative, float16 output to 1e-3
+    assert_close(db, db_ref, torch.bfloat16, msg="dbias over 2^28 rows")
+    assert math.isfinite(db.float().sum().item())

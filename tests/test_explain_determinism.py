@@ -1,0 +1,90 @@
+"""fastact.explain, determinism (bit-identical repeated runs), and the CPU thread count."""
+
+import re
+
+import pytest
+import torch
+
+import fastact
+from fastact_testing import ALL_OPS, assert_close, bias_for, make_tensor
+
+SOFTMAX_FAMILY = ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward")
+EXPLAIN_OPS = SOFTMAX_FAMILY + ("gelu", "bias_gelu", "sigmoid")  # the ops explain() knows (csrc/ops.cpp)
+
+
+@pytest.mark.parametrize("op", EXPLAIN_OPS)
+@pytest.mark.parametrize("shape,dim", [((4, 64), -1), ((4, 64, 3), 1), ((5,), 0), ((), 0), ((0, 3), 1)], ids=str)
+def test_explain_returns_text(device, op, shape, dim):
+    x = make_tensor(shape, torch.float32, device)
+    s = fastact.explain(op, x, dim)
+    assert isinstance(s, str) and s.strip(), repr(s)
+    if device == "cpu" and op in SOFTMAX_FAMILY:
+        assert s.startswith("variant=cpu_"), s
+
+
+def test_explain_cpu_paths_differ():
+    # the strided (inner > 1) case and the rows case are different CPU paths, and explain says so
+    rows = fastact.explain("softmax", make_tensor((8, 64), torch.float32, "cpu"), -1)
+    strided = fastact.explain("softmax", make_tensor((8, 64, 4), torch.float32, "cpu"), 1)
+    assert rows.startswith("variant=cpu_") and strided.startswith("variant=cpu_")
+    assert _variant(rows) != _variant(strided), (rows, strided)
+
+
+def _variant(explanation):
+    return re.match(r"variant=(\w+)", explanation).group(1)
+
+
+def test_explain_default_dim(device):
+    x = make_tensor((4, 64, 3), torch.float32, device)
+    assert fastact.explain("softmax", x) == fastact.explain("softmax", x, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Determinism: large enough that the CPU splits the work over threads and the GPU over many blocks
+
+
+DETERMINISM_CASES = [
+    ((256, 4096), -1),
+    ((64, 1000, 16), 1),  # strided
+    ((4, 65536), -1),  # long rows
+    ((4096, 64), 0),  # long strided
+]
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_deterministic(device, op, dtype):
+    cases = DETERMINISM_CASES if op.takes_dim else [((2048, 1024), None), ((64, 3, 4097), None)]
+    for shape, dim in cases:
+        x = make_tensor(shape, dtype, device, scale=3.0)
+        b = bias_for(x) if op.takes_bias else None
+        g = make_tensor(shape, dtype, device)
+        runs = []
+        for _ in range(3):
+            xr = x.detach().requires_grad_()
+            br = b.detach().requires_grad_() if b is not None else None
+            y = op.fastact(xr, dim=dim, bias=br)
+            y.backward(g)
+            runs.append((y.detach(), xr.grad, br.grad if br is not None else None))
+        for y, dx, db in runs[1:]:
+            assert torch.equal(y, runs[0][0]), f"{op} {shape}: forward differs between runs"
+            assert torch.equal(dx, runs[0][1]), f"{op} {shape}: x.grad differs between runs"
+            if db is not None:
+                assert torch.equal(db, runs[0][2]), f"{op} {shape}: bias.grad differs between runs"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cpu_thread_counts(threads):
+    """Results are right whatever torch's thread count (the TBB arena follows it)."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        x = make_tensor((97, 2049), torch.float32, "cpu")
+        for op in ALL_OPS:
+            for dim in (-1, 0) if op.takes_dim else (None,):
+                b = bias_for(x) if op.takes_bias else None
+                y = op.fastact(x, dim=dim, bias=b)
+                ref = op.torch(x.double(), dim=dim, bias=b.double() if b is not None else None)
+                assert_close(y, ref, torch_actual=op.torch(x, dim=dim, bias=b), msg=f"{op} threads={threads}")
+    finally:
+        torch.set_num_threads(old)

@@ -1,0 +1,398 @@
+"""Every public op against torch, forward and backward (through autograd), on every device and
+dtype: every dim of tensors of rank 0 to 4 in every layout, the boundary sizes of every kernel path,
+empty tensors, softmax's `dtype=`, and the layout rule of the outputs."""
+
+import math
+
+import pytest
+import torch
+
+import fastact
+from fastact_testing import (
+    ALL_OPS,
+    BOUNDARY_SIZES,
+    ELEMENTWISE_OPS,
+    FLOAT_DTYPES,
+    LAYOUTS,
+    SOFTMAX_OPS,
+    bias_for,
+    check_op,
+    dtype_id,
+    is_dense,
+    layout_applies,
+    make_tensor,
+    strided_tensor,
+)
+
+# One shape per rank with sizes that are no kernel's friends (odd, prime, around a warp), and
+# shapes with size-1 dims (whose strides are arbitrary).
+SHAPES = [(), (37,), (7, 33), (3, 5, 17), (2, 3, 4, 9), (1,), (5, 1), (1, 6), (3, 1, 4), (2, 1, 3, 1)]
+
+
+def _rank_cases():
+    for shape in SHAPES:
+        for layout in LAYOUTS:
+            if layout_applies(layout, len(shape)):
+                yield pytest.param(shape, layout, id=f"{'x'.join(map(str, shape)) or 'scalar'}-{layout}")
+
+
+RANK_CASES = list(_rank_cases())
+GRAD_LAYOUT = {"transposed": "transposed", "expanded": "expanded"}  # grads in an unusual layout too
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("shape,layout", RANK_CASES)
+def test_softmax_every_dim(device, dtype, op, shape, layout):
+    x = make_tensor(shape, dtype, device, layout)
+    for dim in range(-max(len(shape), 1), max(len(shape), 1)):
+        check_op(op, x, dim=dim, grad_layout=GRAD_LAYOUT.get(layout, "contiguous"))
+
+
+@pytest.mark.parametrize(
+    "op,shape,layout",
+    # bias_gelu needs x of rank >= 1 (a 0-d x is an error: test_errors.py)
+    [pytest.param(op, *c.values, id=f"{op}-{c.id}") for op in ELEMENTWISE_OPS for c in RANK_CASES if c.values[0] or not op.takes_bias],
+)
+def test_elementwise_every_rank(device, dtype, op, shape, layout):
+    x = make_tensor(shape, dtype, device, layout)
+    bias = bias_for(x) if op.takes_bias else None
+    check_op(op, x, bias=bias, grad_layout=GRAD_LAYOUT.get(layout, "contiguous"))
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_default_dim_is_last(device, op):
+    x = make_tensor((4, 6, 5), torch.float32, device)
+    f = fastact.softmax if op.name == "softmax" else fastact.log_softmax
+    torch.testing.assert_close(f(x), f(x, -1), rtol=0, atol=0)
+    torch.testing.assert_close(f(x), op.torch(x, dim=-1))
+
+
+def test_default_approximate(device):
+    x = make_tensor((8, 33), torch.float64, device, scale=3.0)
+    b = bias_for(x)
+    torch.testing.assert_close(fastact.gelu(x), torch.nn.functional.gelu(x), rtol=1e-12, atol=1e-12)
+    # bias_gelu defaults to the tanh approximation (the common choice of fused bias+GELU)
+    want = torch.nn.functional.gelu(x + b, approximate="tanh")
+    torch.testing.assert_close(fastact.bias_gelu(x, b), want, rtol=1e-12, atol=1e-12)
+    # and the two approximations do differ here, so the check above can fail
+    assert not torch.allclose(want, torch.nn.functional.gelu(x + b), rtol=1e-9, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------
+# Boundary sizes
+
+
+def _rows(n):
+    """Rows for a boundary test of row length n: many short rows (several rows per warp, a grid of
+    many blocks), a few long ones (keeps the CPU run short)."""
+    return max(3, min(67, 200_000 // n))
+
+
+@pytest.mark.parametrize("n", BOUNDARY_SIZES)
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "offset", "sliced_last", "strided"])
+def test_softmax_boundary_sizes(device, dtype, op, n, layout):
+    if layout == "strided":
+        # reduction over a non-last dim: [outer, D, inner] with inner > 1
+        x = make_tensor((2, n, 3), dtype, device)
+        check_op(op, x, dim=1)
+    else:
+        x = make_tensor((_rows(n), n), dtype, device, layout)
+        check_op(op, x, dim=-1)
+
+
+@pytest.mark.parametrize("n", BOUNDARY_SIZES + (2 * 65536 + 3,))
+@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if not o.takes_bias], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "offset"])
+def test_unary_boundary_sizes(device, dtype, op, n, layout):
+    # 1-d tensors of n elements: the vector body and the scalar tail of the elementwise kernel
+    check_op(op, make_tensor((n,), dtype, device, layout))
+
+
+@pytest.mark.parametrize("n", BOUNDARY_SIZES)
+@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if o.takes_bias], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "offset", "transposed"])
+def test_bias_gelu_boundary_sizes(device, dtype, op, n, layout):
+    x = make_tensor((_rows(n), n), dtype, device, layout)
+    check_op(op, x, bias=bias_for(x, "offset" if layout == "offset" else "contiguous"))
+
+
+@pytest.mark.parametrize("inner", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 64, 127, 128, 129, 1025])
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_softmax_inner_sizes(device, dtype, op, inner):
+    # the strided case's inner extent around vector widths and warp/block sizes
+    x = make_tensor((3, 37, inner), dtype, device)
+    check_op(op, x, dim=1)
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize(
+    "shape,dim",
+    [
+        ((4096, 1), 0),
+        ((1, 4096), 1),
+        ((2, 5, 3, 7), 0),
+        ((2, 5, 3, 7), 2),
+        ((1, 1, 1, 1), 3),
+        ((1, 3000), 0),
+        ((64, 3, 1), 1),
+        ((10007, 5), -1),  # many short rows: the split of rows over threads
+        ((3, 5, 10007), 1),  # a wide inner that is no multiple of any SIMD width
+        ((2, 3, 70001), 1),
+        ((7, 3001, 2), 1),  # long columns, narrow inner
+    ],
+)
+def test_softmax_degenerate_geometries(device, dtype, op, shape, dim):
+    check_op(op, make_tensor(shape, dtype, device), dim=dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layouts
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "transposed",
+        "channels_last",
+        "sliced_first",  # x[1:]: dense, offset start
+        "rows_strided",  # x[:, :D] of a wider tensor: rows with a stride, aligned start
+        "double_slice",  # x[1:, 2:-1]: offset and row stride
+        "stepped_last",  # x[..., ::2]: unit stride broken in the reduced dim
+        "expanded_last",  # a row of stride 0
+        "broadcast_rows",  # x.expand over rows
+        "transposed_stepped",  # x.t()[:, ::2]: gaps, and a memory order that is not row-major
+        "transposed_expanded",  # an expanded dim over a transposed tensor
+    ],
+)
+def test_layouts(device, dtype, op, layout):
+    shape = (6, 5, 4, 9)
+    if layout == "transposed":
+        x = make_tensor(shape, dtype, device, "transposed").transpose(0, 1)
+    elif layout == "channels_last":
+        x = make_tensor(shape, dtype, device).contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced_first":
+        x = make_tensor((7,) + shape[1:], dtype, device)[1:]
+    elif layout == "rows_strided":
+        x = strided_tensor(shape, dtype, device, slices={3: (0, 1, 7)})
+    elif layout == "double_slice":
+        x = strided_tensor(shape, dtype, device, slices={0: (1, 1, 0), 3: (2, 1, 1)})
+    elif layout == "stepped_last":
+        x = strided_tensor(shape, dtype, device, slices={3: (0, 2, 0)})
+    elif layout == "expanded_last":
+        x = strided_tensor(shape, dtype, device, expand=(3,))
+    elif layout == "transposed_stepped":
+        x = strided_tensor(shape, dtype, device, perm=(3, 2, 1, 0), slices={3: (0, 2, 0)})
+    elif layout == "transposed_expanded":
+        x = strided_tensor(shape, dtype, device, perm=(0, 1, 3, 2), expand=(0,))
+    else:
+        x = strided_tensor(shape, dtype, device, expand=(0, 1))
+    bias = bias_for(x, "strided") if op.takes_bias else None
+    for dim in (-1, 0, 2) if op.takes_dim else (None,):
+        check_op(op, x, dim=dim, bias=bias, grad_layout="transposed")
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "permuted", "offset", "channels_last"])
+def test_output_keeps_dense_layout(device, op, layout):
+    """A dense input's output has the input's strides (empty_like); bias_gelu's is contiguous."""
+    shape = (3, 4, 5, 6)
+    if layout == "channels_last":
+        x = make_tensor(shape, torch.float32, device).contiguous(memory_format=torch.channels_last)
+    else:
+        x = make_tensor(shape, torch.float32, device, layout)
+    assert is_dense(x)
+    bias = bias_for(x) if op.takes_bias else None
+    y = op.fastact(x, dim=1, bias=bias)
+    if op.takes_bias:
+        assert y.is_contiguous(), y.stride()
+    else:
+        assert y.stride() == x.stride(), (y.stride(), x.stride())
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize("layout", ["sliced_last", "sliced_step", "expanded"])
+def test_output_of_non_dense_input_is_contiguous(device, op, layout):
+    x = make_tensor((3, 4, 5, 6), torch.float32, device, layout)
+    assert not is_dense(x)
+    y = op.fastact(x, dim=-1, bias=bias_for(x) if op.takes_bias else None)
+    assert y.is_contiguous(), y.stride()
+
+
+def test_input_is_not_modified(device):
+    x = make_tensor((5, 33), torch.float16, device, "sliced_last")
+    base_before = x._base.clone()
+    for op in ALL_OPS:
+        x_ = x.detach().requires_grad_()
+        y = op.fastact(x_, dim=0, bias=bias_for(x) if op.takes_bias else None)
+        y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x._base, base_before, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Empty tensors
+
+
+EMPTY_SHAPES = [(0,), (0, 5), (5, 0), (0, 0), (2, 0, 3), (2, 3, 0), (0, 3, 4), (1, 0, 1, 2)]
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_softmax_empty(device, dtype, op, shape):
+    x = make_tensor(shape, dtype, device)
+    for dim in range(-len(shape), len(shape)):
+        y = check_op(op, x, dim=dim)
+        assert y.numel() == 0
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=str)
+def test_elementwise_empty(device, dtype, op, shape):
+    x = make_tensor(shape, dtype, device)
+    y = check_op(op, x, bias=bias_for(x) if op.takes_bias else None)
+    assert y.numel() == 0
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_no_rows_gives_zero_bias_grad(device, dtype, approximate):
+    # the bias gradient of an input with no rows is a sum over nothing: zeros, not garbage
+    for shape in [(0, 37), (3, 0, 129), (0, 1025)]:
+        x = make_tensor(shape, dtype, device).requires_grad_()
+        b = bias_for(x).requires_grad_()
+        y = fastact.bias_gelu(x, b, approximate)
+        y.backward(torch.ones_like(y))
+        assert torch.equal(b.grad, torch.zeros_like(b)), (shape, b.grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax(dtype=)
+
+DTYPE_PAIRS = [(a, b) for a in FLOAT_DTYPES for b in FLOAT_DTYPES]
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS, ids=[f"{dtype_id(a)}-to-{dtype_id(b)}" for a, b in DTYPE_PAIRS])
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("case", ["rows", "strided", "sliced", "long"])
+def test_softmax_dtype_argument(device, op, in_dtype, out_dtype, case):
+    """softmax(x, dim, dtype=d) == softmax(x.to(d), dim): fused for bf16/fp16 -> fp32, a cast
+    otherwise; the gradient comes back in x's dtype."""
+    if case == "rows":
+        x, dim = make_tensor((9, 129), in_dtype, device), -1
+    elif case == "strided":
+        x, dim = make_tensor((4, 33, 5), in_dtype, device), 1
+    elif case == "sliced":
+        x, dim = make_tensor((9, 64), in_dtype, device, "sliced_last"), -1
+    else:
+        x, dim = make_tensor((2, 4099), in_dtype, device), -1
+    y = check_op(op, x, dim=dim, dtype=out_dtype, grad_layout="transposed")
+    assert y.dtype == out_dtype
+
+
+def test_softmax_dtype_none_keeps_dtype(device, dtype):
+    x = make_tensor((3, 7), dtype, device)
+    assert fastact.softmax(x, -1, dtype=None).dtype == dtype
+    assert fastact.log_softmax(x, 0).dtype == dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# Values: invariants and special values
+
+
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((8, 4097), -1), ((16, 300, 5), 1), ((3, 65536), 1), ((700, 2), 0)])
+def test_softmax_invariants(device, dtype, shape, dim):
+    """Softmax rows sum to 1 and lie in [0, 1]; log_softmax is <= 0 and its logsumexp is 0.
+
+    Bounds: rounding each output to the dtype moves a row's sum by at most eps/2 (the outputs sum
+    to 1); the normalising sum, computed in float (double for float64), adds about sqrt(D) ulps of
+    the compute type. For log_softmax the rounding of an output y is |y| eps/2, weighted by the
+    probabilities: at most log(D) eps/2."""
+    x = make_tensor(shape, dtype, device, scale=5.0)
+    d = shape[dim]
+    eps = torch.finfo(dtype).eps
+    compute_eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    compute_tol = compute_eps * (4 + d**0.5)
+
+    y = fastact.softmax(x, dim)
+    assert ((y >= 0) & (y <= 1)).all()
+    err = (y.double().sum(dim) - 1).abs().max().item()
+    assert err <= eps + compute_tol, err
+
+    ly = fastact.log_softmax(x, dim)
+    assert (ly <= 0).all()
+    err = torch.logsumexp(ly.double(), dim).abs().max().item()
+    assert err <= eps * (1 + math.log(d)) + compute_tol, err
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("n,dim", [(1, -1), (7, -1), (33, -1), (1025, -1), (4099, -1), (7, 0), (300, 0)])
+def test_softmax_special_values(device, dtype, op, n, dim):
+    """Rows of all -inf give NaN (as torch), a +inf or a NaN in a row makes it NaN, a partly -inf
+    (masked) row is finite with zeros (or -inf for log_softmax) where masked, gradients included."""
+    shape = (6, n) if dim == -1 else (n, 6)
+    ninf, inf, nan = float("-inf"), float("inf"), float("nan")
+
+    def along(t, k):  # row/column k along the reduced dim
+        return t[k] if dim == -1 else t[:, k]
+
+    x = make_tensor(shape, dtype, device)
+    along(x, 0).fill_(ninf)  # all -inf
+    along(x, 2)[n // 2] = inf
+    along(x, 3)[n // 3] = nan
+    along(x, 4)[0] = inf
+    along(x, 4)[-1] = ninf
+    check_op(op, x, dim=dim, backward=False)
+
+    # masked rows (attention masks), forward and backward
+    m = make_tensor(shape, dtype, device)
+    along(m, 1)[: n // 2] = ninf
+    along(m, 5)[1::2] = ninf
+    if n > 1:  # a masked element, not a fully masked row
+        along(m, 3)[-1] = ninf
+    check_op(op, m, dim=dim)
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_large_values(device, dtype, op):
+    """No overflow: values of 1e4 (65000 in float16 and bfloat16) go through exp/erf/tanh safely."""
+    big = 65000.0 if dtype in (torch.float16, torch.bfloat16) else 1e4
+    x = make_tensor((4, 40), dtype, device)
+    x[0, :3] = big
+    x[1, ::2] = -big
+    x[2, 5] = big
+    x[2, 6] = -big
+    x[3] = big  # a whole row of the same huge value
+    x[:, 10] = 1e4
+    x[:, 11] = -1e4
+    bias = bias_for(x) if op.takes_bias else None
+    for dim in (-1, 0) if op.takes_dim else (None,):
+        y = check_op(op, x, dim=dim, bias=bias)
+        if op.name in ("softmax", "sigmoid"):
+            assert y.isfinite().all()
+
+
+def test_sigmoid_saturates_finite(device, dtype):
+    x = torch.tensor([1e4, -1e4, 100.0, -100.0, 30.0, -30.0, 0.0], dtype=dtype, device=device)
+    x = x.requires_grad_()
+    y = fastact.sigmoid(x)
+    assert y.isfinite().all(), y
+    assert y[0].item() == 1.0 and y[1].item() == 0.0 and y[6].item() == 0.5
+    y.backward(torch.ones_like(y))
+    assert x.grad.isfinite().all(), x.grad
+    assert x.grad[0].item() == 0.0 and x.grad[1].item() == 0.0
+
+
+@pytest.mark.parametrize("op", ELEMENTWISE_OPS, ids=str)
+def test_elementwise_special_values(device, dtype, op):
+    """+-inf and NaN as the float64 torch op has them (gelu(-inf) is NaN in torch: -inf * 0)."""
+    vals = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1.0, -1.0]
+    x = torch.tensor(vals * 7, dtype=dtype, device=device).view(7, 7)
+    check_op(op, x, bias=bias_for(x) if op.takes_bias else None, backward=False)
+
+
+@pytest.mark.parametrize("op", [o for o in ALL_OPS if not o.takes_bias], ids=str)  # 0-d bias_gelu: an error
+def test_scalar_tensor(device, dtype, op):
+    x = torch.tensor(0.75, dtype=dtype, device=device)
+    for dim in (0, -1) if op.takes_dim else (None,):
+        y = check_op(op, x, dim=dim)
+        assert y.dim() == 0
