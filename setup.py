@@ -93,6 +93,13 @@ class FastactBuild(BuildExtension):
             flags = getattr(self.compiler, attr, None)
             if flags:
                 setattr(self.compiler, attr, [f for f in flags if f != "-Wl,-Bsymbolic-functions"])
+        # nvcc compiles the host side of .cu files with the first gcc on PATH unless told otherwise
+        # (torch passes -ccbin only when CC is set). Where Python's own compiler is another one (a GPU
+        # machine with /opt/gcc, seen here), the .cu and .cpp objects carry the same weak libstdc++
+        # template code built from two sets of headers, the linker keeps one, and the other side
+        # crashes in it. One compiler for both.
+        if isinstance(ext.extra_compile_args, dict) and "nvcc" in ext.extra_compile_args and "CC" not in os.environ:
+            ext.extra_compile_args["nvcc"] = ["-ccbin", self.compiler.compiler_so[0]] + ext.extra_compile_args["nvcc"]
         if platform.machine() in ("x86_64", "AMD64"):
             builds = ISA_BUILDS
         else:  # no x86 flags elsewhere: one portable build
@@ -132,7 +139,9 @@ def extension():
     )
     if not with_cuda:
         return CppExtension(sources=sources, extra_compile_args={"cxx": cxx}, **kwargs)
-    sources += sorted(glob.glob("csrc/cuda/*.cu"))
+    # csrc/cuda/*.cpp: the torch-facing adapters, built by the host compiler (error messages format
+    # through libstdc++'s streams, which crashed when built by nvcc on a GPU machine); *.cu: kernels.
+    sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
     # No --use_fast_math: erf, tanh and exp must stay within torch's tolerance.
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DFASTACT_WITH_CUDA=1"]
     return CUDAExtension(

@@ -35,5 +35,15 @@ for f in "${files[@]}"; do
   if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}" || failed=1; pids=("${pids[@]:1}"); fi
 done
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
+# The CUDA adapters in csrc/cuda/*.cpp are host C++ built only in CUDA builds: check them too.
+if [ $# -eq 0 ]; then
+  cuda_home=${CUDA_HOME:-$(python3 -c "from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or '/usr/local/cuda')")}
+  for f in csrc/cuda/*.cpp; do
+    [ -e "$f" ] || continue
+    echo "c++ $f"
+    "${CXX:-c++}" -std=c++20 -fsyntax-only -DFASTACT_WITH_CUDA=1 "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc \
+      "${incs[@]}" "-I$shim" "-I$cuda_home/include" "$f" || failed=1
+  done
+fi
 [ $failed -eq 0 ] || { echo "check_cuda_compile: FAILED" >&2; exit 1; }
 echo "check_cuda_compile: ${#files[@]} file(s) compiled"

@@ -14,10 +14,12 @@
 // double. Vector code implements the formulas of include/fastact/math.h (same constants,
 // GeluConstants); scalar tails call the math.h functors themselves.
 
-// gcc 12 reports -Wmaybe-uninitialized false positives inside its own avx512fintrin.h wherever
-// ATen's Vectorized<> is inlined (tens of thousands of lines); nothing here is uninitialised.
+// gcc 12 reports (maybe-)uninitialized false positives inside its own avx512fintrin.h, whose
+// intrinsics start from a self-initialised "undefined" register, wherever they are inlined (tens of
+// thousands of lines through ATen's Vectorized<>); nothing here is uninitialised.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include "cpu/kernels.h"
@@ -145,7 +147,8 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 //
 // The primitives below are written with Vectorized<> for every ISA; where AVX512 has a much
 // cheaper form (mask registers instead of vector masks, vscalefps for 2^n) an AVX512 overload
-// replaces the generic one. Those are the only raw intrinsics in the file.
+// replaces the generic one. Those, and the bfloat16 store above, are the only raw intrinsics in the
+// file.
 
 template <typename A>
 using Vec = Vectorized<A>;
@@ -194,7 +197,7 @@ inline Vec<double> keep_nan(const Vec<double>& x, const Vec<double>& y) {
 }
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split in a
 // high part exact in float and a low part, Cody-Waite), exp(r) by its degree-6 Taylor polynomial
-// (truncation error < r^7/7! = 1.2e-7 relative), 2^n applied by vscalefps, which also rounds
+// (truncation error below 2e-7 relative), 2^n applied by vscalefps, which also rounds
 // denormal results and underflows to 0. x is clamped at -104 first (exp(-104) is below the
 // smallest denormal) so that -inf gives 0 and n stays small.
 inline Vec<float> exp_nonpos(const Vec<float>& xv) {

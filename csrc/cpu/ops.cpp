@@ -13,6 +13,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
@@ -53,22 +54,33 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// Chunks per thread. More than one, so that the calling thread starts at once and a worker that
+// wakes late (tens of microseconds from sleep on a VM) takes its share of what is left instead of
+// a fixed half: with one static chunk per thread a late worker adds its whole delay to the op.
+// 8 keeps the per-chunk overhead (about a microsecond) near 1% of a chunk of the sizes that thread.
+constexpr int64_t kChunksPerThread = 8;
+
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) {
   // Inside an ATen parallel region (a torch op's at::parallel_for calling us), stay on this thread
   // as ATen itself does.
   const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t chunks = std::min<int64_t>(threads, ceil_div(n, std::max<int64_t>(grain, 1)));
-  if (chunks <= 1) {
+  const int64_t max_chunks = ceil_div(n, std::max<int64_t>(grain, 1));
+  if (threads <= 1 || max_chunks <= 1) {
     fn(ctx, 0, n);
     return;
   }
+  const int64_t chunks = std::min<int64_t>(max_chunks, threads * kChunksPerThread);
   const auto arena = arena_for(threads);
-  // One equal chunk per thread, statically assigned: the kernels' work is uniform, and this is
-  // the cheapest schedule TBB has (no splitting or stealing beyond the first level).
+  // Equal chunks, one task each (simple_partitioner splits the index range down to single
+  // chunks): the calling thread works through them from the front while workers steal the
+  // largest pending halves.
   arena->execute([&] {
     tbb::parallel_for(
-        int64_t(0), chunks, [&](int64_t c) { fn(ctx, c * n / chunks, (c + 1) * n / chunks); },
-        tbb::static_partitioner());
+        tbb::blocked_range<int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<int64_t>& r) {
+          for (int64_t c = r.begin(); c < r.end(); ++c) fn(ctx, c * n / chunks, (c + 1) * n / chunks);
+        },
+        tbb::simple_partitioner());
   });
 }
 

@@ -13,10 +13,12 @@ namespace fastact::cpu {
 
 using RangeFn = void (*)(const void* ctx, int64_t begin, int64_t end);
 
-// Splits [0, n) into at most one contiguous chunk per thread (each at least `grain` long, chunk
-// boundaries fixed by n, grain and the thread count) and runs fn(ctx, begin, end) on each, the
-// calling thread taking part. Runs fn(ctx, 0, n) inline when one chunk is all there is, when
-// torch is set to one thread, or when called from inside a parallel region.
+// Splits [0, n) into equal contiguous chunks, each at least `grain` long and a few per thread
+// (boundaries fixed by n, grain and the thread count; which thread runs which chunk is not), and
+// runs fn(ctx, begin, end) on each, the calling thread taking part. Runs fn(ctx, 0, n) inline when
+// one chunk is all there is, when torch is set to one thread, or when called from inside a
+// parallel region. Kernels whose results must not depend on the split (the bias gradient) make
+// their own fixed partition and use this only to run its pieces.
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn);
 
 // parallel_for(n, grain, [&](int64_t begin, int64_t end) { ... }). The first test keeps small

@@ -1,5 +1,5 @@
 // The CUDA kernel of fastact::explain: which kernel an op runs on this input, and why. The softmax
-// family asks the dispatcher (csrc/cuda/softmax.cu), the elementwise ops their launcher's policy.
+// family asks the dispatcher (csrc/cuda/softmax_ops.cpp), the elementwise ops their launcher's policy.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 

@@ -1,6 +1,6 @@
 // CUDA softmax family: what csrc/cuda/softmax*.cu export to the rest of csrc.
 //
-// softmax.cu registers the CUDA kernels of softmax, log_softmax, softmax_backward and
+// softmax_ops.cpp registers the CUDA kernels of softmax, log_softmax, softmax_backward and
 // log_softmax_backward (TORCH_LIBRARY_IMPL(fastact, CUDA, m)); the per-dtype files
 // (softmax_float.cu, softmax_double.cu, softmax_half.cu, softmax_bf16.cu) instantiate the launchers
 // declared below, so the kernel templates compile in parallel.

@@ -1,4 +1,4 @@
-// CUDA kernels of softmax, log_softmax, softmax_backward and log_softmax_backward: layout planning
+// The CUDA ops (host side, built by the host compiler) of softmax, log_softmax, softmax_backward and log_softmax_backward: layout planning
 // (csrc/common.h), device guard, current stream, dtype dispatch, variant selection (the dispatcher in
 // include/fastact/dispatch.h, or a forced `variant`), launch and launch check. The kernels themselves
 // are instantiated per dtype in softmax_{float,double,half,bf16}.cu.
@@ -105,6 +105,8 @@ at::Tensor softmax_backward_op(const at::Tensor& grad_output, const at::Tensor& 
                                at::ScalarType input_dtype, c10::string_view variant, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   const SoftmaxVariant v = parse_variant(variant, op);
+  // Before the guard: a CPU operand must get this op's error, not the guard's.
+  check_same_device(grad_output, output, op, "grad_output", "output");
   c10::cuda::CUDAGuard guard(output.device());
   const SoftmaxBackwardPlan plan = plan_softmax_backward(grad_output, output, dim, input_dtype, op);
   if (plan.output.numel() > 0) {
