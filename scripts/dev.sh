@@ -23,7 +23,7 @@ pip() { python -m pip "$@"; }
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
-need=(ninja "tbb==2023.2.0" "tbb-devel==2023.2.0" pytest pytest-benchmark hypothesis expecttest numpy)
+need=(wheel ninja "tbb==2023.2.0" "tbb-devel==2023.2.0" pytest pytest-benchmark hypothesis expecttest numpy)
 [ "$job" = bench ] && need+=(matplotlib)
 missing=$(python - "${need[@]}" <<'PY'
 import sys, importlib.metadata as m, re
