@@ -14,6 +14,9 @@ shift
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv --system-site-packages .venv
+  # A venv carries its own (often old) setuptools, which shadows the system's: editable builds of
+  # extensions need a recent one (bdist_wheel built in) and wheel.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "setuptools>=70.1" wheel
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
@@ -23,7 +26,7 @@ pip() { python -m pip "$@"; }
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
-need=(wheel ninja "tbb==2023.2.0" "tbb-devel==2023.2.0" pytest pytest-benchmark hypothesis expecttest numpy)
+need=(ninja "tbb==2023.2.0" "tbb-devel==2023.2.0" pytest pytest-benchmark hypothesis expecttest numpy)
 [ "$job" = bench ] && need+=(matplotlib)
 missing=$(python - "${need[@]}" <<'PY'
 import sys, importlib.metadata as m, re
