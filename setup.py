@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import platform
 import shutil
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -80,26 +81,39 @@ def _want_cuda():
     return has_cuda if mode == "auto" else mode == "cuda"
 
 
+def _runtime_libstdcxx():
+    """The shared libstdc++ this process loaded (torch's, hence the run-time one), as a link input.
+
+    g++ links `-lstdc++`, which is whatever its library folders hold first. A compiler with
+    libstdc++.a but no libstdc++.so there (the GPU machine's /opt/gcc, Python's compiler) links it
+    statically into the extension, and that private copy carries its own locale facet ids, which
+    the process's locale (built by the shared libstdc++) never registered: the first
+    `ostream << int` inside the extension (any error message with a number in it) segfaults.
+    Naming the loaded library ahead of `-lstdc++` makes the linker resolve against it, whatever
+    the compiler's folders hold.
+    """
+    if not sys.platform.startswith("linux"):
+        return []
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split()[-1] for line in maps if "/libstdc++.so" in line}
+    if len(loaded) != 1:
+        print(f"fastact: libstdc++ not linked explicitly (loaded: {sorted(loaded)})")
+        return []
+    path = loaded.pop()
+    print(f"fastact: linking the run-time libstdc++ {path}")
+    return [path]
+
+
 class FastactBuild(BuildExtension):
     """BuildExtension plus the per-instruction-set objects of the CPU kernels."""
 
     def build_extension(self, ext):
-        # Python's own link flags often carry -Wl,-Bsymbolic-functions, which binds the extension to
-        # its private copies of libstdc++ template code (std::ostream insertion, say). Where the
-        # compiler's libstdc++ headers differ from the libstdc++ loaded at run time (a GPU machine
-        # with its own /opt/gcc, seen here), those copies crash on first use: every error message with
-        # a number in it. Without the flag they resolve to the loaded libstdc++, as for torch itself.
-        for attr in ("linker_so", "linker_so_cxx"):
-            flags = getattr(self.compiler, attr, None)
-            if flags:
-                setattr(self.compiler, attr, [f for f in flags if f != "-Wl,-Bsymbolic-functions"])
-        # nvcc compiles the host side of .cu files with the first gcc on PATH unless told otherwise
-        # (torch passes -ccbin only when CC is set). Where Python's own compiler is another one (a GPU
-        # machine with /opt/gcc, seen here), the .cu and .cpp objects carry the same weak libstdc++
-        # template code built from two sets of headers, the linker keeps one, and the other side
-        # crashes in it. One compiler for both.
+        # The host side of .cu files is compiled by nvcc's host compiler, the first gcc on PATH unless
+        # told otherwise (torch passes -ccbin only when CC is set). Use Python's compiler, the one the
+        # .cpp files get, so that every object is built against the same libstdc++ headers.
         if isinstance(ext.extra_compile_args, dict) and "nvcc" in ext.extra_compile_args and "CC" not in os.environ:
             ext.extra_compile_args["nvcc"] = ["-ccbin", self.compiler.compiler_so[0]] + ext.extra_compile_args["nvcc"]
+        ext.extra_link_args = _runtime_libstdcxx() + list(ext.extra_link_args or [])
         if platform.machine() in ("x86_64", "AMD64"):
             builds = ISA_BUILDS
         else:  # no x86 flags elsewhere: one portable build

@@ -26,7 +26,7 @@ abi=$(python3 -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 flags=(-std=c++20 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -DFASTACT_WITH_CUDA=1
        "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc "${incs[@]}" "-I$shim")
 
-compile() { echo "nvcc $1"; "$NVCC" "${flags[@]}" -c "$1" -o /dev/null; }
+compile() { echo "nvcc $1"; "$NVCC" "${flags[@]}" -c "$1" -o "${OBJ_DIR:-/dev/null}${OBJ_DIR:+/$(basename "$1").o}"; }
 
 
 pids=() failed=0 jobs=${JOBS:-$(nproc)}

@@ -46,6 +46,10 @@ for stage in $stages; do
       export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
       run_stage build "$OUT/build.log" env FASTACT_BUILD=cuda \
         python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
+      # The extension must use the process's shared libstdc++, not a static copy (see setup.py).
+      if command -v readelf >/dev/null && ! readelf -d fastact/_C*.so | grep -q 'NEEDED.*libstdc++'; then
+        echo "gpu.sh: fastact/_C links libstdc++ statically; error messages would crash" >&2; exit 1
+      fi
       python3 -c "import fastact, torch; x = torch.randn(4, 8, device='cuda'); print(fastact.explain('softmax', x))" || exit 1
       ;;
     test)
