@@ -84,6 +84,15 @@ inline std::vector<int64_t> memory_order(const at::Tensor& t) {
   return order;
 }
 
+// torch's IndexError for a dim out of range, with the op's name (at::maybe_wrap_dim's message has
+// none). Returns the wrapped dim; a 0-d tensor takes dims -1 and 0, as in torch.
+inline int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, op, ": dim ", dim, " out of range for a tensor of ", ndim,
+                    " dims (expected to be in range of [", -n, ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
 // The softmax problem as the kernels see it: `input` viewed as [outer, dim_size, inner] in memory,
 // row r of the inner == 1 case starting at input_ptr + r * row_stride; `output` (and the backward's
 // other tensors) are dense [outer, dim_size, inner].
@@ -98,6 +107,12 @@ struct SoftmaxGeometry {
 inline SoftmaxGeometry dense_geometry(const at::Tensor& t, int64_t dim) {
   SoftmaxGeometry g;
   if (t.dim() == 0) return g;
+  if (t.size(dim) == 1) {
+    // Every element is a row of its own, so any memory order is the rows' order: one "last-dim"
+    // problem of numel rows of length 1 (a transposed [N, 1] would otherwise look like inner = N).
+    g.outer = t.numel();
+    return g;
+  }
   const auto order = memory_order(t);
   const int64_t pos = std::find(order.begin(), order.end(), dim) - order.begin();
   for (int64_t i = 0; i < pos; ++i) g.outer *= t.size(order[i]);
@@ -143,7 +158,7 @@ inline SoftmaxForwardPlan plan_softmax_forward(const at::Tensor& x, int64_t dim,
   const at::ScalarType out_dtype = dtype.value_or(x.scalar_type());
   TORCH_CHECK(is_supported_dtype(out_dtype), op,
               ": expected dtype to be float32, float64, float16 or bfloat16, got ", out_dtype);
-  dim = at::maybe_wrap_dim(dim, x.dim());
+  dim = wrap_dim(dim, x.dim(), op);
 
   SoftmaxForwardPlan p;
   p.input = fused_softmax_cast(x.scalar_type(), out_dtype) ? x : x.to(out_dtype);
@@ -180,7 +195,7 @@ inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, 
   check_same_device(grad_output, output, op, "grad_output", "output");
   TORCH_CHECK(is_supported_dtype(input_dtype), op,
               ": expected input_dtype to be float32, float64, float16 or bfloat16, got ", input_dtype);
-  dim = at::maybe_wrap_dim(dim, output.dim());
+  dim = wrap_dim(dim, output.dim(), op);
 
   SoftmaxBackwardPlan p;
   p.output = is_dense(output) ? output : dense_copy(output);

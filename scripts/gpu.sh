@@ -5,7 +5,7 @@
 # report's JSON and PNG.
 #
 # Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench (default: all four, in order)
-# Env:   TESTS (pytest args, default "tests"), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
+# Env:   TESTS (pytest args, default "tests"), WORKERS (pytest-xdist processes, default 16), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
 #        (default 9.0), MAX_JOBS (default: cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +54,13 @@ for stage in $stages; do
       ;;
     test)
       # shellcheck disable=SC2086
-      run_stage test "$OUT/tests.log" python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider
+      # pytest-xdist, where present, runs WORKERS processes (default 16) on the one GPU; each test's
+      # time, outcome and failure report also go to $OUT/testlog as they finish (tests/conftest.py).
+      par=()
+      # One intra-op thread per worker: 16 workers of 16 threads each slow the CPU tests tenfold.
+      python3 -c "import xdist" 2>/dev/null && par=(-n "${WORKERS:-16}") && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+      run_stage test "$OUT/tests.log" env FASTACT_TEST_LOG="$OUT/testlog" \
+        python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider "${par[@]}" --durations=30
       ;;
     sanitize)
       run_stage sanitize "$OUT/sanitize.log" bash scripts/sanitize.sh

@@ -13,7 +13,7 @@ import torch
 import fastact
 
 ops = torch.ops.fastact
-VARIANTS = ("warp", "vec", "scalar", "long_row", "strided")
+VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided")
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 

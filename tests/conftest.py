@@ -52,3 +52,24 @@ def _seed(request):
     """A fixed seed per test (from its id): reproducible, and different inputs for different tests."""
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+# FASTACT_TEST_LOG=DIR (scripts/gpu.sh sets it): one line per test as it finishes ("seconds
+# outcome phase nodeid") goes to DIR/times-<pid>.txt and the report of each failure to
+# DIR/failures-<pid>.txt (under pytest-xdist by the controller, which sees every worker's
+# reports), so a run cut short by a time limit still says what ran, how long it took and what
+# failed.
+_TEST_LOG = os.environ.get("FASTACT_TEST_LOG")
+
+
+def pytest_runtest_logreport(report):
+    if not _TEST_LOG or os.environ.get("PYTEST_XDIST_WORKER"):  # logged once, by the controller
+        return
+    if not (report.when == "call" or report.outcome == "failed"):
+        return
+    os.makedirs(_TEST_LOG, exist_ok=True)
+    with open(os.path.join(_TEST_LOG, f"times-{os.getpid()}.txt"), "a") as f:
+        f.write(f"{report.duration:.3f} {report.outcome} {report.when} {report.nodeid}\n")
+    if report.failed:
+        with open(os.path.join(_TEST_LOG, f"failures-{os.getpid()}.txt"), "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

@@ -147,15 +147,6 @@ void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, con
   check_same_device(grad, t, op, "grad_output", arg);
 }
 
-// torch's IndexError for a dim out of range, with the op's name (at::maybe_wrap_dim's message has
-// none). Returns the wrapped dim; a 0-d tensor takes dims -1 and 0, as in torch.
-int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
-  const int64_t n = std::max<int64_t>(ndim, 1);
-  TORCH_CHECK_INDEX(dim >= -n && dim < n, op, ": dim ", dim, " out of range for a tensor of ", ndim,
-                    " dims (expected to be in range of [", -n, ", ", n - 1, "])");
-  return dim < 0 ? dim + n : dim;
-}
-
 SoftmaxShape to_shape(const SoftmaxGeometry& g) { return {g.outer, g.dim_size, g.inner, g.row_stride}; }
 
 // ---------------------------------------------------------------------------------------------
@@ -166,7 +157,7 @@ at::Tensor softmax_cpu(const at::Tensor& x, int64_t dim, std::optional<at::Scala
                        c10::string_view variant) {
   constexpr const char* op = kLog ? "log_softmax" : "softmax";
   check_cpu_variant(variant, op);
-  const SoftmaxForwardPlan p = plan_softmax_forward(x, wrap_dim(dim, x.dim(), op), dtype, op);
+  const SoftmaxForwardPlan p = plan_softmax_forward(x, dim, dtype, op);
   if (p.input.numel() == 0) return p.output;
   const SoftmaxShape shape = to_shape(p.geom);
   const at::ScalarType in = p.input.scalar_type();
@@ -191,7 +182,7 @@ at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
   constexpr const char* op = kLog ? "log_softmax_backward" : "softmax_backward";
   check_cpu_variant(variant, op);
   const SoftmaxBackwardPlan p =
-      plan_softmax_backward(grad_output, output, wrap_dim(dim, output.dim(), op), input_dtype, op);
+      plan_softmax_backward(grad_output, output, dim, input_dtype, op);
   if (p.output.numel() > 0) {
     const SoftmaxShape shape = to_shape(p.geom);
     const at::ScalarType t = p.output.scalar_type();

@@ -68,7 +68,7 @@ at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
     FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::gelu(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
-                                                                        y.numel(), approx, sm_count(y), stream),
+                                                                        y.numel(), approx, stream),
                          "gelu");
   });
   return y;
@@ -87,7 +87,7 @@ at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x
     FASTACT_CHECK_LAUNCH(
         ActivationLaunchers<cuda_type<scalar_t>>::gelu_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(xin),
                                                                 out_ptr<scalar_t>(dx), dx.numel(), approx,
-                                                                sm_count(dx), stream),
+                                                                stream),
         "gelu_backward");
   });
   return dx;
@@ -102,7 +102,7 @@ at::Tensor sigmoid_cuda(const at::Tensor& x) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
     FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::sigmoid(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
-                                                                           y.numel(), sm_count(y), stream),
+                                                                           y.numel(), stream),
                          "sigmoid");
   });
   return y;
@@ -120,7 +120,7 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
     FASTACT_CHECK_LAUNCH(
         ActivationLaunchers<cuda_type<scalar_t>>::sigmoid_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(yin),
-                                                                   out_ptr<scalar_t>(dx), dx.numel(), sm_count(dx),
+                                                                   out_ptr<scalar_t>(dx), dx.numel(),
                                                                    stream),
         "sigmoid_backward");
   });
@@ -211,7 +211,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   std::ostringstream s;
 
   if (bias) {
-    TORCH_CHECK(x.dim() >= 1, "explain: ", op, " needs an input of at least 1 dim, got a 0-d tensor");
+    if (x.dim() == 0) return "kernel=none: " + op + " needs an input of at least 1 dim (the op raises for a 0-d tensor)";
     const int64_t H = x.size(-1);
     if (x.numel() == 0) {
       s << "kernel=none: empty input, nothing to launch" << (backward ? " (dbias = zeros)" : "");
@@ -257,23 +257,23 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const bool aligned = !dense || is_vec_aligned(x.const_data_ptr());
   const int vec = aligned ? width : 1;
   const int unroll = elementwise::unroll_for(esize, arity, vec > 1);
-  const int64_t grid = elementwise::elementwise_grid(n, vec, unroll, sms);
+  const int64_t grid = elementwise::elementwise_grid(n, vec, unroll);
   s << "kernel=" << (vec > 1 ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
     << dtype << " elements"
     << (dense ? " (dense input read in place in its memory order)"
               : " (input has gaps or overlaps: copied to a dense tensor first)")
     << "; ";
   if (vec > 1) {
-    s << vec << " x " << dtype << " per 128-bit access, " << unroll << " accesses per thread and operand a step, loads "
-      << "through a " << elementwise::kStages << "-stage cp.async ring";
+    s << vec << " x " << dtype << " per 128-bit access, " << unroll
+      << " accesses per thread and operand, all loads issued before the arithmetic";
     if (backward) s << " (grad_output assumed in the same layout and 16-byte aligned)";
   } else {
     const auto misalign = reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % kVecBytes;
     s << "scalar: the input's data pointer is not 16-byte aligned (" << misalign << " bytes past), " << unroll
-      << " element loads per thread and operand a step";
+      << " element loads per thread and operand";
   }
-  s << "; " << elementwise::kThreads << " threads x " << grid << " blocks (" << sms << " SMs x "
-    << elementwise::kBlocksPerSm << " at most), grid-stride";
+  s << "; " << elementwise::kEltThreads << " threads x " << grid << " blocks, one tile of "
+    << int64_t{elementwise::kEltThreads} * unroll * vec << " elements each";
   return s.str();
 }
 

@@ -44,11 +44,11 @@ using cuda_type = typename CudaType<scalar_t>::type;
 template <typename T>
 struct ActivationLaunchers {
   using A = acc_t<T>;
-  static cudaError_t gelu(const T* x, T* y, int64_t n, GeluApprox approx, int sm_count, cudaStream_t stream);
-  static cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApprox approx, int sm_count,
+  static cudaError_t gelu(const T* x, T* y, int64_t n, GeluApprox approx, cudaStream_t stream);
+  static cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApprox approx,
                                    cudaStream_t stream);
-  static cudaError_t sigmoid(const T* x, T* y, int64_t n, int sm_count, cudaStream_t stream);
-  static cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, int sm_count, cudaStream_t stream);
+  static cudaError_t sigmoid(const T* x, T* y, int64_t n, cudaStream_t stream);
+  static cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, cudaStream_t stream);
   // x, y: [rows, H] contiguous; bias: [H].
   static cudaError_t bias_gelu(const T* x, const T* bias, T* y, int64_t rows, int64_t H,
                                const elementwise::BiasGeluPlan& plan, GeluApprox approx, cudaStream_t stream);
@@ -61,28 +61,28 @@ struct ActivationLaunchers {
 // Out of the class body (so not inline): `extern template` below then keeps every translation unit
 // but the dtype file's from instantiating the kernels.
 template <typename T>
-cudaError_t ActivationLaunchers<T>::gelu(const T* x, T* y, int64_t n, GeluApprox approx, int sm_count,
+cudaError_t ActivationLaunchers<T>::gelu(const T* x, T* y, int64_t n, GeluApprox approx,
                                          cudaStream_t stream) {
-  return approx == GeluApprox::kTanh ? activation_forward(x, y, n, math::GeluTanh{}, sm_count, stream)
-                                     : activation_forward(x, y, n, math::GeluErf{}, sm_count, stream);
+  return approx == GeluApprox::kTanh ? activation_forward(x, y, n, math::GeluTanh{}, stream)
+                                     : activation_forward(x, y, n, math::GeluErf{}, stream);
 }
 
 template <typename T>
 cudaError_t ActivationLaunchers<T>::gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApprox approx,
-                                                  int sm_count, cudaStream_t stream) {
-  return approx == GeluApprox::kTanh ? fastact::gelu_backward(dy, x, dx, n, math::GeluTanh{}, sm_count, stream)
-                                     : fastact::gelu_backward(dy, x, dx, n, math::GeluErf{}, sm_count, stream);
+                                                  cudaStream_t stream) {
+  return approx == GeluApprox::kTanh ? fastact::gelu_backward(dy, x, dx, n, math::GeluTanh{}, stream)
+                                     : fastact::gelu_backward(dy, x, dx, n, math::GeluErf{}, stream);
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::sigmoid(const T* x, T* y, int64_t n, int sm_count, cudaStream_t stream) {
-  return activation_forward(x, y, n, math::Sigmoid{}, sm_count, stream);
+cudaError_t ActivationLaunchers<T>::sigmoid(const T* x, T* y, int64_t n, cudaStream_t stream) {
+  return activation_forward(x, y, n, math::Sigmoid{}, stream);
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, int sm_count,
+cudaError_t ActivationLaunchers<T>::sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n,
                                                      cudaStream_t stream) {
-  return fastact::sigmoid_backward(dy, y, dx, n, sm_count, stream);
+  return fastact::sigmoid_backward(dy, y, dx, n, stream);
 }
 
 template <typename T>

@@ -161,7 +161,7 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
   const char* op = backward ? (log ? "log_softmax_backward" : "softmax_backward") : (log ? "log_softmax" : "softmax");
   check_floating(x, op, "input");
   TORCH_CHECK(x.is_cuda(), op, ": explain_softmax_cuda expects a CUDA tensor, got one on ", x.device());
-  dim = at::maybe_wrap_dim(dim, x.dim());
+  dim = wrap_dim(dim, x.dim(), "explain");
   if (x.numel() == 0) return "variant=none: the tensor is empty, nothing is launched";
   c10::cuda::CUDAGuard guard(x.device());
   // The layout the op would hand the kernels (csrc/common.h), without allocating: a dense tensor in

@@ -12,9 +12,9 @@
 // last two). Arithmetic in acc_t<T> through the functors of fastact/math.h.
 //
 // Memory-bound by design: every access is 128 bits when the pointers allow it (AlignedVector of
-// vec_width<T>() elements), each thread has several independent accesses (unroll_for) in flight, and
-// the grid is sized to the SM count so each block loops (grid-stride or over a chunk of rows) with
-// 64-bit indices. No atomics, no host synchronisation, no state: every launcher only enqueues on
+// vec_width<T>() elements) and each thread has several independent accesses in flight, with 64-bit
+// indices: elementwise_kernel as one tile per block over a grid of ceil(n / tile) blocks,
+// bias_gelu_kernel as one wave of persistent blocks, each over a chunk of rows. No atomics, no host synchronisation, no state: every launcher only enqueues on
 // `stream`, so all of this is CUDA-graph capturable and deterministic.
 #pragma once
 
@@ -41,30 +41,45 @@ constexpr int kThreads = 256;
 // Blocks the register cap must allow on one SM (__launch_bounds__ min blocks): 4 x 256 = 1024
 // threads, i.e. at most 64 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave.
 constexpr int kBlocksPerSm = 4;
-// 16-byte loads a thread issues per step on the vector path (all operands together): the unroll.
-// They go global -> shared through cp.async, two steps deep (the next step's loads are in flight
-// while this one computes), so a thread has 4-8 x 16 B in flight: 64-128 KiB per SM at 1024 threads,
-// 3-6x what Little's law asks of an H100 at 3 TB/s (~20 KiB per SM at ~1 us loaded latency).
-// Why not plain loads into registers: ptxas sinks a load towards its first use when the arithmetic
-// after it is register-hungry (erf/tanh in float on 4 x 8 bf16 values), which left only 2 loads in
-// flight per thread; a cp.async holds no register, so it stays where it is written.
+// ---- elementwise_kernel: one tile per block ---------------------------------------------------------
+// 128 threads a block, each with kEltLoadsPerThread independent 16-byte loads (all operands together)
+// issued before any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks
+// and the SMs keep as many blocks resident as registers allow (no persistent loop, no shared
+// memory): memory-level parallelism comes from many resident warps, as in torch's own vectorised
+// elementwise kernel, instead of a deep per-thread pipeline.
+constexpr int kEltThreads = 128;
+constexpr int kEltLoadsPerThread = 4;
+// Element loads per thread on the scalar (misaligned) path: each moves only 2-8 bytes.
+constexpr int kEltScalarLoadsPerThread = 8;
+
+// Accesses per thread and operand (the unroll factor) of elementwise_kernel for elements of
+// `elem_bytes` bytes, an op reading `arity` operands, on the vector or the scalar path. Halved for
+// double: its erf/exp/tanh in double need twice the registers.
+constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
+  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
+  return loads / arity < 1 ? 1 : loads / arity;
+}
+
+// ---- bias_gelu_kernel: persistent blocks with a cp.async ring ----------------------------------------
+// 16-byte loads a thread issues per step on bias_gelu's vector path (all operands together). They go
+// global -> shared through cp.async, two steps deep (the next step's loads are in flight while this
+// one computes), so a thread has 4-8 x 16 B in flight: 64-128 KiB per SM at 1024 threads, 3-6x what
+// Little's law asks of an H100 at 3 TB/s (~20 KiB per SM at ~1 us loaded latency). Why not plain
+// loads into registers: ptxas sinks a load towards its first use when the arithmetic after it is
+// register-hungry (erf/tanh in float on 4 x 8 bf16 values), which left only 2 loads in flight per
+// thread of a persistent block; a cp.async holds no register, so it stays where it is written.
 constexpr int kVecLoadsPerThread = 4;
-// Element loads per thread and step on the scalar (misaligned) path: plain loads, more of them since
-// each moves only 2-8 bytes (they stay at the top of the step: scalars need few registers).
+// Element loads per thread and step on bias_gelu's scalar (misaligned) path.
 constexpr int kScalarLoadsPerThread = 8;
 // Steps of loads in flight on the vector path (the cp.async ring): this step's and the next one's.
 constexpr int kStages = 2;
 
-// Accesses per thread and operand in one step (the unroll factor) for elements of `elem_bytes` bytes,
-// an op reading `arity` operands, on the vector or the scalar path. Halved for double: its erf/exp/tanh
-// in double need twice the registers (the scalar path spilled at 8).
-constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
-  const int loads = (vectorised ? kVecLoadsPerThread : kScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
-  return loads / arity < 1 ? 1 : loads / arity;
-}
 // bias_gelu: rows per thread and step. Two operands' worth for the forward too: its threads also hold
 // vec bias values in registers (the forward at 4 rows x 8 bf16 a step spilled).
-constexpr int bias_gelu_unroll(int elem_bytes, bool vectorised) { return unroll_for(elem_bytes, 2, vectorised); }
+constexpr int bias_gelu_unroll(int elem_bytes, bool vectorised) {
+  const int loads = (vectorised ? kVecLoadsPerThread : kScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
+  return loads / 2 < 1 ? 1 : loads / 2;
+}
 
 // bias_gelu: rows each thread handles at the least, so that a row chunk is not so short that the
 // per-block partial sums of the backward (a [row_chunks, H] workspace) grow past a small fraction of
@@ -77,11 +92,10 @@ constexpr int kReduceLanes = 32;
 
 FASTACT_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks of the grid-stride elementwise kernel for n elements, `vec` elements per access, `unroll`
-// accesses per thread and step.
-inline int64_t elementwise_grid(int64_t n, int vec, int unroll, int sm_count) {
-  const int64_t tile = int64_t{kThreads} * unroll * vec;
-  return std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, tile), int64_t{sm_count} * kBlocksPerSm));
+// Blocks of elementwise_kernel for n elements, `vec` elements per access, `unroll` accesses per thread
+// and operand: one tile of kEltThreads * unroll * vec elements each.
+inline int64_t elementwise_grid(int64_t n, int vec, int unroll) {
+  return std::max<int64_t>(1, ceil_div(n, int64_t{kEltThreads} * unroll * vec));
 }
 
 // ---- asynchronous 16-byte copies, global -> shared (cp.async, sm_80+) ------------------------------
@@ -183,99 +197,54 @@ FASTACT_DEVICE AlignedVector<T, kVec> apply_vec(const Op& op, const AlignedVecto
   return o;
 }
 
-// One block step with plain loads: each thread handles kUnroll_ accesses of kVec elements, access u at
-// `offset + u * kThreads * kVec` (the block's accesses are consecutive, so every warp access is
-// coalesced). kGuard: only accesses whose index within the step, threadIdx.x + u * kThreads, is below
-// `valid` exist (the partial last step). The scalar path and the remainder use it.
+// One tile with plain loads: each thread handles kUnroll_ accesses of kVec elements, access u at
+// `offset + u * kEltThreads * kVec` (the block's accesses are consecutive, so every warp access is
+// coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses whose
+// index within the tile, threadIdx.x + u * kEltThreads, is below `valid` exist (the last tile).
 template <int kVec, int kUnroll_, bool kGuard, typename T, typename Op>
-FASTACT_DEVICE void elementwise_step(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
+FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
                                      int64_t offset, int64_t valid, const Op& op) {
   using Vec = AlignedVector<T, kVec>;
-  constexpr int64_t kStride = int64_t{kThreads} * kVec;  // elements from access u to u + 1
+  constexpr int64_t kStride = int64_t{kEltThreads} * kVec;  // elements from access u to u + 1
   Vec a[kUnroll_];
   Vec b[kUnroll_];
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || threadIdx.x + u * kThreads < valid) {
+    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
       a[u] = load_vector<T, kVec>(in0 + offset + u * kStride);
       if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + offset + u * kStride);
     }
   }
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || threadIdx.x + u * kThreads < valid) {
+    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
       store_vector<T, kVec>(out + offset + u * kStride, apply_vec<T, kVec>(op, a[u], Op::kArity == 2 ? b[u] : a[u]));
     }
   }
 }
 
-// The cp.async ring of the vector path holds, per stage, kSlots rows of kThreads accesses: thread t
-// owns column t (consecutive threads on consecutive 16-byte words: conflict-free). Slots 0..U-1 hold
-// in0's accesses of a step, U..2U-1 in1's.
-template <int kVec, int kUnroll_, typename T, typename Op>
-FASTACT_DEVICE void elementwise_issue(const T* __restrict__ in0, const T* __restrict__ in1, int64_t offset,
-                                      AlignedVector<T, kVec> (*slots)[kThreads]) {
-  constexpr int64_t kStride = int64_t{kThreads} * kVec;
-#pragma unroll
-  for (int u = 0; u < kUnroll_; ++u) {
-    copy_async_16(&slots[u][threadIdx.x], in0 + offset + u * kStride);
-    if constexpr (Op::kArity == 2) copy_async_16(&slots[kUnroll_ + u][threadIdx.x], in1 + offset + u * kStride);
-  }
-}
-
 // out[i] = op(in0[i]) or op(in0[i], in1[i]) for i in [0, n): in0, in1, out are dense arrays of one
-// memory order ([n] each; in1 unused for unary ops). Work comes in tiles of kTile elements; block b
-// takes tiles b, b + gridDim.x, ... (grid-stride). kVec > 1 (every pointer 16-byte aligned, so every
-// access is: offsets are multiples of kVec): each tile's loads go through the cp.async ring, the next
-// tile's issued before this one's arithmetic. kVec == 1: plain loads. The elements past the last whole
-// tile, fewer than kTile, go to the block whose turn comes next: first as whole accesses, then the
-// last n % kVec elements one each (the scalar tail starts exactly where the vector body ends).
+// memory order ([n] each; in1 unused for unary ops). Block b takes tile b, elements
+// [b * kTile, (b + 1) * kTile). kVec > 1 requires every pointer 16-byte aligned (then every access
+// is: offsets are multiples of kVec). The last block takes what is left, fewer than kTile elements:
+// first as whole accesses, then the last n % kVec elements one each (the scalar tail starts exactly
+// where the vector body ends).
 template <int kVec, int kUnroll_, typename T, typename Op>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kEltThreads)
     elementwise_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t n,
                        Op op) {
-  using Vec = AlignedVector<T, kVec>;
-  constexpr int64_t kTile = int64_t{kThreads} * kUnroll_ * kVec;
-  constexpr int64_t kStride = int64_t{kThreads} * kVec;
-  const int64_t full_tiles = n / kTile;
-  const int64_t first = int64_t{threadIdx.x} * kVec;  // this thread's first element within a tile
-  if constexpr (kVec > 1) {
-    static_assert(kStages == 2, "the ring below alternates two stages");
-    __shared__ Vec ring[kStages][Op::kArity * kUnroll_][kThreads];
-    int64_t tile = blockIdx.x;
-    if (tile < full_tiles) elementwise_issue<kVec, kUnroll_, T, Op>(in0, in1, tile * kTile + first, ring[0]);
-    copy_async_commit();
-    for (int stage = 0; tile < full_tiles; tile += gridDim.x, stage ^= 1) {
-      const int64_t next = tile + gridDim.x;
-      if (next < full_tiles) elementwise_issue<kVec, kUnroll_, T, Op>(in0, in1, next * kTile + first, ring[stage ^ 1]);
-      copy_async_commit();   // possibly empty: one group per iteration either way
-      copy_async_wait<1>();  // everything but the newest group has landed: this tile's loads
-      const int64_t offset = tile * kTile + first;
-#pragma unroll
-      for (int u = 0; u < kUnroll_; ++u) {
-        const Vec a = ring[stage][u][threadIdx.x];
-        if constexpr (Op::kArity == 2) {
-          const Vec b = ring[stage][kUnroll_ + u][threadIdx.x];
-          store_vector<T, kVec>(out + offset + u * kStride, apply_vec<T, kVec>(op, a, b));
-        } else {
-          store_vector<T, kVec>(out + offset + u * kStride, apply_vec<T, kVec>(op, a, a));
-        }
-      }
-    }
-  } else {
-    for (int64_t tile = blockIdx.x; tile < full_tiles; tile += gridDim.x) {
-      elementwise_step<kVec, kUnroll_, false>(in0, in1, out, tile * kTile + first, 0, op);
-    }
+  constexpr int64_t kTile = int64_t{kEltThreads} * kUnroll_ * kVec;
+  const int64_t start = int64_t{blockIdx.x} * kTile;
+  const int64_t first = start + int64_t{threadIdx.x} * kVec;  // this thread's first element
+  if (n - start >= kTile) {
+    elementwise_tile<kVec, kUnroll_, false>(in0, in1, out, first, 0, op);
+    return;
   }
-  if (blockIdx.x != full_tiles % gridDim.x) return;
-  const int64_t rest = full_tiles * kTile;      // first element past the whole tiles
-  const int64_t rest_vecs = (n - rest) / kVec;  // whole accesses left, < kThreads * kUnroll_
-  if (rest_vecs > 0) {
-    elementwise_step<kVec, kUnroll_, true>(in0, in1, out, rest + first, rest_vecs, op);
-  }
+  const int64_t rest_vecs = (n - start) / kVec;  // whole accesses in the last tile, < kEltThreads * kUnroll_
+  if (rest_vecs > 0) elementwise_tile<kVec, kUnroll_, true>(in0, in1, out, first, rest_vecs, op);
   if constexpr (kVec > 1) {
-    const int64_t i = rest + rest_vecs * kVec + threadIdx.x;  // n - i < kVec <= kThreads
-    if (i < n) elementwise_step<1, 1, false>(in0 + i, Op::kArity == 2 ? in1 + i : in1, out + i, 0, 0, op);
+    const int64_t i = start + rest_vecs * kVec + threadIdx.x;  // n - i < kVec <= kEltThreads
+    if (i < n) elementwise_tile<1, 1, false>(in0 + i, Op::kArity == 2 ? in1 + i : in1, out + i, 0, 0, op);
   }
 }
 
@@ -285,24 +254,24 @@ inline bool all_vec_aligned(const void* a, const void* b, const void* c, const v
 }
 
 template <int kVec, int kUnroll_, typename T, typename Op>
-cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, int sm_count,
-                                  cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>(elementwise_grid(n, kVec, kUnroll_, sm_count));
-  elementwise_kernel<kVec, kUnroll_><<<grid, kThreads, 0, stream>>>(in0, in1, out, n, op);
+cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
+  // gridDim.x may reach 2^31 - 1: with tiles of >= 1024 elements, n would have to pass 2^41.
+  const int64_t grid = elementwise_grid(n, kVec, kUnroll_);
+  if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
+  elementwise_kernel<kVec, kUnroll_><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(in0, in1, out, n, op);
   return cudaGetLastError();
 }
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
 template <typename T, typename Op>
-cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, int sm_count,
-                               cudaStream_t stream) {
+cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
     constexpr int kU = unroll_for(sizeof(T), Op::kArity, true);
-    return launch_elementwise_as<vec_width<T>(), kU>(in0, in1, out, n, op, sm_count, stream);
+    return launch_elementwise_as<vec_width<T>(), kU>(in0, in1, out, n, op, stream);
   }
   constexpr int kU = unroll_for(sizeof(T), Op::kArity, false);
-  return launch_elementwise_as<1, kU>(in0, in1, out, n, op, sm_count, stream);
+  return launch_elementwise_as<1, kU>(in0, in1, out, n, op, stream);
 }
 
 // ---- bias_gelu --------------------------------------------------------------------------------------
@@ -561,20 +530,20 @@ int bias_gelu_vec(int64_t H, const void* a, const void* b, const void* c, const 
 
 // y = f(x), f one of math::GeluErf, math::GeluTanh, math::Sigmoid. x, y: [n], dense, one memory order.
 template <typename T, typename F>
-cudaError_t activation_forward(const T* x, T* y, int64_t n, F f, int sm_count, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(x, nullptr, y, n, elementwise::ForwardOp<F>{f}, sm_count, stream);
+cudaError_t activation_forward(const T* x, T* y, int64_t n, F f, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(x, nullptr, y, n, elementwise::ForwardOp<F>{f}, stream);
 }
 
 // dx = dy * gelu'(x), Gelu one of math::GeluErf, math::GeluTanh. dy, x, dx: [n].
 template <typename T, typename Gelu>
-cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, Gelu gelu, int sm_count, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, x, dx, n, elementwise::DerivativeOp<Gelu>{gelu}, sm_count, stream);
+cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, Gelu gelu, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(dy, x, dx, n, elementwise::DerivativeOp<Gelu>{gelu}, stream);
 }
 
 // dx = dy * y (1 - y), y = sigmoid(x) the forward's output. dy, y, dx: [n].
 template <typename T>
-cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, int sm_count, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, y, dx, n, elementwise::SigmoidBackwardOp{}, sm_count, stream);
+cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(dy, y, dx, n, elementwise::SigmoidBackwardOp{}, stream);
 }
 
 // y = gelu(x + bias). x, y: [rows, H] contiguous; bias: [H]. plan from plan_bias_gelu(rows, H,
