@@ -95,7 +95,8 @@ def make_class(cls, d, dtype):
 def must_accept(variant, cls, d, dtype):
     """Where a forced variant must take the input (DESIGN.md's table and include/fastact/dispatch.h);
     elsewhere it may take it (and must then be right) or refuse with "cannot take"."""
-    inner1 = not cls.startswith("strided_")
+    # a softmax dim of size 1 is a rows problem whatever its stride (csrc/common.h): rows of one element
+    inner1 = not cls.startswith("strided_") or d == 1
     aligned = cls in ("rows", "row_padded", "transposed")
     if variant == "warp":  # the row in one warp's registers: 1024 values (512 doubles)
         return inner1 and d <= (512 if dtype == torch.float64 else 1024)
