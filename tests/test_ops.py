@@ -398,3 +398,25 @@ def test_scalar_tensor(device, dtype, op):
     for dim in (0, -1) if op.takes_dim else (None,):
         y = check_op(op, x, dim=dim)
         assert y.dim() == 0
+
+
+# Outputs of 16 MiB or more take the CPU kernels' streaming-store path (csrc/cpu/kernels.cpp,
+# kStreamBytes): elementwise over one long array; softmax backward over rows of 1003 elements, so
+# that most rows start off the 64-byte boundary and the stores begin with single elements.
+_STREAM_BYTES = 16 << 20
+
+
+@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if not o.takes_bias], ids=str)
+def test_large_output_elementwise(device, dtype, op):
+    n = _STREAM_BYTES // dtype.itemsize + 37
+    check_op(op, make_tensor((n,), dtype, device))
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("cast", [False, True], ids=["same", "to_f32"])
+def test_large_output_softmax(device, dtype, op, cast):
+    if cast and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("the fused cast widens 16-bit inputs")
+    d = 1003
+    rows = _STREAM_BYTES // (d * dtype.itemsize) + 3
+    check_op(op, make_tensor((rows, d), dtype, device), dim=-1, dtype=torch.float32 if cast else None)

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -140,6 +141,61 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
 template <>
 struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Non-temporal ("streaming") stores for outputs much larger than the caches. A normal store first
+// reads the line it writes into the cache (read-for-ownership), so writing dx of a backward moves
+// four lines per three the op needs (read dy, y; write dx), and a forward three per two. A
+// streaming store skips that read. Used only for outputs of kStreamBytes or more, whose lines
+// would have left the 32 MB-class L3 before anyone read them again anyway (a smaller output is
+// kept in the cache for the next op). The destination must be aligned to the vector register;
+// stream_fence() orders the streamed lines before the chunk ends (they are weakly ordered, and a
+// task's completion only releases ordinary stores).
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+constexpr std::uintptr_t kStreamAlign = 64;  // every ISA's register width divides it
+
+template <typename VT>
+inline void stream_vec(void* p, const VT& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<VT, Vectorized<float>>) _mm512_stream_ps(static_cast<float*>(p), v);
+  else if constexpr (std::is_same_v<VT, Vectorized<double>>) _mm512_stream_pd(static_cast<double*>(p), v);
+  else _mm512_stream_si512(static_cast<__m512i*>(p), v);  // 32 half or bfloat16 values
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<VT, Vectorized<float>>) _mm256_stream_ps(static_cast<float*>(p), v);
+  else if constexpr (std::is_same_v<VT, Vectorized<double>>) _mm256_stream_pd(static_cast<double*>(p), v);
+  else _mm256_stream_si256(static_cast<__m256i*>(p), v);  // 16 half or bfloat16 values
+#else
+  v.store(p);  // no streaming form in the portable build
+#endif
+}
+
+inline void stream_fence() {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  _mm_sfence();
+#endif
+}
+
+inline bool stream_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kStreamAlign == 0; }
+
+// IO::store2 as streaming stores; p aligned to kStreamAlign.
+template <typename T>
+inline void stream2(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+  using IO = Io<T>;
+  if constexpr (std::is_same_v<typename IO::A, T>) {  // float, double: two registers
+    stream_vec(p, a);
+    stream_vec(p + IO::kV, b);
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (g_avx512_bf16) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(p), cvt_bf16_native(a, b));
+        return;
+      }
+    }
+#endif
+    stream_vec(p, at::vec::convert_from_float<T>(a, b));  // one register of 2 * kV values
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Vector math. Each function states its domain; outside it the result is unspecified (finite or
@@ -411,51 +467,69 @@ struct SigmoidBackwardOp {  // (dy, y) -> dy * y * (1 - y)
 // five extra dependent loads per iteration, 20% of a memory-bound op.
 
 // y[i] = op(x[i]) for i in [begin, end), whole vector pairs then single elements.
-template <typename T, typename Op>
+// kStream: streaming stores, after single elements up to the first aligned output address.
+template <bool kStream, typename T, typename Op>
 void unary_range(const T* x, T* y, int64_t begin, int64_t end, const Op& op) {
   using IO = Io<T>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
   int64_t i = begin;
+  if constexpr (kStream) {
+    for (; i < end && !stream_aligned(y + i); ++i) y[i] = T(op(A(x[i])));
+  }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1;
     IO::load2(x + i, a0, a1);
-    IO::store2(y + i, op(a0), op(a1));
+    if constexpr (kStream) stream2(y + i, op(a0), op(a1));
+    else IO::store2(y + i, op(a0), op(a1));
   }
   for (; i < end; ++i) y[i] = T(op(A(x[i])));
+  if constexpr (kStream) stream_fence();
 }
 
 // z[i] = op(a[i], b[i]) for i in [begin, end).
-template <typename T, typename Op>
+template <bool kStream, typename T, typename Op>
 void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, const Op& op) {
   using IO = Io<T>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
   int64_t i = begin;
+  if constexpr (kStream) {
+    for (; i < end && !stream_aligned(z + i); ++i) z[i] = T(op(A(a[i]), A(b[i])));
+  }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1, b0, b1;
     IO::load2(a + i, a0, a1);
     IO::load2(b + i, b0, b1);
-    IO::store2(z + i, op(a0, b0), op(a1, b1));
+    if constexpr (kStream) stream2(z + i, op(a0, b0), op(a1, b1));
+    else IO::store2(z + i, op(a0, b0), op(a1, b1));
   }
   for (; i < end; ++i) z[i] = T(op(A(a[i]), A(b[i])));
+  if constexpr (kStream) stream_fence();
 }
 
 // Over n elements in chunks of whole vector pairs (the scalar tail only in the last chunk).
+// Outputs of kStreamBytes or more are written with streaming stores.
 template <typename T, typename Op>
 void unary_kernel(const T* x, T* y, int64_t n, int64_t grain, const Op& op) {
   constexpr int64_t kStep = 2 * Io<T>::kV;
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep),
-               [&](int64_t b, int64_t e) { unary_range(x, y, b * kStep, std::min(e * kStep, n), op); });
+  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t b, int64_t e) {
+    if (stream) unary_range<true>(x, y, b * kStep, std::min(e * kStep, n), op);
+    else unary_range<false>(x, y, b * kStep, std::min(e * kStep, n), op);
+  });
 }
 
 template <typename T, typename Op>
 void binary_kernel(const T* a, const T* b, T* z, int64_t n, int64_t grain, const Op& op) {
   constexpr int64_t kStep = 2 * Io<T>::kV;
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep),
-               [&](int64_t lo, int64_t hi) { binary_range(a, b, z, lo * kStep, std::min(hi * kStep, n), op); });
+  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t lo, int64_t hi) {
+    if (stream) binary_range<true>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
+    else binary_range<false>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
+  });
 }
 
 template <typename T>
@@ -881,6 +955,8 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   constexpr int64_t kStep = 2 * IO::kV;
   const Epilogue<kLog> epi;
   const int64_t D = shape.dim_size;
+  // Streaming stores for a large dx (see kStreamBytes).
+  const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes;
   parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const In* dyr = dy + r * D;
@@ -904,14 +980,21 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       A s = hsum(total);
       for (i = vec_end; i < D; ++i) s += epi.backward_term(A(dyr[i]), A(yr[i]));
       const V vs(s);
-      for (i = 0; i + kStep <= D; i += kStep) {
+      i = 0;
+      if (stream) {
+        for (; i < D && !stream_aligned(dxr + i); ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+      }
+      for (; i + kStep <= D; i += kStep) {
         V g0, g1, y0, y1;
         IO::load2(dyr + i, g0, g1);
         IO::load2(yr + i, y0, y1);
-        OO::store2(dxr + i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+        const V d0 = VecBackward<kLog>::map(g0, y0, vs), d1 = VecBackward<kLog>::map(g1, y1, vs);
+        if (stream) stream2(dxr + i, d0, d1);
+        else OO::store2(dxr + i, d0, d1);
       }
       for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
     }
+    if (stream) stream_fence();
   });
 }
 
