@@ -84,6 +84,26 @@ inline std::vector<int64_t> memory_order(const at::Tensor& t) {
   return order;
 }
 
+// grad_output against the forward's input or output (the elementwise backward ops, CPU and CUDA).
+inline void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* arg) {
+  check_floating(grad, op, "grad_output");
+  check_floating(t, op, arg);
+  check_same_shape(grad, t, op, "grad_output", arg);
+  check_same_dtype(grad, t, op, "grad_output", arg);
+  check_same_device(grad, t, op, "grad_output", arg);
+}
+
+// bias_gelu and its backward: x of at least 1 dim, bias 1-d over x's last dim, same dtype and device.
+inline void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const char* op) {
+  check_floating(x, op, "input");
+  check_floating(bias, op, "bias");
+  TORCH_CHECK(x.dim() >= 1, op, ": expected input of at least 1 dim (bias is added over the last), got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), op, ": expected bias of shape [", x.size(-1), "], got ",
+              bias.sizes());
+  check_same_dtype(x, bias, op, "input", "bias");
+  check_same_device(x, bias, op, "input", "bias");
+}
+
 // torch's IndexError for a dim out of range, with the op's name (at::maybe_wrap_dim's message has
 // none). Returns the wrapped dim; a 0-d tensor takes dims -1 and 0, as in torch.
 inline int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {

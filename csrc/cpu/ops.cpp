@@ -127,26 +127,6 @@ bool parse_tanh(c10::string_view approximate, const char* op) {
   return parse_gelu_approx(sv(approximate), op) == GeluApprox::kTanh;
 }
 
-// bias_gelu and its backward: x of at least 1 dim, bias 1-d over x's last dim, same dtype and device.
-void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const char* op) {
-  check_floating(x, op, "input");
-  check_floating(bias, op, "bias");
-  TORCH_CHECK(x.dim() >= 1, op, ": expected input of at least 1 dim (bias is added over the last), got a 0-d tensor");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), op, ": expected bias of shape [", x.size(-1), "], got ",
-              bias.sizes());
-  check_same_dtype(x, bias, op, "input", "bias");
-  check_same_device(x, bias, op, "input", "bias");
-}
-
-// grad_output against the tensor it is the gradient of.
-void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* arg) {
-  check_floating(grad, op, "grad_output");
-  check_floating(t, op, arg);
-  check_same_shape(grad, t, op, "grad_output", arg);
-  check_same_dtype(grad, t, op, "grad_output", arg);
-  check_same_device(grad, t, op, "grad_output", arg);
-}
-
 SoftmaxShape to_shape(const SoftmaxGeometry& g) { return {g.outer, g.dim_size, g.inner, g.row_stride}; }
 
 // ---------------------------------------------------------------------------------------------

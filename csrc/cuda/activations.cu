@@ -34,26 +34,6 @@ cuda_type<scalar_t>* out_ptr(at::Tensor& t) {
 
 int sm_count(const at::Tensor& t) { return device_info(t.device().index()).sm_count; }
 
-// grad_output against the forward's input or output: the errors the CPU kernels raise too.
-void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* arg) {
-  check_floating(grad, op, "grad_output");
-  check_floating(t, op, arg);
-  check_same_shape(grad, t, op, "grad_output", arg);
-  check_same_dtype(grad, t, op, "grad_output", arg);
-  check_same_device(grad, t, op, "grad_output", arg);
-}
-
-// bias_gelu and its backward: x of at least 1 dim, bias 1-d over x's last dim, same dtype and device.
-void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const char* op) {
-  check_floating(x, op, "input");
-  check_floating(bias, op, "bias");
-  TORCH_CHECK(x.dim() >= 1, op, ": expected input of at least 1 dim (bias is added over the last), got a 0-d tensor");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), op, ": expected bias of shape [", x.size(-1), "], got ",
-              bias.sizes());
-  check_same_dtype(x, bias, op, "input", "bias");
-  check_same_device(x, bias, op, "input", "bias");
-}
-
 // Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
 // returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
 // are read in that same memory order: a dense t in place, anything else copied into it once.
