@@ -7,7 +7,10 @@ Unwritten outputs: the caching allocator is left holding NaN-filled blocks of th
 before each call (poison_allocator), so an element a kernel fails to write shows up as NaN."""
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -238,6 +241,38 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
     x = make_tensor(shape, torch.float32, "cuda", layout)
     s = fastact.explain("softmax", x, dim)
     assert _variant(s) == expected, s
+
+
+_CLUSTER_CAP_SCRIPT = """
+import torch, fastact
+x = torch.randn(4, 262144, device="cuda")
+for op, t in (("softmax", x), ("softmax_backward", torch.softmax(x, -1))):
+    print(fastact.explain(op, t))
+y = fastact.softmax(x, -1)
+torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-7)
+g = torch.randn_like(x)
+dx = torch.ops.fastact.softmax_backward(g, y, -1, torch.float32)
+ref = torch.ops.aten._softmax_backward_data(g.double(), y.double(), -1, torch.float64).float()
+torch.testing.assert_close(dx, ref, rtol=1e-5, atol=1e-7)
+"""
+
+
+@pytest.mark.parametrize("cap", ["1", "8"])
+def test_max_cluster_environment_cap(cap):
+    """FASTACT_MAX_CLUSTER=1 turns clusters off (long rows take the two-read mode); =8 keeps them
+    portable. Results stay right either way."""
+    env = dict(os.environ, FASTACT_MAX_CLUSTER=cap)
+    out = subprocess.run([sys.executable, "-c", _CLUSTER_CAP_SCRIPT], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2, out.stdout
+    for line in lines:
+        assert _variant(line) == "long_row", line
+        sizes = [int(n) for n in re.findall(r"(\d+) CTA\(s\)", line)]
+        if cap == "1" or torch.cuda.get_device_capability()[0] < 9:
+            assert "chunk(s) per row" in line, line
+        else:
+            assert sizes and sizes[0] <= 8 or "chunk(s) per row" in line, line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=dtype_id)

@@ -107,8 +107,8 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   return dx;
 }
 
-// bias_gelu: x made contiguous (a copy only if it is not), output contiguous, one pass; the bias is
-// held in registers, one access column per thread.
+// bias_gelu: x made contiguous (a copy only if it is not), output contiguous, one pass in memory
+// order (the bias read through the cache with each access).
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const GeluApprox approx = parse_gelu_approx(approximate, "bias_gelu");
@@ -123,8 +123,7 @@ at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::stri
     const T* xp = in_ptr<scalar_t>(xc);
     const T* bp = in_ptr<scalar_t>(bc);
     T* yp = out_ptr<scalar_t>(y);
-    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, xp, bp, yp), sm_count(y));
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, bp, yp, rows, H, plan, approx, stream), "bias_gelu");
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, bp, yp, rows, H, approx, stream), "bias_gelu");
   });
   return y;
 }
@@ -202,30 +201,36 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     // A contiguous x is read in place, anything else copied into a fresh (aligned) contiguous tensor.
     const bool aligned = !contiguous || is_vec_aligned(x.const_data_ptr());
     const int vec = H % width == 0 && aligned ? width : 1;
-    const auto p = elementwise::plan_bias_gelu(rows, H, vec, sms);
-    const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
     s << "kernel=" << (vec > 1 ? "bias_gelu_vec" : "bias_gelu_scalar") << ": " << op << " over [" << rows << ", " << H
       << "] " << dtype << (contiguous ? "" : " (input not contiguous: copied first)") << "; ";
     if (vec > 1) {
       s << vec << " x " << dtype << " per 128-bit access (last dim a multiple of " << width
-        << ", pointers 16-byte aligned; the bias is assumed aligned too), loads through a " << elementwise::kStages << "-stage cp.async ring";
+        << ", pointers 16-byte aligned; the bias is assumed aligned too)";
     } else if (H % width != 0) {
       s << "scalar: last dim " << H << " is not a multiple of the vector width " << width;
     } else {
       s << "scalar: the input's data pointer is not 16-byte aligned";
     }
+    if (!backward) {
+      const int unroll = elementwise::unroll_for(esize, 2, vec > 1);
+      s << "; one tile of " << elementwise::kEltThreads << " threads x " << unroll << " accesses per block in memory "
+        << "order, grid " << elementwise::elementwise_grid(rows * H, vec, unroll)
+        << " blocks; each access reads its bias vector too (L1/L2-resident)";
+      return s.str();
+    }
+    const auto p = elementwise::plan_bias_gelu(rows, H, vec, sms);
+    const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
+    if (vec > 1) s << ", loads through a " << elementwise::kStages << "-stage cp.async ring";
     s << "; block " << p.tx << " accesses along a row x " << p.ty << " rows (" << p.threads()
       << " threads, bias in registers), " << unroll << " rows a step; grid " << p.col_tiles << " column tile"
       << (p.col_tiles == 1 ? "" : "s") << " x " << p.row_chunks << " row chunk" << (p.row_chunks == 1 ? "" : "s")
       << " of " << p.rows_per_chunk << " rows (" << sms << " SMs x " << elementwise::kBlocksPerSm << " blocks)";
-    if (backward) {
-      if (p.row_chunks > 1) {
-        s << "; dbias: per-chunk column sums in a [" << p.row_chunks << ", " << H << "] "
-          << (esize == 8 ? "float64" : "float32")
-          << " workspace, then bias_grad_reduce_kernel adds them in a fixed order (deterministic)";
-      } else {
-        s << "; dbias: one row chunk, so its column sums are written straight to dbias (deterministic)";
-      }
+    if (p.row_chunks > 1) {
+      s << "; dbias: per-chunk column sums in a [" << p.row_chunks << ", " << H << "] "
+        << (esize == 8 ? "float64" : "float32")
+        << " workspace, then bias_grad_reduce_kernel adds them in a fixed order (deterministic)";
+    } else {
+      s << "; dbias: one row chunk, so its column sums are written straight to dbias (deterministic)";
     }
     return s.str();
   }

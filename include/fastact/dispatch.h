@@ -158,7 +158,7 @@ constexpr int kVecMaxThreadsWithClusters = 512;
 // a cluster larger than the device allows.
 constexpr int kClusterThreadsFirst = 512;
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
-// (the CUDA side probes cudaOccupancyMaxActiveClusters and reports it as max_cluster).
+// (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
 constexpr int kMaxPortableCluster = 8;
 constexpr int kMaxCluster = 16;
 
@@ -224,6 +224,7 @@ struct SoftmaxProblem {
   int sm_count = 132;
   int cc_major = 9;
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
+  int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
 };
 
@@ -232,7 +233,11 @@ struct SoftmaxProblem {
 struct SoftmaxDeviceProps {
   int sm_count = 0;
   int cc_major = 0;
-  int max_cluster = 1;  // 1 (no clusters), 8 or 16
+  int max_cluster = 1;  // largest cluster the device schedules for these kernels: 1 (none), 8 or 16
+  // Largest block (512 or 1024 threads; 0: neither) at which clusters of 16 still fill the device
+  // (hold >= 90% of the CTAs it holds without clusters). Below it, 16 is used like 8; above it, only
+  // when no smaller cluster caches the row (a cluster that leaves SMs idle still beats two passes).
+  int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
 };
 
@@ -298,6 +303,7 @@ inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const
   p.sm_count = dev.sm_count;
   p.cc_major = dev.cc_major;
   p.max_cluster = dev.max_cluster;
+  p.wide_cluster_threads = dev.wide_cluster_threads;
   p.l2_bytes = dev.l2_bytes;
   return p;
 }
@@ -351,25 +357,35 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
   return s;
 }
 
-// The row over a cluster; false when no cluster the device takes can cache it.
+// Largest cluster of `threads`-thread CTAs the dispatcher uses: 16 only where such clusters fill the
+// device, unless `last_resort`.
+inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
+  const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
+  if (cap <= kMaxPortableCluster || last_resort || threads <= p.wide_cluster_threads) return cap;
+  return kMaxPortableCluster;
+}
+
+// The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
+// fill the device, 512-thread CTAs first; then any cluster the device schedules.
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const int e = softmax_resident_elems(p, vec);
-  const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
-  for (int t : {kClusterThreadsFirst, kResidentMaxThreads}) {
-    int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
-    if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
-    if (s > cap) continue;
-    SoftmaxPlan plan;
-    plan.variant = SoftmaxVariant::kLongRow;
-    plan.mode = SoftmaxMode::kResident;
-    plan.vec = vec;
-    plan.elems_per_thread = e;
-    plan.cluster = int(s);
-    // Balance: the fewest threads that still cache the row over s CTAs.
-    plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
-    *out = plan;
-    return true;
+  for (bool last_resort : {false, true}) {
+    for (int t : {kClusterThreadsFirst, kResidentMaxThreads}) {
+      int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
+      if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
+      if (s > cluster_cap(p, t, last_resort)) continue;
+      SoftmaxPlan plan;
+      plan.variant = SoftmaxVariant::kLongRow;
+      plan.mode = SoftmaxMode::kResident;
+      plan.vec = vec;
+      plan.elems_per_thread = e;
+      plan.cluster = int(s);
+      // Balance: the fewest threads that still cache the row over s CTAs.
+      plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
+      *out = plan;
+      return true;
+    }
   }
   return false;
 }
@@ -446,10 +462,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     return s;
   }
   if (clusters_available(p)) {
-    const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
     for (int t : {kStridedClusterAbove, kStridedMaxThreads}) {
       const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
-      if (cl > cap) continue;
+      if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
       if (!smem_ok(threads, c, false)) continue;
       s.columns = int(c);

@@ -3,9 +3,10 @@
 //   elementwise_kernel   y = f(x) (gelu, sigmoid forward) and dx = g(dy, z) (the backward forms:
 //                        gelu dx = dy * gelu'(x), sigmoid dx = dy * y (1 - y) from the output y),
 //                        over n elements of dense, identically laid out arrays, in memory order.
-//   bias_gelu_kernel     bias_gelu forward y = gelu(x + bias) and backward dx = dy * gelu'(x + bias)
-//                        over a contiguous [rows, H] array, bias [H] broadcast over rows; the backward
-//                        also sums dx over the rows of its block into per-block column partials.
+//   bias_gelu_forward_kernel   y = gelu(x + bias) over a contiguous [rows, H] array, bias [H]
+//                        broadcast over rows, in memory order like elementwise_kernel.
+//   bias_gelu_backward_kernel  dx = dy * gelu'(x + bias), and the sums of dx over the rows of its
+//                        block into per-block column partials.
 //   bias_grad_reduce_kernel   dbias[h] = sum of the partials of column h, in a fixed order.
 //
 // Element types: float, double, __half, __nv_bfloat16 (csrc maps at::Half / at::BFloat16 onto the
@@ -13,9 +14,11 @@
 //
 // Memory-bound by design: every access is 128 bits when the pointers allow it (AlignedVector of
 // vec_width<T>() elements) and each thread has several independent accesses in flight, with 64-bit
-// indices: elementwise_kernel as one tile per block over a grid of ceil(n / tile) blocks,
-// bias_gelu_kernel as one wave of persistent blocks, each over a chunk of rows. No atomics, no host synchronisation, no state: every launcher only enqueues on
-// `stream`, so all of this is CUDA-graph capturable and deterministic.
+// indices: the elementwise and bias_gelu forward kernels as one tile per block over a grid of
+// ceil(n / tile) blocks, bias_gelu_backward_kernel as one wave of persistent blocks, each over a
+// chunk of rows (a block's column sums need its rows). No atomics, no host synchronisation, no
+// state: every launcher only enqueues on `stream`, so all of this is CUDA-graph capturable and
+// deterministic.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,7 +63,7 @@ constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
   return loads / arity < 1 ? 1 : loads / arity;
 }
 
-// ---- bias_gelu_kernel: persistent blocks with a cp.async ring ----------------------------------------
+// ---- bias_gelu_backward_kernel: persistent blocks with a cp.async ring ----------------------------------------
 // 16-byte loads a thread issues per step on bias_gelu's vector path (all operands together). They go
 // global -> shared through cp.async, two steps deep (the next step's loads are in flight while this
 // one computes), so a thread has 4-8 x 16 B in flight: 64-128 KiB per SM at 1024 threads, 3-6x what
@@ -317,9 +320,9 @@ inline BiasGeluPlan plan_bias_gelu(int64_t rows, int64_t H, int vec, int sm_coun
   return p;
 }
 
-// One access of bias_gelu: forward out = gelu(x + b); backward out = dx = dy * gelu'(x + b), also
-// added to dsum (in acc_t, before rounding to T).
-template <bool kBackward, typename T, int kVec, typename Gelu>
+// One access of bias_gelu's backward: out = dx = dy * gelu'(x + b), also added to dsum (in acc_t,
+// before rounding to T).
+template <typename T, int kVec, typename Gelu>
 FASTACT_DEVICE AlignedVector<T, kVec> bias_gelu_apply(const AlignedVector<T, kVec>& xv, const AlignedVector<T, kVec>& gv,
                                                       const acc_t<T> (&b)[kVec], acc_t<T> (&dsum)[kVec],
                                                       const Gelu& gelu) {
@@ -328,20 +331,16 @@ FASTACT_DEVICE AlignedVector<T, kVec> bias_gelu_apply(const AlignedVector<T, kVe
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const A z = Convert<T>::to_acc(xv.val[j]) + b[j];
-    if constexpr (kBackward) {
-      const A g = Convert<T>::to_acc(gv.val[j]) * gelu.derivative(z);
-      dsum[j] += g;
-      o.val[j] = Convert<T>::from_acc(g);
-    } else {
-      o.val[j] = Convert<T>::from_acc(gelu.forward(z));
-    }
+    const A g = Convert<T>::to_acc(gv.val[j]) * gelu.derivative(z);
+    dsum[j] += g;
+    o.val[j] = Convert<T>::from_acc(g);
   }
   return o;
 }
 
 // kUnroll_ rows of one access column with plain loads: row u at element offset `offset + u * row_step`
 // (row_step = ty * H); kGuard: only rows u < valid. The scalar path and each thread's last rows use it.
-template <int kVec, int kUnroll_, bool kBackward, bool kGuard, typename T, typename Gelu>
+template <int kVec, int kUnroll_, bool kGuard, typename T, typename Gelu>
 FASTACT_DEVICE void bias_gelu_rows(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                                    int64_t offset, int64_t row_step, int valid, const acc_t<T> (&b)[kVec],
                                    acc_t<T> (&dsum)[kVec], const Gelu& gelu) {
@@ -352,40 +351,37 @@ FASTACT_DEVICE void bias_gelu_rows(const T* __restrict__ x, const T* __restrict_
   for (int u = 0; u < kUnroll_; ++u) {
     if (!kGuard || u < valid) {
       xv[u] = load_vector<T, kVec>(x + offset + u * row_step);
-      if constexpr (kBackward) gv[u] = load_vector<T, kVec>(dy + offset + u * row_step);
+      gv[u] = load_vector<T, kVec>(dy + offset + u * row_step);
     }
   }
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
     if (!kGuard || u < valid) {
-      store_vector<T, kVec>(out + offset + u * row_step,
-                            bias_gelu_apply<kBackward>(xv[u], kBackward ? gv[u] : xv[u], b, dsum, gelu));
+      store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply(xv[u], gv[u], b, dsum, gelu));
     }
   }
 }
 
-// The cp.async ring of bias_gelu's vector path, as elementwise_issue: slots 0..U-1 hold x's rows of a
-// step, U..2U-1 dy's (backward).
-template <int kVec, int kUnroll_, bool kBackward, typename T>
+// The cp.async ring of bias_gelu's vector path: slots 0..U-1 hold x's rows of a step, U..2U-1 dy's.
+template <int kVec, int kUnroll_, typename T>
 FASTACT_DEVICE void bias_gelu_issue(const T* __restrict__ x, const T* __restrict__ dy, int64_t offset,
                                     int64_t row_step, AlignedVector<T, kVec> (*slots)[kThreads]) {
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
     copy_async_16(&slots[u][threadIdx.x], x + offset + u * row_step);
-    if constexpr (kBackward) copy_async_16(&slots[kUnroll_ + u][threadIdx.x], dy + offset + u * row_step);
+    copy_async_16(&slots[kUnroll_ + u][threadIdx.x], dy + offset + u * row_step);
   }
 }
 
-// Forward (kBackward = false): out = gelu(x + bias), dy / partial / dbias unused.
-// Backward: out = dx = dy * gelu'(x + bias); then the block sums its rows' dx per column (thread sums in
+// bias_gelu backward: out = dx = dy * gelu'(x + bias); then the block sums its rows' dx per column (thread sums in
 // row order, then the ty threads of a column in ly order: a fixed order) and writes them to
 // partial[blockIdx.y, col] (in acc_t), or straight to dbias[col] when there is a single row chunk.
 // x, dy, out: [rows, H] contiguous; bias, dbias: [H]; partial: [gridDim.y, H]. kVec > 1 needs
 // H % kVec == 0 and 16-byte aligned pointers; its loads go through the cp.async ring, the next step's
 // issued before this one's arithmetic. blockDim.x = tx * ty (see BiasGeluPlan).
-template <int kVec, int kUnroll_, bool kBackward, typename T, typename Gelu>
+template <int kVec, int kUnroll_, typename T, typename Gelu>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ dy,
+    bias_gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ dy,
                      T* __restrict__ out, acc_t<T>* __restrict__ partial, T* __restrict__ dbias, int64_t rows,
                      int64_t H, int tx, int64_t rows_per_chunk, Gelu gelu) {
   using A = acc_t<T>;
@@ -417,36 +413,32 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int64_t steps_end = offset + steps * step;
     if constexpr (kVec > 1) {
       static_assert(kStages == 2, "the ring below alternates two stages");
-      __shared__ Vec ring[kStages][(kBackward ? 2 : 1) * kUnroll_][kThreads];
-      if (steps > 0) bias_gelu_issue<kVec, kUnroll_, kBackward>(x, dy, offset, row_step, ring[0]);
+      __shared__ Vec ring[kStages][2 * kUnroll_][kThreads];
+      if (steps > 0) bias_gelu_issue<kVec, kUnroll_>(x, dy, offset, row_step, ring[0]);
       copy_async_commit();
       for (int stage = 0; offset < steps_end; stage ^= 1, offset += step) {
         if (offset + step < steps_end) {
-          bias_gelu_issue<kVec, kUnroll_, kBackward>(x, dy, offset + step, row_step, ring[stage ^ 1]);
+          bias_gelu_issue<kVec, kUnroll_>(x, dy, offset + step, row_step, ring[stage ^ 1]);
         }
         copy_async_commit();   // possibly empty: one group per iteration either way
         copy_async_wait<1>();  // everything but the newest group has landed: this step's loads
 #pragma unroll
         for (int u = 0; u < kUnroll_; ++u) {
           const Vec xv = ring[stage][u][threadIdx.x];
-          if constexpr (kBackward) {
-            const Vec gv = ring[stage][kUnroll_ + u][threadIdx.x];
-            store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply<true>(xv, gv, b, dsum, gelu));
-          } else {
-            store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply<false>(xv, xv, b, dsum, gelu));
-          }
+          const Vec gv = ring[stage][kUnroll_ + u][threadIdx.x];
+          store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply(xv, gv, b, dsum, gelu));
         }
       }
     } else {
       for (; offset < steps_end; offset += step) {
-        bias_gelu_rows<kVec, kUnroll_, kBackward, false>(x, dy, out, offset, row_step, kUnroll_, b, dsum, gelu);
+        bias_gelu_rows<kVec, kUnroll_, false>(x, dy, out, offset, row_step, kUnroll_, b, dsum, gelu);
       }
     }
     const int rest = static_cast<int>(my_rows - steps * kUnroll_);  // < kUnroll_ rows left
-    if (rest > 0) bias_gelu_rows<kVec, kUnroll_, kBackward, true>(x, dy, out, offset, row_step, rest, b, dsum, gelu);
+    if (rest > 0) bias_gelu_rows<kVec, kUnroll_, true>(x, dy, out, offset, row_step, rest, b, dsum, gelu);
   }
 
-  if constexpr (kBackward) {
+  {
     // [ty][tx * kVec]: thread (lx, ly)'s sums at row ly, columns lx * kVec ...; i.e. at threadIdx.x * kVec.
     __shared__ A sums[kThreads * kVec];
 #pragma unroll
@@ -464,6 +456,76 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
   }
+}
+
+// ---- bias_gelu forward: one tile per block ----------------------------------------------------------
+// y = gelu(x + bias[i % H]) over the n = rows * H elements in memory order, shaped like
+// elementwise_kernel (a tile per block, every load of the tile issued before any arithmetic). Each
+// access also loads its bias vector, at column (i % H): the bias (H elements) stays in L1/L2. vec
+// divides H, so an access never straddles two rows. The column of a thread's access u is its first
+// column (one remainder per thread) plus u * col_step, col_step = (kEltThreads * kVec) % H, wrapped by
+// one conditional subtraction.
+template <int kVec, int kUnroll_, bool kGuard, typename T, typename Gelu>
+FASTACT_DEVICE void bias_gelu_forward_tile(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
+                                           int64_t offset, int64_t valid, int64_t H, int64_t col_step,
+                                           const Gelu& gelu) {
+  using A = acc_t<T>;
+  using Vec = AlignedVector<T, kVec>;
+  constexpr int64_t kStride = int64_t{kEltThreads} * kVec;
+  Vec xv[kUnroll_];
+  Vec bv[kUnroll_];
+  int64_t col = ((offset | H) >> 32) == 0 ? int64_t{static_cast<uint32_t>(offset) % static_cast<uint32_t>(H)}
+                                          : offset % H;
+#pragma unroll
+  for (int u = 0; u < kUnroll_; ++u) {
+    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
+      xv[u] = load_vector<T, kVec>(x + offset + u * kStride);
+      bv[u] = load_vector<T, kVec>(bias + col);
+    }
+    col += col_step;
+    if (col >= H) col -= H;
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll_; ++u) {
+    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
+      Vec o;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const A z = Convert<T>::to_acc(xv[u].val[j]) + Convert<T>::to_acc(bv[u].val[j]);
+        o.val[j] = Convert<T>::from_acc(gelu.forward(z));
+      }
+      store_vector<T, kVec>(y + offset + u * kStride, o);
+    }
+  }
+}
+
+// x, y: [n] contiguous (n = rows * H); bias: [H]. kVec > 1 needs H % kVec == 0 and 16-byte aligned
+// pointers. Block b takes elements [b * kTile, (b + 1) * kTile); the last block what is left (whole
+// accesses: kVec divides n).
+template <int kVec, int kUnroll_, typename T, typename Gelu>
+__global__ void __launch_bounds__(kEltThreads)
+    bias_gelu_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t n,
+                             int64_t H, int64_t col_step, Gelu gelu) {
+  constexpr int64_t kTile = int64_t{kEltThreads} * kUnroll_ * kVec;
+  const int64_t start = int64_t{blockIdx.x} * kTile;
+  const int64_t first = start + int64_t{threadIdx.x} * kVec;
+  if (n - start >= kTile) {
+    bias_gelu_forward_tile<kVec, kUnroll_, false>(x, bias, y, first, 0, H, col_step, gelu);
+  } else {
+    bias_gelu_forward_tile<kVec, kUnroll_, true>(x, bias, y, first, (n - start) / kVec, H, col_step, gelu);
+  }
+}
+
+template <int kVec, typename T, typename Gelu>
+cudaError_t launch_bias_gelu_forward_as(const T* x, const T* bias, T* y, int64_t n, int64_t H, Gelu gelu,
+                                        cudaStream_t stream) {
+  constexpr int kU = unroll_for(sizeof(T), 2, kVec > 1);  // x and the bias: two operands' registers
+  const int64_t grid = elementwise_grid(n, kVec, kU);
+  if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
+  const int64_t col_step = (int64_t{kEltThreads} * kVec) % H;
+  bias_gelu_forward_kernel<kVec, kU><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(x, bias, y, n, H,
+                                                                                               col_step, gelu);
+  return cudaGetLastError();
 }
 
 // dbias[h] = sum over c of partial[c, h], c = 0 .. chunks - 1. Block: kReduceCols columns x
@@ -493,28 +555,19 @@ __global__ void __launch_bounds__(kReduceCols * kReduceLanes)
   if (lx == 0 && out_col < H) dbias[out_col] = Convert<T>::from_acc(v);
 }
 
-template <int kVec, bool kBackward, typename T, typename Gelu>
-cudaError_t launch_bias_gelu_as(const T* x, const T* bias, const T* dy, T* out, acc_t<T>* partial, T* dbias,
-                                int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu, cudaStream_t stream) {
+template <int kVec, typename T, typename Gelu>
+cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, const T* bias, T* dx, acc_t<T>* partial, T* dbias,
+                                         int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu,
+                                         cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.col_tiles), static_cast<unsigned>(p.row_chunks));
   constexpr int kU = bias_gelu_unroll(sizeof(T), kVec > 1);
-  bias_gelu_kernel<kVec, kU, kBackward><<<grid, p.threads(), 0, stream>>>(
-      x, bias, dy, out, partial, dbias, rows, H, p.tx, p.rows_per_chunk, gelu);
+  bias_gelu_backward_kernel<kVec, kU><<<grid, p.threads(), 0, stream>>>(x, bias, dy, dx, partial, dbias, rows, H,
+                                                                         p.tx, p.rows_per_chunk, gelu);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || !kBackward || p.row_chunks == 1) return err;
+  if (err != cudaSuccess || p.row_chunks == 1) return err;
   const auto reduce_grid = static_cast<unsigned>(ceil_div(H, kReduceCols));
   bias_grad_reduce_kernel<T><<<reduce_grid, kReduceCols * kReduceLanes, 0, stream>>>(partial, dbias, p.row_chunks, H);
   return cudaGetLastError();
-}
-
-template <bool kBackward, typename T, typename Gelu>
-cudaError_t launch_bias_gelu(const T* x, const T* bias, const T* dy, T* out, acc_t<T>* partial, T* dbias,
-                             int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu, cudaStream_t stream) {
-  if (rows <= 0 || H <= 0) return cudaSuccess;
-  if (p.vec == vec_width<T>()) {
-    return launch_bias_gelu_as<vec_width<T>(), kBackward>(x, bias, dy, out, partial, dbias, rows, H, p, gelu, stream);
-  }
-  return launch_bias_gelu_as<1, kBackward>(x, bias, dy, out, partial, dbias, rows, H, p, gelu, stream);
 }
 
 }  // namespace elementwise
@@ -546,14 +599,15 @@ cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, cudaStre
   return elementwise::launch_elementwise<T>(dy, y, dx, n, elementwise::SigmoidBackwardOp{}, stream);
 }
 
-// y = gelu(x + bias). x, y: [rows, H] contiguous; bias: [H]. plan from plan_bias_gelu(rows, H,
-// bias_gelu_vec<T>(H, x, bias, y), sm_count).
+// y = gelu(x + bias). x, y: [rows, H] contiguous; bias: [H]. 128-bit accesses when
+// bias_gelu_vec<T>(H, x, bias, y) allows them, else element accesses.
 template <typename T, typename Gelu>
-cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t H,
-                              const elementwise::BiasGeluPlan& plan, Gelu gelu, cudaStream_t stream) {
-  return elementwise::launch_bias_gelu<false>(x, bias, static_cast<const T*>(nullptr), y,
-                                              static_cast<acc_t<T>*>(nullptr), static_cast<T*>(nullptr), rows, H,
-                                              plan, gelu, stream);
+cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t H, Gelu gelu,
+                              cudaStream_t stream) {
+  if (rows <= 0 || H <= 0) return cudaSuccess;
+  if (bias_gelu_vec<T>(H, x, bias, y) > 1)
+    return elementwise::launch_bias_gelu_forward_as<vec_width<T>()>(x, bias, y, rows * H, H, gelu, stream);
+  return elementwise::launch_bias_gelu_forward_as<1>(x, bias, y, rows * H, H, gelu, stream);
 }
 
 // dx = dy * gelu'(x + bias), dbias = sum over rows of dx (computed in acc_t, deterministically).
@@ -564,7 +618,12 @@ template <typename T, typename Gelu>
 cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* workspace,
                                int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan, Gelu gelu,
                                cudaStream_t stream) {
-  return elementwise::launch_bias_gelu<true>(x, bias, dy, dx, workspace, dbias, rows, H, plan, gelu, stream);
+  if (rows <= 0 || H <= 0) return cudaSuccess;
+  if (plan.vec == vec_width<T>()) {
+    return elementwise::launch_bias_gelu_backward_as<vec_width<T>()>(dy, x, bias, dx, workspace, dbias, rows, H, plan,
+                                                                     gelu, stream);
+  }
+  return elementwise::launch_bias_gelu_backward_as<1>(dy, x, bias, dx, workspace, dbias, rows, H, plan, gelu, stream);
 }
 
 }  // namespace fastact

@@ -104,6 +104,8 @@ struct Sigmoid {
 // NaN, as torch does. Backward: softmax dx = y * (dy - sum(dy * y)), log_softmax
 // dx = dy - exp(y) * sum(dy); the kernels reduce backward_term over the row.
 struct SoftmaxEpilogue {
+  // Whether backward_term reads y: streaming kernels skip the load of y in the summing pass if not.
+  static constexpr bool kTermUsesOutput = true;
   template <typename A>
   FASTACT_HOST_DEVICE A row_constant(A sum) const {
     return A(1) / sum;
@@ -123,6 +125,7 @@ struct SoftmaxEpilogue {
 };
 
 struct LogSoftmaxEpilogue {
+  static constexpr bool kTermUsesOutput = false;
   template <typename A>
   FASTACT_HOST_DEVICE A row_constant(A sum) const {
     return log_(sum);

@@ -9,9 +9,10 @@
 // loop is guarded by j < nvalid rather than padding with -inf / 0, which would cost registers. The
 // host guarantees cluster * T * kVecs * kVec >= D (so in-row offsets fit in int).
 //
-// Forward: max (block, then cluster) -> keep exp(x - max) (softmax) or x (log_softmax) and sum ->
-// sum (block, then cluster) -> write. Backward: sum of the epilogue's backward term -> write. Each
-// all-reduce costs one block barrier (plus one cluster barrier in a cluster). One row per CTA or
+// Forward: each thread's max, its kept values (exp(x - max) for softmax, x for log_softmax) and their
+// sum -> one all-reduce of the (max, sum) pairs (block, then cluster) -> write, rescaled to the row's
+// max. Backward: sum of the epilogue's backward term -> write. The all-reduce costs one block barrier
+// (plus one cluster barrier in a cluster); a max and then a sum would cost two. One row per CTA or
 // cluster; a cluster's CTAs signal "done reading the others' shared memory" (arrive) before their
 // stores and wait for the others only at exit, so that barrier overlaps the stores.
 #pragma once
@@ -51,7 +52,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   constexpr int kElems = block_fwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
-  __shared__ RowScratch<A> scratch;
+  __shared__ RowScratch<MaxSum<A>> scratch;
   const int nthreads = blockDim.x;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));  // == cluster rank
   const int64_t row = first_row + blockIdx.x / cluster;
@@ -68,6 +69,8 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   for (int j = 0; j < kVecs; ++j) {
     if (j < nvalid) to_acc(load_vector<in_t, kVec>(xr + j * step), v[j]);
   }
+  // One all-reduce: this thread's (max, sum of exp(x - max)) pair, combined over the row (OnlineOp);
+  // the kept values are rescaled on output (ForwardCache::factor).
   A m = neg_inf<A>();
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -76,28 +79,28 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
       for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
     }
   }
-  m = row_allreduce(m, MaxOp<A>(), scratch, round, cluster);
+  const A base = max_base(m);
   A s = A(0);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < nvalid) {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        v[j][k] = Cache::keep(v[j][k], m);
-        s += Cache::term(v[j][k], m);
+        v[j][k] = Cache::keep(v[j][k], base);
+        s += Cache::term(v[j][k], base);
       }
     }
   }
-  s = row_allreduce(s, SumOp<A>(), scratch, round, cluster);
+  const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, s}, OnlineOp<A>(), scratch, round, cluster);
   if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
-  const A c = epi.row_constant(s);
+  const A f = Cache::factor(m, row_stats.max, epi.row_constant(row_stats.sum));
   out_t* yr = y + row * dim + first;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < nvalid) {
       A o[kVec];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], row_stats.max, f);
       store_vector<out_t, kVec>(yr + j * step, from_acc<out_t>(o));
     }
   }

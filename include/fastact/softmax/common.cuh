@@ -81,10 +81,18 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
   return ElementConvert<T>::template from_acc<A, N>(in);
 }
 
-// How a kernel that holds the row in registers applies an epilogue: after the max m is known it
-// keeps t = keep(x, m) per element, sums term(t, m) and writes out(t, m, c) with c = row_constant(sum).
-// Generic form (log_softmax): keep x, sum exp(x - m), write epi.forward(x, m, c). Softmax keeps
-// exp(x - m), so exp runs once per element; same formula as SoftmaxEpilogue::forward.
+// How a kernel that holds the row in registers applies an epilogue. Per element it keeps
+// t = keep(x, m) and sums term(t, m), for a max m; once the row's max M and c = row_constant(sum) are
+// known it writes out(epi, t, M, f), f = factor(m, M, c).
+//   Two reductions (warp and strided kernels): m = M, the row's max; f = c.
+//   One reduction (block kernel): m is the thread's own max, so the thread's (m, sum) pair and the
+//   row's pairs combine in a single all-reduce (OnlineOp); factor rescales: exp(m - M) * c for
+//   softmax, c otherwise. A thread whose max is -inf keeps against max_base(m) = 0 (below), so its
+//   kept exp(-inf - 0) are 0, and its factor exp(-inf - M) is 0 too (NaN for a row of all -inf, as
+//   torch).
+// Generic form (log_softmax): keep x, sum exp(x - m), write epi.forward(x, M, c). Softmax keeps
+// exp(x - m), so exp runs once per element; out = kept * f, SoftmaxEpilogue::forward's formula when
+// m = M.
 template <typename Epi>
 struct ForwardCache {
   template <typename A>
@@ -96,8 +104,12 @@ struct ForwardCache {
     return math::exp_(kept - max);
   }
   template <typename A>
-  static FASTACT_DEVICE A out(const Epi& epi, A kept, A max, A c) {
-    return epi.forward(kept, max, c);
+  static FASTACT_DEVICE A factor(A /*own_max*/, A /*row_max*/, A c) {
+    return c;
+  }
+  template <typename A>
+  static FASTACT_DEVICE A out(const Epi& epi, A kept, A row_max, A f) {
+    return epi.forward(kept, row_max, f);
   }
 };
 
@@ -112,10 +124,22 @@ struct ForwardCache<math::SoftmaxEpilogue> {
     return kept;
   }
   template <typename A>
-  static FASTACT_DEVICE A out(const math::SoftmaxEpilogue&, A kept, A /*max*/, A c) {
-    return kept * c;  // exp(x - max) * (1 / sum)
+  static FASTACT_DEVICE A factor(A own_max, A row_max, A c) {
+    return math::exp_(own_max - row_max) * c;  // exp(x - M) / sum = exp(x - m) * exp(m - M) / sum
+  }
+  template <typename A>
+  static FASTACT_DEVICE A out(const math::SoftmaxEpilogue&, A kept, A /*row_max*/, A f) {
+    return kept * f;
   }
 };
+
+// The base that values with max m are exponentiated against, exp(x - base): m, or 0 when m is -inf
+// (every value -inf or NaN, or none), so that the terms are exp(-inf) = 0 (or NaN), never
+// exp(-inf + inf). Used by the one-reduction form and by the online (max, sum) combines.
+template <typename A>
+FASTACT_DEVICE A max_base(A m) {
+  return m == neg_inf<A>() ? A(0) : m;
+}
 
 // Combine of two (max, sum of exp(x - max)) partials that keeps NaN: a partial whose max is -inf
 // (it saw only -inf, or NaN, or nothing) contributes sum * 0, which is 0 unless its sum is NaN.
@@ -125,7 +149,7 @@ template <typename A>
 struct OnlineOp {
   FASTACT_DEVICE MaxSum<A> operator()(MaxSum<A> a, MaxSum<A> b) const {
     const A m = a.max > b.max ? a.max : b.max;
-    const A ms = m == neg_inf<A>() ? A(0) : m;
+    const A ms = max_base(m);
     return {m, a.sum * math::exp_(a.max - ms) + b.sum * math::exp_(b.max - ms)};
   }
   static FASTACT_HOST_DEVICE MaxSum<A> identity() { return {neg_inf<A>(), A(0)}; }
@@ -138,7 +162,7 @@ FASTACT_DEVICE void online_update(MaxSum<A>& st, const A (&v)[N]) {
   A m = st.max;
 #pragma unroll
   for (int i = 0; i < N; ++i) m = v[i] > m ? v[i] : m;
-  const A ms = m == neg_inf<A>() ? A(0) : m;
+  const A ms = max_base(m);
   A s = st.sum * math::exp_(st.max - ms);
 #pragma unroll
   for (int i = 0; i < N; ++i) s += math::exp_(v[i] - ms);
@@ -154,7 +178,7 @@ FASTACT_DEVICE void online_update(MaxSum<A>& st, const A (&v)[N][M]) {
 #pragma unroll
     for (int k = 0; k < M; ++k) m = v[i][k] > m ? v[i][k] : m;
   }
-  const A ms = m == neg_inf<A>() ? A(0) : m;
+  const A ms = max_base(m);
   A s = st.sum * math::exp_(st.max - ms);
 #pragma unroll
   for (int i = 0; i < N; ++i) {

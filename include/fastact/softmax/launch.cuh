@@ -20,6 +20,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "fastact/dispatch.h"
@@ -40,22 +41,16 @@ namespace fastact {
 
 namespace softmax_impl::detail {
 
-// The largest cluster worth using on the current device: 16 if clusters of 16 CTAs of 1024 threads
-// (one CTA per SM, the worst case of our kernels) cover at least 90% of the SMs, else 8 (portable),
-// 1 below sm_90. Why the 90%: a GPC with fewer free SMs than the cluster leaves them idle.
-inline int probe_max_cluster(int sm_count, int cc_major) {
-  if (cc_major < 9) return 1;
+// How many clusters of `cluster` CTAs of `threads` threads of the resident forward kernel the current
+// device runs at once (0: none, or the query failed).
+inline int active_clusters(int cluster, int threads) {
   constexpr auto kKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
-  if (allow_large_clusters<kKernel>() != cudaSuccess) {
-    (void)cudaGetLastError();
-    return kMaxPortableCluster;
-  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kMaxCluster, 1, 1);
-  config.blockDim = dim3(kResidentMaxThreads, 1, 1);
+  config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kMaxCluster;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   config.attrs = attr;
@@ -63,9 +58,43 @@ inline int probe_max_cluster(int sm_count, int cc_major) {
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
-    return kMaxPortableCluster;
+    return 0;
   }
-  return int64_t(clusters) * kMaxCluster * 10 >= int64_t(sm_count) * 9 ? kMaxCluster : kMaxPortableCluster;
+  return clusters;
+}
+
+// Fills max_cluster and wide_cluster_threads (dispatch.h says what they mean). Clusters of 16 count
+// as "wide" at a block size when they hold at least 90% of the CTAs that the device holds at that
+// size without clusters. Why the 90%: a GPC with fewer free SMs than a cluster needs leaves them idle.
+// FASTACT_MAX_CLUSTER (1, 8 or 16) lowers max_cluster: 1 turns clusters off, 8 keeps them portable.
+inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
+  p->max_cluster = 1;
+  p->wide_cluster_threads = 0;
+  if (cc_major < 9) return;
+  int cap = kMaxCluster;
+  if (const char* env = std::getenv("FASTACT_MAX_CLUSTER")) {
+    const int v = std::atoi(env);
+    cap = v >= kMaxCluster ? kMaxCluster : v >= kMaxPortableCluster ? kMaxPortableCluster : 1;
+  }
+  if (cap == 1) return;
+  p->max_cluster = kMaxPortableCluster;
+  constexpr auto kKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
+  if (cap < kMaxCluster || allow_large_clusters<kKernel>() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (active_clusters(kMaxCluster, kResidentMaxThreads) < 1) return;
+  p->max_cluster = kMaxCluster;
+  for (int threads : {kClusterThreadsFirst, kResidentMaxThreads}) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    const int64_t ctas = int64_t(active_clusters(kMaxCluster, threads)) * kMaxCluster;
+    if (ctas * 10 < int64_t(sm_count) * per_sm * 9) return;
+    p->wide_cluster_threads = threads;
+  }
 }
 
 }  // namespace softmax_impl::detail
@@ -88,7 +117,7 @@ inline cudaError_t softmax_device_props(int device, SoftmaxDeviceProps* out) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
     if (err == cudaSuccess) {
       p.l2_bytes = l2;
-      p.max_cluster = softmax_impl::detail::probe_max_cluster(p.sm_count, p.cc_major);
+      softmax_impl::detail::probe_clusters(p.sm_count, p.cc_major, &p);
     }
     if (previous != device) {
       const cudaError_t restore = cudaSetDevice(previous);

@@ -88,7 +88,8 @@ FASTACT_DEVICE void split_apply(const in_t* __restrict__ xr, out_t* yr, int64_t 
   }
 }
 
-// Backward: the sum of the epilogue's backward term over units [u0, u1) ...
+// Backward: the sum of the epilogue's backward term over units [u0, u1) (y is read only if the
+// term uses it: not for log_softmax) ...
 template <typename A, typename out_t, typename Epi, int kVec>
 FASTACT_DEVICE A split_dot(const out_t* __restrict__ dyr, const out_t* __restrict__ yr, int64_t u0, int64_t u1,
                            const Epi& epi) {
@@ -102,7 +103,7 @@ FASTACT_DEVICE A split_dot(const out_t* __restrict__ dyr, const out_t* __restric
       const int64_t uu = u + int64_t(q) * nthreads;
       if (uu < u1) {
         dy[q] = load_vector<out_t, kVec>(dyr + uu * kVec);
-        yv[q] = load_vector<out_t, kVec>(yr + uu * kVec);
+        if constexpr (Epi::kTermUsesOutput) yv[q] = load_vector<out_t, kVec>(yr + uu * kVec);
       }
     }
 #pragma unroll

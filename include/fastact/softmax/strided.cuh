@@ -237,7 +237,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
       for (int q = 0; q < kU; ++q) {
         if (d + int64_t(q) * t.G < dim_rows) {
           dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
-          yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+          if constexpr (Epi::kTermUsesOutput) yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
         }
       }
 #pragma unroll
