@@ -444,8 +444,8 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   if (c > c_cap) c = c_cap;
   const int64_t d = p.dim_size;
   const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
-  auto smem_ok = [&](int64_t threads, int64_t cols) {
-    const int64_t value_bytes = p.backward ? p.acc_bytes : 2 * p.acc_bytes;  // forward: (max, sum) pairs
+  auto smem_ok = [&](int64_t threads, int64_t cols, bool streaming) {
+    const int64_t value_bytes = (!p.backward && streaming) ? 2 * p.acc_bytes : p.acc_bytes;
     return softmax_strided_smem_values(threads, cols, s.vec) * value_bytes <= kStridedMaxSmem;
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
@@ -453,7 +453,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   if (c * g_needed <= single_cap) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
-           smem_ok(threads_for(c * 2, g_needed), c * 2))
+           smem_ok(threads_for(c * 2, g_needed), c * 2, false))
       c *= 2;
     s.columns = int(c);
     s.threads = int(threads_for(c, g_needed));
@@ -466,7 +466,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
       if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
-      if (!smem_ok(threads, c)) continue;
+      if (!smem_ok(threads, c, false)) continue;
       s.columns = int(c);
       s.cluster = int(cl);
       s.threads = int(threads);

@@ -9,10 +9,9 @@
 // D-group g = t / C of G = T / C, so a warp reads whole lines of consecutive D-rows (coalesced).
 //   cached mode (kStreaming = false): the CTA of cluster rank r caches D-rows
 //       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
-//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read. The forward's
-//     (max, sum) pairs (backward: the sums) are reduced per (column, lane) over the D-groups
-//     (shuffles within a warp, shared memory across warps, distributed shared memory across a
-//     cluster) in one all-reduce, as in the row kernels.
+//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read. Max and sum are
+//     reduced per (column, lane) over the D-groups (shuffles within a warp, shared memory across
+//     warps, distributed shared memory across a cluster), as in the row kernels.
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
 //     pass down the column, then the write pass: two reads.
 // One tile per CTA (or per cluster).
@@ -84,41 +83,39 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) to_acc(load_vector<in_t, kVec>(xc + first + j * step), v[j]);
     }
-    // One all-reduce per column: this thread's (max, sum of exp(x - max)) pairs (ForwardCache's
-    // one-reduction form, as the row-resident kernel). own[k]: this thread's max, then the factor.
-    P st[kVec];
-    A own[kVec];
+    A m[kVec], s[kVec];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
+    for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) st[k].max = MaxOp<A>()(st[k].max, v[j][k]);
+        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], v[j][k]);
       }
     }
+    column_allreduce(m, MaxOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) own[k] = st[k].max;
+    for (int k = 0; k < kVec; ++k) s[k] = A(0);
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          v[j][k] = Cache::keep(v[j][k], max_base(own[k]));
-          st[k].sum += Cache::term(v[j][k], max_base(own[k]));
+          v[j][k] = Cache::keep(v[j][k], m[k]);
+          s[k] += Cache::term(v[j][k], m[k]);
         }
       }
     }
-    column_allreduce(st, OnlineOp<A>(), reinterpret_cast<P*>(smem_raw), round, t.C, cluster);
+    column_allreduce(s, SumOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
     if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) own[k] = Cache::factor(own[k], st[k].max, epi.row_constant(st[k].sum));
+    for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
         A o[kVec];
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], st[k].max, own[k]);
+        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m[k], s[k]);
         store_vector<out_t, kVec>(yc + first + j * step, from_acc<out_t>(o));
       }
     }
@@ -297,7 +294,8 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
     return cudaErrorInvalidConfiguration;
   if (streaming) cluster = 1;
   if (!streaming && int64_t(cluster) * (threads / columns) * kRows < dim) return cudaErrorInvalidConfiguration;
-  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) * sizeof(MaxSum<A>);
+  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) *
+                      (streaming ? sizeof(MaxSum<A>) : sizeof(A));
   if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
   if (streaming)
