@@ -57,10 +57,23 @@ constexpr int kEltScalarLoadsPerThread = 8;
 
 // Accesses per thread and operand (the unroll factor) of elementwise_kernel for elements of
 // `elem_bytes` bytes, an op reading `arity` operands, on the vector or the scalar path. Halved for
-// double: its erf/exp/tanh in double need twice the registers.
+// double: its erf/exp/tanh in double need twice the registers. Halved for the two-operand (backward)
+// ops on 16-bit vectors: a 16-byte access carries 8 values, twice float's arithmetic, and gelu's
+// derivative (erf and exp) on 16 of them a thread left too few resident warps. Measured on the H100
+// (bench/NOTES.md): gelu bf16 backward 286 -> 277 us, f16 272 -> 265 (torch 265); the forwards
+// were mixed (f16 gelu 198 -> 188, bf16 gelu 188 -> 195), so they keep 4.
 constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
-  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
+  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) /
+                    (elem_bytes == 8 || (elem_bytes == 2 && vectorised && arity == 2) ? 2 : 1);
   return loads / arity < 1 ? 1 : loads / arity;
+}
+
+// bias_gelu_forward_kernel: x and the bias vector, two operands' registers an access, but the bias
+// comes from L1 and the arithmetic is the forward's: float's rule, not the backward's 16-bit halving
+// (one access a thread measured 93.7 -> 97.4 us on bf16 16384x4096 against two).
+constexpr int bias_gelu_forward_unroll(int elem_bytes, bool vectorised) {
+  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
+  return loads / 2 < 1 ? 1 : loads / 2;
 }
 
 // ---- bias_gelu_backward_kernel: persistent blocks with a cp.async ring ----------------------------------------
@@ -519,7 +532,7 @@ __global__ void __launch_bounds__(kEltThreads)
 template <int kVec, typename T, typename Gelu>
 cudaError_t launch_bias_gelu_forward_as(const T* x, const T* bias, T* y, int64_t n, int64_t H, Gelu gelu,
                                         cudaStream_t stream) {
-  constexpr int kU = unroll_for(sizeof(T), 2, kVec > 1);  // x and the bias: two operands' registers
+  constexpr int kU = bias_gelu_forward_unroll(sizeof(T), kVec > 1);
   const int64_t grid = elementwise_grid(n, kVec, kU);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
   const int64_t col_step = (int64_t{kEltThreads} * kVec) % H;
