@@ -45,27 +45,37 @@ constexpr int kThreads = 256;
 // threads, i.e. at most 64 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave.
 constexpr int kBlocksPerSm = 4;
 // ---- elementwise_kernel: one tile per block ---------------------------------------------------------
-// 128 threads a block, each with kEltLoadsPerThread independent 16-byte loads (all operands together)
-// issued before any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks
-// and the SMs keep as many blocks resident as registers allow (no persistent loop, no shared
-// memory): memory-level parallelism comes from many resident warps, as in torch's own vectorised
-// elementwise kernel, instead of a deep per-thread pipeline.
+// 128 threads a block, each with a few independent 16-byte loads (unroll_for below) issued before any
+// arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs keep
+// as many blocks resident as registers allow (no persistent loop, no shared memory): memory-level
+// parallelism comes from many resident warps, as in torch's own vectorised elementwise kernel,
+// instead of a deep per-thread pipeline.
 constexpr int kEltThreads = 128;
+// bias_gelu_forward_kernel: 16-byte loads a thread over x and the bias together.
 constexpr int kEltLoadsPerThread = 4;
 // Element loads per thread on the scalar (misaligned) path: each moves only 2-8 bytes.
 constexpr int kEltScalarLoadsPerThread = 8;
 
 // Accesses per thread and operand (the unroll factor) of elementwise_kernel for elements of
-// `elem_bytes` bytes, an op reading `arity` operands, on the vector or the scalar path. Halved for
-// double: its erf/exp/tanh in double need twice the registers. Halved for the two-operand (backward)
-// ops on 16-bit vectors: a 16-byte access carries 8 values, twice float's arithmetic, and gelu's
-// derivative (erf and exp) on 16 of them a thread left too few resident warps. Measured on the H100
-// (bench/NOTES.md): gelu bf16 backward 286 -> 277 us, f16 272 -> 265 (torch 265); the forwards
-// were mixed (f16 gelu 198 -> 188, bf16 gelu 188 -> 195), so they keep 4.
+// `elem_bytes` bytes and an op reading `arity` operands. Vector path (16-byte accesses), measured on
+// the H100 (bench/NOTES.md):
+//              one operand   two operands
+//   float           2             2        8 elements an operand, as torch's vectorised kernel: with
+//                                          4 accesses ptxas took 36-40 registers, which capped
+//                                          occupancy at 75% (ncu), 1% behind torch
+//   16-bit          4             1        the backward's erf and exp on 16 values a thread left too
+//                                          few resident warps (gelu bf16 bwd 286 -> 276 us at 1); the
+//                                          forwards split by dtype at 2 (f16 gelu faster, bf16 slower)
+//   double          2             1        its erf/exp/tanh need twice the registers
+// Scalar path: 8 element accesses a thread over all operands (4 for double).
 constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
-  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) /
-                    (elem_bytes == 8 || (elem_bytes == 2 && vectorised && arity == 2) ? 2 : 1);
-  return loads / arity < 1 ? 1 : loads / arity;
+  if (!vectorised) {
+    const int loads = kEltScalarLoadsPerThread / (elem_bytes == 8 ? 2 : 1);
+    return loads / arity < 1 ? 1 : loads / arity;
+  }
+  if (elem_bytes == 4) return 2;
+  if (elem_bytes == 2) return arity == 1 ? 4 : 1;
+  return arity == 1 ? 2 : 1;
 }
 
 // bias_gelu_forward_kernel: x and the bias vector, two operands' registers an access, but the bias
