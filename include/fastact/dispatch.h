@@ -155,7 +155,8 @@ constexpr int kResidentMaxThreads = 1024;
 // other reduces or stores).
 constexpr int kVecMaxThreadsWithClusters = 512;
 // long_row cluster CTAs: 512 threads first (two CTAs per SM, as above), 1024 only when 512 would need
-// a cluster larger than the device allows.
+// a larger cluster than the device fills (clusters of 16 count only where they hold >= 90% of the
+// CTAs; else only as the last resort before the two-read mode: plan_cluster).
 constexpr int kClusterThreadsFirst = 512;
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
