@@ -212,7 +212,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       s << "scalar: the input's data pointer is not 16-byte aligned";
     }
     if (!backward) {
-      const int unroll = elementwise::bias_gelu_forward_unroll(esize, vec > 1);
+      const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
       s << "; one tile of " << elementwise::kEltThreads << " threads x " << unroll << " accesses per block in memory "
         << "order, grid " << elementwise::elementwise_grid(rows * H, vec, unroll)
         << " blocks; each access reads its bias vector too (L1/L2-resident)";

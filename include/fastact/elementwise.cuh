@@ -51,8 +51,6 @@ constexpr int kBlocksPerSm = 4;
 // parallelism comes from many resident warps, as in torch's own vectorised elementwise kernel,
 // instead of a deep per-thread pipeline.
 constexpr int kEltThreads = 128;
-// bias_gelu_forward_kernel: 16-byte loads a thread over x and the bias together.
-constexpr int kEltLoadsPerThread = 4;
 // Element loads per thread on the scalar (misaligned) path: each moves only 2-8 bytes.
 constexpr int kEltScalarLoadsPerThread = 8;
 
@@ -78,14 +76,6 @@ constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
   return arity == 1 ? 2 : 1;
 }
 
-// bias_gelu_forward_kernel: x and the bias vector, two operands' registers an access, but the bias
-// comes from L1 and the arithmetic is the forward's: float's rule, not the backward's 16-bit halving
-// (one access a thread measured 93.7 -> 97.4 us on bf16 16384x4096 against two).
-constexpr int bias_gelu_forward_unroll(int elem_bytes, bool vectorised) {
-  const int loads = (vectorised ? kEltLoadsPerThread : kEltScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
-  return loads / 2 < 1 ? 1 : loads / 2;
-}
-
 // ---- bias_gelu_backward_kernel: persistent blocks with a cp.async ring ----------------------------------------
 // 16-byte loads a thread issues per step on bias_gelu's vector path (all operands together). They go
 // global -> shared through cp.async, two steps deep (the next step's loads are in flight while this
@@ -100,8 +90,10 @@ constexpr int kScalarLoadsPerThread = 8;
 // Steps of loads in flight on the vector path (the cp.async ring): this step's and the next one's.
 constexpr int kStages = 2;
 
-// bias_gelu: rows per thread and step. Two operands' worth for the forward too: its threads also hold
-// vec bias values in registers (the forward at 4 rows x 8 bf16 a step spilled).
+// bias_gelu: accesses per thread and operand, two operands' worth (4 x 16 B a thread on the vector
+// path): the backward's rows per step (x and dy), and the forward tile's accesses (x and the bias
+// vector, which comes from L1; one access a thread instead measured 93.7 -> 97.4 us on bf16
+// 16384x4096).
 constexpr int bias_gelu_unroll(int elem_bytes, bool vectorised) {
   const int loads = (vectorised ? kVecLoadsPerThread : kScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
   return loads / 2 < 1 ? 1 : loads / 2;
@@ -542,7 +534,7 @@ __global__ void __launch_bounds__(kEltThreads)
 template <int kVec, typename T, typename Gelu>
 cudaError_t launch_bias_gelu_forward_as(const T* x, const T* bias, T* y, int64_t n, int64_t H, Gelu gelu,
                                         cudaStream_t stream) {
-  constexpr int kU = bias_gelu_forward_unroll(sizeof(T), kVec > 1);
+  constexpr int kU = bias_gelu_unroll(sizeof(T), kVec > 1);
   const int64_t grid = elementwise_grid(n, kVec, kU);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
   const int64_t col_step = (int64_t{kEltThreads} * kVec) % H;
