@@ -534,21 +534,25 @@ def time_call(call, device, timing=None):
     return statistics.median(time_samples(call, device, timing))
 
 
-def time_per_call(call, device, calls=OVERHEAD_CALLS, rounds=7):
-    """Host time per call: wall time of ``calls`` back-to-back calls (then one synchronize) over
-    ``calls``, median of ``rounds`` rounds, after warm-up. On CUDA with small tensors this is the
-    launch path: argument handling, dispatch, allocation, the launch itself."""
-    for _ in range(min(100, calls)):
-        call()
-    sync(device)
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def time_per_call(calls_by_name, device, calls=OVERHEAD_CALLS, rounds=9):
+    """Host time per call of each callable in ``calls_by_name``: wall time of ``calls`` back-to-back
+    calls (then one synchronize) over ``calls``, the best of ``rounds`` rounds, after warm-up. The
+    rounds of the callables alternate, so a drift of the machine (clock, a background process) hits
+    them alike, and the best round is taken because host noise only ever adds time. On CUDA with
+    small tensors this is the launch path: argument handling, dispatch, allocation, the launch."""
+    for call in calls_by_name.values():
+        for _ in range(min(100, calls)):
             call()
-        sync(device)
-        samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
+    sync(device)
+    best = {name: math.inf for name in calls_by_name}
+    for _ in range(rounds):
+        for name, call in calls_by_name.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            sync(device)
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+    return best
 
 
 def limit_bytes(mode, device_type):
@@ -720,7 +724,7 @@ def format_tables(results, limit, *, with_check=False, device_type="cpu"):
 
 def format_overhead(overhead):
     lines = ["", f"== per-call overhead ({'x'.join(map(str, OVERHEAD_SHAPE))} float32, forward; wall time of "
-             f"{OVERHEAD_CALLS} back-to-back calls / {OVERHEAD_CALLS}, median of rounds) =="]
+             f"{OVERHEAD_CALLS} back-to-back calls / {OVERHEAD_CALLS}, best of interleaved rounds) =="]
     head = f"{'op':<12} {'fastact us':>11} {'torch us':>10} {'fastact/torch':>14}"
     lines += [head, "-" * len(head)]
     for o in overhead:
@@ -738,9 +742,9 @@ def bench_overhead(device, ops=OPS):
             continue
         inputs = make_inputs(case, device)
         entry = {"op": case.op, "shape": list(case.shape), "dtype": "f32", "calls": OVERHEAD_CALLS}
-        for name in ("fastact", "torch"):
-            call, _ = prepare(case, name, inputs, device)
-            entry[f"{name}_us"] = time_per_call(call, device) * 1e6
+        calls = {name: prepare(case, name, inputs, device)[0] for name in ("fastact", "torch")}
+        for name, seconds in time_per_call(calls, device).items():
+            entry[f"{name}_us"] = seconds * 1e6
         out.append(entry)
     return out
 
