@@ -340,6 +340,16 @@ cudaError_t allow_large_clusters() {
   return result[device];
 }
 
+// Makes `config` launch clusters of `cluster` CTAs along x; `attr` holds the attribute.
+inline void set_cluster_launch(cudaLaunchConfig_t& config, cudaLaunchAttribute& attr, int cluster) {
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+}
+
 // Launches kKernel on a 1-D grid of `blocks` blocks (a multiple of `cluster`), as clusters of
 // `cluster` CTAs along x when cluster > 1. Returns the launch error, if any.
 template <auto kKernel, typename... Args>
@@ -350,18 +360,13 @@ cudaError_t launch(int64_t blocks, int threads, size_t smem, int cluster, cudaSt
   config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr;
   if (cluster > 1) {
     if (cluster > kMaxPortableCluster) {
       const cudaError_t err = allow_large_clusters<kKernel>();
       if (err != cudaSuccess) return err;
     }
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
+    set_cluster_launch(config, attr, cluster);
   }
   return cudaLaunchKernelEx(&config, kKernel, args...);
 }

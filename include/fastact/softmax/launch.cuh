@@ -41,22 +41,19 @@ namespace fastact {
 
 namespace softmax_impl::detail {
 
-// How many clusters of `cluster` CTAs of `threads` threads of the resident forward kernel the current
-// device runs at once (0: none, or the query failed).
+// The kernel the cluster probe asks about: the resident forward, whose CTAs are the largest.
+constexpr auto kClusterProbeKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
+
+// How many clusters of `cluster` CTAs of `threads` threads of the probe kernel the current device
+// runs at once (0: none, or the query failed).
 inline int active_clusters(int cluster, int threads) {
-  constexpr auto kKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
   config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  set_cluster_launch(config, attr, cluster);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, kClusterProbeKernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -78,8 +75,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   }
   if (cap == 1) return;
   p->max_cluster = kMaxPortableCluster;
-  constexpr auto kKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
-  if (cap < kMaxCluster || allow_large_clusters<kKernel>() != cudaSuccess) {
+  if (cap < kMaxCluster || allow_large_clusters<kClusterProbeKernel>() != cudaSuccess) {
     (void)cudaGetLastError();
     return;
   }
@@ -87,7 +83,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   p->max_cluster = kMaxCluster;
   for (int threads : {kClusterThreadsFirst, kResidentMaxThreads}) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kClusterProbeKernel, threads, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       return;
     }
