@@ -241,7 +241,11 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const bool dense = is_dense(x);
   const bool aligned = !dense || is_vec_aligned(x.const_data_ptr());
   const int vec = aligned ? width : 1;
-  const int unroll = elementwise::unroll_for(esize, arity, vec > 1);
+  // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
+  // tanh one where it differs.
+  const elementwise::EltShape shape = elementwise::elementwise_shape(esize, arity, vec > 1, op == "gelu");
+  const elementwise::EltShape tanh_shape = elementwise::elementwise_shape(esize, arity, vec > 1, false);
+  const int unroll = shape.unroll;
   const int64_t grid = elementwise::elementwise_grid(n, vec, unroll);
   s << "kernel=" << (vec > 1 ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
     << dtype << " elements"
@@ -249,8 +253,14 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
               : " (input has gaps or overlaps: copied to a dense tensor first)")
     << "; ";
   if (vec > 1) {
-    s << vec << " x " << dtype << " per 128-bit access, " << unroll
-      << " accesses per thread and operand, all loads issued before the arithmetic";
+    s << vec << " x " << dtype << " per 128-bit access, " << unroll << " access" << (unroll == 1 ? "" : "es")
+      << " per thread and operand";
+    if (tanh_shape.unroll != unroll) s << " (approximate='none'; 'tanh': " << tanh_shape.unroll << ")";
+    s << ", all loads issued before the arithmetic";
+    if (shape.min_blocks > 0) {
+      s << ", at most " << 65536 / (shape.min_blocks * elementwise::kEltThreads)
+        << " registers a thread (full occupancy)";
+    }
     if (backward) s << " (grad_output assumed in the same layout and 16-byte aligned)";
   } else {
     const auto misalign = reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % kVecBytes;

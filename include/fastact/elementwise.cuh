@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fastact/copy_async.cuh"
 #include "fastact/math.h"
 #include "fastact/reduce.cuh"
 #include "fastact/vec.cuh"
@@ -45,8 +46,8 @@ constexpr int kThreads = 256;
 // threads, i.e. at most 64 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave.
 constexpr int kBlocksPerSm = 4;
 // ---- elementwise_kernel: one tile per block ---------------------------------------------------------
-// 128 threads a block, each with a few independent 16-byte loads (unroll_for below) issued before any
-// arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs keep
+// 128 threads a block, each with one or two independent 16-byte loads an operand (elementwise_shape
+// below) issued before any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs keep
 // as many blocks resident as registers allow (no persistent loop, no shared memory): memory-level
 // parallelism comes from many resident warps, as in torch's own vectorised elementwise kernel,
 // instead of a deep per-thread pipeline.
@@ -54,26 +55,33 @@ constexpr int kEltThreads = 128;
 // Element loads per thread on the scalar (misaligned) path: each moves only 2-8 bytes.
 constexpr int kEltScalarLoadsPerThread = 8;
 
-// Accesses per thread and operand (the unroll factor) of elementwise_kernel for elements of
-// `elem_bytes` bytes and an op reading `arity` operands. Vector path (16-byte accesses), measured on
-// the H100 (bench/NOTES.md):
-//              one operand   two operands
-//   float           2             2        8 elements an operand, as torch's vectorised kernel: with
-//                                          4 accesses ptxas took 36-40 registers, which capped
-//                                          occupancy at 75% (ncu), 1% behind torch
-//   16-bit          4             1        the backward's erf and exp on 16 values a thread left too
-//                                          few resident warps (gelu bf16 bwd 286 -> 276 us at 1); the
-//                                          forwards split by dtype at 2 (f16 gelu faster, bf16 slower)
-//   double          2             1        its erf/exp/tanh need twice the registers
-// Scalar path: 8 element accesses a thread over all operands (4 for double).
-constexpr int unroll_for(int elem_bytes, int arity, bool vectorised) {
+// Launch shape of elementwise_kernel: accesses per thread and operand (the unroll factor), and the
+// blocks per SM its register cap must allow (__launch_bounds__ min blocks; 16 x 128 threads: at most
+// 32 registers a thread, full occupancy; 0: no cap).
+struct EltShape {
+  int unroll;
+  int min_blocks;
+};
+
+// The shape for elements of `elem_bytes` bytes, an op reading `arity` operands, and whether the op is
+// the erf gelu forward (the one-operand op with the most arithmetic a byte: erff, ~25 instructions an
+// element, issue-bound in 16-bit per ncu). Vector path (16-byte accesses), from a sweep of unroll 1 / 2
+// / 4 x cap none / 12 / 16 against torch on the H100 (bench/NOTES.md, 256 MB tensors):
+//   float, 16-bit   1 access, 32 registers   torch's own shape (4 floats or 8 16-bit values a thread
+//                                            and operand, full occupancy): 0.997-1.007x torch on every
+//                                            op; more accesses or registers lose occupancy (16-bit
+//                                            gelu bwd at 40 registers: 0.96x, erf fwd at 4: 0.95x)
+//   16-bit erf fwd  2 accesses, 32 regs.     1.012-1.015x torch (1 access: 0.997-1.001x); ptxas spills
+//                                            8-12 bytes to L1 here, and it is still the fastest
+//   double          2 / 1 (one / two operands), no cap: its erf/exp/tanh need twice the registers
+// Scalar path: 8 element accesses a thread over all operands (4 for double), no cap.
+constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, bool erf_forward) {
   if (!vectorised) {
     const int loads = kEltScalarLoadsPerThread / (elem_bytes == 8 ? 2 : 1);
-    return loads / arity < 1 ? 1 : loads / arity;
+    return {loads / arity < 1 ? 1 : loads / arity, 0};
   }
-  if (elem_bytes == 4) return 2;
-  if (elem_bytes == 2) return arity == 1 ? 4 : 1;
-  return arity == 1 ? 2 : 1;
+  if (elem_bytes == 8) return {arity == 1 ? 2 : 1, 0};
+  return {elem_bytes == 2 && erf_forward ? 2 : 1, 16};
 }
 
 // ---- bias_gelu_backward_kernel: persistent blocks with a cp.async ring ----------------------------------------
@@ -114,34 +122,6 @@ FASTACT_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 // and operand: one tile of kEltThreads * unroll * vec elements each.
 inline int64_t elementwise_grid(int64_t n, int vec, int unroll) {
   return std::max<int64_t>(1, ceil_div(n, int64_t{kEltThreads} * unroll * vec));
-}
-
-// ---- asynchronous 16-byte copies, global -> shared (cp.async, sm_80+) ------------------------------
-// Each thread copies into slots only it reads, so completion (wait) needs no barrier: cp.async.wait_group
-// makes a thread's own copies visible to it. .cg: cached in L2 only, the data is used once.
-
-FASTACT_DEVICE void copy_async_16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
-#endif
-}
-
-// Closes the group of the copies issued since the last commit (an empty group is fine).
-FASTACT_DEVICE void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most kPending of this thread's most recent groups are still in flight.
-template <int kPending>
-FASTACT_DEVICE void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
 }
 
 // ---- conversions between the element type and acc_t (explicit: torch builds define
@@ -247,8 +227,8 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
 // is: offsets are multiples of kVec). The last block takes what is left, fewer than kTile elements:
 // first as whole accesses, then the last n % kVec elements one each (the scalar tail starts exactly
 // where the vector body ends).
-template <int kVec, int kUnroll_, typename T, typename Op>
-__global__ void __launch_bounds__(kEltThreads)
+template <int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+__global__ void __launch_bounds__(kEltThreads, kMinBlocks)
     elementwise_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t n,
                        Op op) {
   constexpr int64_t kTile = int64_t{kEltThreads} * kUnroll_ * kVec;
@@ -271,25 +251,29 @@ inline bool all_vec_aligned(const void* a, const void* b, const void* c, const v
   return is_vec_aligned(a) && is_vec_aligned(b) && is_vec_aligned(c) && is_vec_aligned(d);
 }
 
-template <int kVec, int kUnroll_, typename T, typename Op>
+template <int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   // gridDim.x may reach 2^31 - 1: with tiles of >= 1024 elements, n would have to pass 2^41.
   const int64_t grid = elementwise_grid(n, kVec, kUnroll_);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
-  elementwise_kernel<kVec, kUnroll_><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(in0, in1, out, n, op);
+  elementwise_kernel<kVec, kUnroll_, kMinBlocks><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(in0, in1, out, n, op);
   return cudaGetLastError();
 }
+
+// Whether Op is the erf gelu forward (elementwise_shape's erf_forward).
+template <typename Op>
+constexpr bool kErfForward = std::is_same_v<Op, ForwardOp<math::GeluErf>>;
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
 template <typename T, typename Op>
 cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
-    constexpr int kU = unroll_for(sizeof(T), Op::kArity, true);
-    return launch_elementwise_as<vec_width<T>(), kU>(in0, in1, out, n, op, stream);
+    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kErfForward<Op>);
+    return launch_elementwise_as<vec_width<T>(), kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
   }
-  constexpr int kU = unroll_for(sizeof(T), Op::kArity, false);
-  return launch_elementwise_as<1, kU>(in0, in1, out, n, op, stream);
+  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfForward<Op>);
+  return launch_elementwise_as<1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
 }
 
 // ---- bias_gelu --------------------------------------------------------------------------------------
