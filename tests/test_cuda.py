@@ -203,6 +203,59 @@ def test_forced_variant_through_autograd(variant):
         assert_close(x.grad, ref, msg=f"{variant} {cls} {d}")
 
 
+def _cluster_plan(explanation):
+    """(CTAs per row, threads per CTA) of a long_row cluster plan, or None for its two-read mode."""
+    m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads", explanation)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@pytest.mark.parametrize("d", (32776, 65536, 262144, 524288))
+@pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
+def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
+    """More rows than the GPU holds clusters at once, at each cluster shape the dispatcher picks for
+    long rows (8 x 256 threads up to 16 x 1024). The forward's 1024-thread clusters run the persistent
+    kernel (include/fastact/softmax/long_row.cuh): each cluster loops over rows, staging the next row
+    while it reduces this one, so every cluster loops and the last round is partial; dense and padded
+    rows. The backward (dense) and the smaller forward clusters take one row per cluster."""
+    in_dtype, out_dtype = dtypes
+    log = op.name == "log_softmax"
+    out_arg = out_dtype if out_dtype != in_dtype else None
+    probe = make_tensor((1, d), out_dtype if direction == "bwd" else in_dtype, "cuda")
+    name = op.name + ("_backward" if direction == "bwd" else "")
+    plan = _cluster_plan(fastact.explain(name, probe))  # the fused dtypes plan alike
+    if plan is None:
+        pytest.skip("no cluster caches this row here: long_row takes its two-read mode (tested elsewhere)")
+    cluster, threads = plan
+    sms = torch.cuda.get_device_properties(probe.device).multi_processor_count
+    # More rows than the clusters that fit at once: at most 1024 // threads CTAs per SM (64 registers
+    # a thread), so 2x that bound and a partial round.
+    rows = 2 * sms * max(1, 1024 // threads) // cluster + 3
+    msg = f"long_row {name} {rows}x{d} {layout} {in_dtype}->{out_dtype}, plan {cluster} x {threads}"
+    if layout == "rows":
+        x = make_tensor((rows, d), in_dtype, "cuda")
+    else:
+        x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, _vec_width(in_dtype))})
+    fn = torch.log_softmax if log else torch.softmax
+    if direction == "fwd":
+        poison_allocator("cuda", x.numel() * out_dtype.itemsize)
+        y = getattr(ops, op.name).default(x, -1, out_arg, variant="long_row")
+        assert_close(y, fn(x.to(out_dtype).double(), -1), torch_actual=fn(x, -1, dtype=out_arg), msg=msg)
+        return
+    y = fn(x, -1, dtype=out_arg)
+    g = make_tensor((rows, d), out_dtype, "cuda")
+    poison_allocator("cuda", x.numel() * in_dtype.itemsize)
+    dx = getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype, variant="long_row")
+    assert_close(
+        dx,
+        softmax_backward_ref(g, y, -1, log),
+        coarsest(in_dtype, out_dtype),
+        torch_actual=softmax_backward_torch(g, y, -1, in_dtype, log),
+        msg=msg,
+    )
+
+
 def fastact_softmax_variant(x, dim, variant):
     return ops.softmax(x, dim, None, variant=variant)
 

@@ -40,6 +40,103 @@ FASTACT_DEVICE int resident_valid(int first, int64_t dim, int step) {
   return n < kVecs ? n : kVecs;
 }
 
+// This thread's units of a cached row: the CTA of cluster rank `rank` (= blockIdx.x % cluster),
+// thread t: units first + j * step, j < kVecs, of which j < nvalid start inside the row. Offsets
+// within a row fit in int: the host caps D at 16 x 1024 x 32.
+struct ResidentSlice {
+  int first;   // element offset of unit 0 in the row
+  int step;    // elements from unit j to unit j + 1: T * kVec
+  int nvalid;  // units inside the row
+};
+
+template <int kVec, int kVecs>
+FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
+  const int nthreads = blockDim.x;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));  // == cluster rank
+  ResidentSlice s;
+  s.first = (rank * nthreads * kVecs + static_cast<int>(threadIdx.x)) * kVec;
+  s.step = nthreads * kVec;
+  s.nvalid = resident_valid<kVecs>(s.first, dim, s.step);
+  return s;
+}
+
+// The forward of one cached row, given this thread's units v (j < s.nvalid) as A: its max, its kept
+// values and their sum -> one all-reduce of the (max, sum) pairs over the row (OnlineOp) -> the
+// outputs at yr + j * step (yr: this thread's unit 0), rescaled to the row's max (ForwardCache::factor). `after_reduce`
+// runs between the all-reduce and the stores.
+template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename F>
+FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s, out_t* __restrict__ yr,
+                                     const Epi& epi, RowScratch<MaxSum<A>>& scratch, int& round, int cluster,
+                                     F after_reduce) {
+  using Cache = ForwardCache<Epi>;
+  A m = neg_inf<A>();
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+    }
+  }
+  const A base = max_base(m);
+  A sum = A(0);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        v[j][k] = Cache::keep(v[j][k], base);
+        sum += Cache::term(v[j][k], base);
+      }
+    }
+  }
+  const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
+  after_reduce();
+  const A f = Cache::factor(m, row_stats.max, epi.row_constant(row_stats.sum));
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A o[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], row_stats.max, f);
+      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+    }
+  }
+}
+
+// The backward of one cached row, given this thread's units of grad_output and output as loaded:
+// the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
+// dxr + j * step (dxr: this thread's unit 0). `after_reduce` as in resident_forward.
+template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename in_t, typename F>
+FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVecs],
+                                      const AlignedVector<out_t, kVec> (&yv)[kVecs], const ResidentSlice& s,
+                                      in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch, int& round,
+                                      int cluster, F after_reduce) {
+  A dot = A(0);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(dy[j], g);
+      to_acc(yv[j], o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    }
+  }
+  dot = row_allreduce(dot, SumOp<A>(), scratch, round, cluster);
+  after_reduce();
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(dy[j], g);
+      to_acc(yv[j], o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
+      store_vector<in_t, kVec>(dxr + j * s.step, from_acc<in_t>(g));
+    }
+  }
+}
+
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Row first_row +
 // blockIdx.x / cluster.
 template <typename in_t, typename out_t, typename Epi, int kVec>
@@ -48,62 +145,23 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
                                                                                    int64_t row_stride, int cluster,
                                                                                    Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
-  using Cache = ForwardCache<Epi>;
   constexpr int kElems = block_fwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<MaxSum<A>> scratch;
-  const int nthreads = blockDim.x;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));  // == cluster rank
+  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
-  // This thread's accesses: units first + j * T (j < kVecs), of which j < nvalid are inside the row.
-  // Offsets within a row fit in int: the host caps D at 16 x 1024 x 32.
-  const int first = (rank * nthreads * kVecs + static_cast<int>(threadIdx.x)) * kVec;
-  const int step = nthreads * kVec;
-  const int nvalid = resident_valid<kVecs>(first, dim, step);
-  const in_t* xr = x + row * row_stride + first;
+  const in_t* xr = x + row * row_stride + s.first;
   int round = 0;
-
   A v[kVecs][kVec];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) to_acc(load_vector<in_t, kVec>(xr + j * step), v[j]);
+    if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
-  // One all-reduce: this thread's (max, sum of exp(x - max)) pair, combined over the row (OnlineOp);
-  // the kept values are rescaled on output (ForwardCache::factor).
-  A m = neg_inf<A>();
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
-    }
-  }
-  const A base = max_base(m);
-  A s = A(0);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[j][k] = Cache::keep(v[j][k], base);
-        s += Cache::term(v[j][k], base);
-      }
-    }
-  }
-  const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, s}, OnlineOp<A>(), scratch, round, cluster);
-  if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
-  const A f = Cache::factor(m, row_stats.max, epi.row_constant(row_stats.sum));
-  out_t* yr = y + row * dim + first;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-      A o[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], row_stats.max, f);
-      store_vector<out_t, kVec>(yr + j * step, from_acc<out_t>(o));
-    }
-  }
+  // Done reading the other CTAs' shared memory once reduced: signal it before the stores.
+  resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster, [cluster] {
+    if (cluster > 1) cluster_arrive();
+  });
   // A CTA's shared memory must outlive the other CTAs' reads of it.
   if (cluster > 1) cluster_wait();
 }
@@ -119,47 +177,22 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<A> scratch;
-  const int nthreads = blockDim.x;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
-  const int first = (rank * nthreads * kVecs + static_cast<int>(threadIdx.x)) * kVec;
-  const int step = nthreads * kVec;
-  const int nvalid = resident_valid<kVecs>(first, dim, step);
-  const int64_t offset = row * dim + first;
+  const int64_t offset = row * dim + s.first;
   int round = 0;
-
   AlignedVector<out_t, kVec> dy[kVecs], yv[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * step);
-      yv[j] = load_vector<out_t, kVec>(output + offset + j * step);
+    if (j < s.nvalid) {
+      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * s.step);
+      yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
     }
   }
-  A dot = A(0);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-      A g[kVec], o[kVec];
-      to_acc(dy[j], g);
-      to_acc(yv[j], o);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
-    }
-  }
-  dot = row_allreduce(dot, SumOp<A>(), scratch, round, cluster);
-  if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < nvalid) {
-      A g[kVec], o[kVec];
-      to_acc(dy[j], g);
-      to_acc(yv[j], o);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
-      store_vector<in_t, kVec>(grad_input + offset + j * step, from_acc<in_t>(g));
-    }
-  }
+  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster,
+                                         [cluster] {
+                                           if (cluster > 1) cluster_arrive();
+                                         });
   if (cluster > 1) cluster_wait();  // the other CTAs are done reading this one's shared memory
 }
 

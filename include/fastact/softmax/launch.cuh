@@ -81,7 +81,8 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   }
   if (active_clusters(kMaxCluster, kResidentMaxThreads) < 1) return;
   p->max_cluster = kMaxCluster;
-  for (int threads : {kClusterThreadsFirst, kResidentMaxThreads}) {
+  // Probed at 512 and 1024 threads: 256-thread CTAs stay in clusters of up to 8 (only those measured).
+  for (int threads : {512, kResidentMaxThreads}) {
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kClusterProbeKernel, threads, 0) != cudaSuccess) {
       (void)cudaGetLastError();
