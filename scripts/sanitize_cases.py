@@ -52,6 +52,16 @@ def softmax_cases(dtype):
                     check(f"{'log_' if log else ''}softmax_backward {v} {shape} {dtype}", dx, want_dx, dtype)
 
 
+def staged_long_row_cases(dtype):
+    """long_row's persistent forward (1024-thread clusters, the next row staged in shared memory with
+    cp.async): rows of 262144, more rows than the 16 clusters an H100 holds, so clusters loop."""
+    x = torch.randn(20, 262144, device="cuda", dtype=dtype)
+    for log in (False, True):
+        fwd = ops.log_softmax if log else ops.softmax
+        want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+        check(f"{'log_' if log else ''}softmax long_row staged {dtype}", fwd(x, -1, None, variant="long_row"), want, dtype)
+
+
 def elementwise_cases(dtype):
     dev = "cuda"
     for n in (1, 7, 8, 9, 1000, 4099):
@@ -87,6 +97,8 @@ def main():
         [torch.float32, torch.float64, torch.float16, torch.bfloat16]
     for dtype in dtypes:
         softmax_cases(dtype)
+        if dtype != torch.float64:  # float64 has no staged kernel
+            staged_long_row_cases(dtype)
         elementwise_cases(dtype)
     torch.cuda.synchronize()
     print("sanitize_cases: all cases ran and matched torch")

@@ -23,8 +23,9 @@
 //             (online max+sum, then write).
 //   long_row  inner == 1, any D. sm_90 with clusters: the row split over a thread-block cluster
 //             (2..16 CTAs), each CTA caching its slice in registers, the max and sum combined through
-//             distributed shared memory: one HBM read. Without clusters, or beyond what a cluster can
-//             cache: the split scheme below.
+//             distributed shared memory: one HBM read. Forward clusters of 1024-thread CTAs are
+//             persistent, staging the next row in shared memory (softmax/long_row.cuh). Without
+//             clusters, or beyond what a cluster can cache: the split scheme below.
 //   split     inner == 1, any D (added variant; long_row's fallback, forceable for tests). Online
 //             max+sum per chunk of a row, then one write pass: two reads, one write, never three.
 //             Several CTAs per row when rows are few (two kernels; the per-chunk partials are parked
