@@ -47,8 +47,9 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;
 // ---- elementwise_kernel: one tile per block ---------------------------------------------------------
 // 128 threads a block, each with one or two independent 16-byte loads an operand (elementwise_shape
-// below) issued before any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs keep
-// as many blocks resident as registers allow (no persistent loop, no shared memory): memory-level
+// below) issued before any arithmetic; a block does one tile and exits, so the grid is
+// ceil(n / tile) blocks and the SMs keep as many blocks resident as registers allow (no persistent
+// loop, no shared memory): memory-level
 // parallelism comes from many resident warps, as in torch's own vectorised elementwise kernel,
 // instead of a deep per-thread pipeline.
 constexpr int kEltThreads = 128;

@@ -350,6 +350,25 @@ inline void set_cluster_launch(cudaLaunchConfig_t& config, cudaLaunchAttribute& 
   config.numAttrs = 1;
 }
 
+// How many clusters of `cluster` (>= 2) CTAs of `threads` threads of kKernel, with `smem` bytes of
+// dynamic shared memory each, the current device runs at once; 0 when none fit or the query fails
+// (clusters of more than kMaxPortableCluster need allow_large_clusters<kKernel>() first).
+template <auto kKernel>
+int max_active_clusters(int cluster, int threads, size_t smem) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  set_cluster_launch(config, attr, cluster);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 // Launches kKernel on a 1-D grid of `blocks` blocks (a multiple of `cluster`), as clusters of
 // `cluster` CTAs along x when cluster > 1. Returns the launch error, if any.
 template <auto kKernel, typename... Args>

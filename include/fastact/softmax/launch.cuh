@@ -44,22 +44,6 @@ namespace softmax_impl::detail {
 // The kernel the cluster probe asks about: the resident forward, whose CTAs are the largest.
 constexpr auto kClusterProbeKernel = &softmax_block_fwd_kernel<float, float, math::SoftmaxEpilogue, 4>;
 
-// How many clusters of `cluster` CTAs of `threads` threads of the probe kernel the current device
-// runs at once (0: none, or the query failed).
-inline int active_clusters(int cluster, int threads) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
-  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  cudaLaunchAttribute attr;
-  set_cluster_launch(config, attr, cluster);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kClusterProbeKernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return clusters;
-}
-
 // Fills max_cluster and wide_cluster_threads (dispatch.h says what they mean). Clusters of 16 count
 // as "wide" at a block size when they hold at least 90% of the CTAs that the device holds at that
 // size without clusters. Why the 90%: a GPC with fewer free SMs than a cluster needs leaves them idle.
@@ -79,7 +63,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
     (void)cudaGetLastError();
     return;
   }
-  if (active_clusters(kMaxCluster, kResidentMaxThreads) < 1) return;
+  if (max_active_clusters<kClusterProbeKernel>(kMaxCluster, kResidentMaxThreads, 0) < 1) return;
   p->max_cluster = kMaxCluster;
   // Probed at 512 and 1024 threads: 256-thread CTAs stay in clusters of up to 8 (only those measured).
   for (int threads : {512, kResidentMaxThreads}) {
@@ -88,7 +72,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
       (void)cudaGetLastError();
       return;
     }
-    const int64_t ctas = int64_t(active_clusters(kMaxCluster, threads)) * kMaxCluster;
+    const int64_t ctas = int64_t(max_active_clusters<kClusterProbeKernel>(kMaxCluster, threads, 0)) * kMaxCluster;
     if (ctas * 10 < int64_t(sm_count) * per_sm * 9) return;
     p->wide_cluster_threads = threads;
   }

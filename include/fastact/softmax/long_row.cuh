@@ -107,10 +107,9 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_cluster_fwd_ke
 
 namespace detail {
 
-// Clusters of `cluster` CTAs x `threads` threads of kKernel (with `smem` dynamic bytes) that the current
-// device holds at once; 0 when it holds none or the query fails. Cached per device and configuration.
-// The first query on a device also lets kKernel use kMaxSmem bytes of dynamic shared memory (the most
-// any of its configurations asks for: one value, whatever the order of the queries).
+// max_active_clusters of kKernel (cluster >= 2), cached per device and configuration. The first query
+// on a device also lets kKernel use kMaxSmem bytes of dynamic shared memory (the most any of its
+// configurations asks for: one value, whatever the order of the queries).
 template <auto kKernel, size_t kMaxSmem>
 int resident_clusters(int cluster, int threads, size_t smem) {
   struct Entry {
@@ -134,22 +133,9 @@ int resident_clusters(int cluster, int threads, size_t smem) {
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
   if (err == cudaSuccess && cluster > kMaxPortableCluster) err = allow_large_clusters<kKernel>();
   if (err == cudaSuccess) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
-    config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr;
-    if (cluster > 1) set_cluster_launch(config, attr, cluster);
-    err = cluster > 1 ? cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config)
-                      : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&clusters, kKernel, threads, smem);
-  }
-  if (err != cudaSuccess) {
+    clusters = max_active_clusters<kKernel>(cluster, threads, smem);
+  } else {
     (void)cudaGetLastError();
-    clusters = 0;
-  }
-  if (cluster == 1) {  // blocks per SM -> blocks on the device
-    int sms = 0;
-    clusters = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? clusters * sms : 0;
   }
   cache.push_back({device, cluster, threads, smem, clusters});
   return clusters;
@@ -165,7 +151,7 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
     constexpr int kVecs = block_fwd_elems<out_t, kVec>() / kVec;
     constexpr size_t kMaxSmem = size_t(kVecs) * kResidentMaxThreads * 16;
     if (threads > kStageAboveThreads && threads <= kResidentMaxThreads && threads % kWarpSize == 0 &&
-        cluster >= 1 && cluster <= kMaxCluster && int64_t(cluster) * threads * kVecs * kVec >= dim) {
+        cluster >= 2 && cluster <= kMaxCluster && int64_t(cluster) * threads * kVecs * kVec >= dim) {
       const size_t smem = size_t(kVecs) * threads * 16;
       const int64_t resident = resident_clusters<kKernel, kMaxSmem>(cluster, threads, smem);
       if (resident >= 1) {
