@@ -107,12 +107,24 @@ constexpr int softmax_resident_elems(bool backward, int vec, int out_bytes, int 
                   : kResidentRegBytes / acc_bytes;
 }
 
-// D-rows a thread of the strided kernel caches: the resident elements over the access width; with
-// element accesses half of them. Why: one-element loads down a column each need their own 64-bit
-// address, and 32 of them do not fit the 64 registers a 1024-thread block allows (ptxas spilled).
-constexpr int softmax_strided_rows(bool backward, int vec, int out_bytes, int acc_bytes) {
-  return vec > 1 ? softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / vec
-                 : softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / 2;
+// Whether the strided forward caches its D-rows as loaded (16-bit inputs in 128-bit accesses) rather
+// than converted to the accumulation type. Why: a raw 16-bit row takes half the registers, so a thread
+// caches twice the D-rows and a tile needs half the threads (or half the cluster): on the H100 the
+// converted bf16 cache ran at 0.51-0.56 of the limit (cluster 4) against float's 0.84 (cluster 2).
+// Softmax then computes exp twice per element (sum, then output), log_softmax nothing extra.
+constexpr bool softmax_strided_raw(bool backward, int vec, int in_bytes, int acc_bytes) {
+  return !backward && vec > 1 && in_bytes < acc_bytes;
+}
+
+// D-rows a thread of the strided kernel caches: the resident elements over the access width (raw
+// 16-bit rows: kResidentRegBytes of loaded vectors); with element accesses half of them. Why: one-
+// element loads down a column each need their own 64-bit address, and 32 of them do not fit the 64
+// registers a 1024-thread block allows (ptxas spilled).
+constexpr int softmax_strided_rows(bool backward, int vec, int in_bytes, int out_bytes, int acc_bytes) {
+  return softmax_strided_raw(backward, vec, in_bytes, acc_bytes)
+             ? kResidentRegBytes / (vec * in_bytes)
+             : (vec > 1 ? softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / vec
+                        : softmax_resident_elems(backward, vec, out_bytes, acc_bytes) / 2);
 }
 
 // Accesses in flight per thread and array in the strided kernel's streaming loops: 64 bytes of
@@ -209,10 +221,10 @@ constexpr int kStridedClusterAbove = 512;
 constexpr int kStridedMaxSmem = 48 * 1024;
 
 // Values of the strided kernel's reduction buffers (see column_allreduce in softmax/common.cuh):
-// red[2][R][C][L], res[2][C][L], cta[2][C][L]; R = threads / 32 when C < 32, else threads / C.
+// red[2][R][C * L + 1], res[2][C][L], cta[2][C][L]; R = threads / 32 when C < 32, else threads / C.
 inline int64_t softmax_strided_smem_values(int64_t threads, int64_t columns, int lanes) {
   const int64_t reps = columns < 32 ? threads / 32 : threads / columns;
-  return (2 * reps * columns + 4 * columns) * lanes;
+  return 2 * reps * (columns * lanes + 1) + 4 * columns * lanes;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -439,7 +451,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   s.variant = SoftmaxVariant::kStrided;
   s.mode = SoftmaxMode::kStrided;
   s.vec = softmax_columns_vectorizable(p) ? softmax_vec_width(p) : 1;
-  const int kv = softmax_strided_rows(p.backward, s.vec, p.out_bytes, p.acc_bytes);  // D-rows cached per thread
+  const int kv = softmax_strided_rows(p.backward, s.vec, p.in_bytes, p.out_bytes, p.acc_bytes);  // D-rows cached per thread
   s.elems_per_thread = kv * s.vec;
   const int load_bytes = p.backward ? p.out_bytes : p.in_bytes;
   const int64_t inner_units = p.inner / s.vec;

@@ -98,11 +98,10 @@ FASTACT_DEVICE double cached_exp(double d) { return math::exp_(d); }
 //   softmax, c otherwise. A thread whose max is -inf keeps against max_base(m) = 0 (below), so its
 //   kept exp(-inf - 0) are 0, and its factor exp(-inf - M) is 0 too (NaN for a row of all -inf, as
 //   torch).
-// Generic form (log_softmax): keep x, sum exp(x - m), write epi.forward(x, M, c). Softmax keeps
-// exp(x - m), so exp runs once per element; out = kept * f, SoftmaxEpilogue::forward's formula when
-// m = M.
-template <typename Epi>
-struct ForwardCache {
+// KeepInput (log_softmax, and every epilogue in kernels that cache the input as loaded): keep x, sum
+// exp(x - m), write epi.forward(x, M, c). ForwardCache<Softmax> keeps exp(x - m) instead, so exp runs
+// once per element; out = kept * f, SoftmaxEpilogue::forward's formula when m = M.
+struct KeepInputTerms {
   template <typename A>
   static FASTACT_DEVICE A keep(A x, A /*max*/) {
     return x;
@@ -115,11 +114,27 @@ struct ForwardCache {
   static FASTACT_DEVICE A factor(A /*own_max*/, A /*row_max*/, A c) {
     return c;
   }
+};
+
+template <typename Epi>
+struct KeepInput : KeepInputTerms {
   template <typename A>
   static FASTACT_DEVICE A out(const Epi& epi, A kept, A row_max, A f) {
     return epi.forward(kept, row_max, f);
   }
 };
+
+// Softmax from the input itself: exp(x - M) * c with the cached kernels' exp (two exps per element).
+template <>
+struct KeepInput<math::SoftmaxEpilogue> : KeepInputTerms {
+  template <typename A>
+  static FASTACT_DEVICE A out(const math::SoftmaxEpilogue&, A kept, A row_max, A f) {
+    return cached_exp(kept - row_max) * f;
+  }
+};
+
+template <typename Epi>
+struct ForwardCache : KeepInput<Epi> {};
 
 template <>
 struct ForwardCache<math::SoftmaxEpilogue> {
@@ -268,11 +283,34 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 // two) and holds L lanes (the elements of its vector along inner); threads with the same c split D.
 // Reduces each (column, lane) over all threads of its column, in the block and then the cluster.
 //
-// Shared memory (dynamic, V values): red[2][R][C][L], res[2][C][L], cta[2][C][L], where R, the
+// Shared memory (dynamic, V values): red[2][R][C * L + 1], res[2][C][L], cta[2][C][L], where R, the
 // representatives per column, is one per warp when C < 32 (the warp first reduces its own D-groups
-// by shuffles) and one per D-group when C >= 32. Size: softmax_strided_smem_values (dispatch.h). Buffers alternate
-// by round as in RowScratch (each round has two block barriers).
+// by shuffles) and one per D-group when C >= 32; red's rows are padded by one value so that the
+// folding lanes below read distinct banks. Size: softmax_strided_smem_values (dispatch.h). Buffers
+// alternate by round as in RowScratch (each round has two block barriers).
 // blockDim.x a multiple of 32 and of C. Result: valid in every thread, identical for a column.
+
+// dst[q] = the fold over i < n of load(i, q), for each of the `values` q. P consecutive lanes fold one
+// value (each a strided share of the n partials, then shuffles), P a power of two <= 32, <= n, with
+// values * P <= blockDim.x: the block's threads fold side by side instead of one thread per value
+// walking all n partials in a dependent chain. The order depends only on (n, values, blockDim.x), so
+// every CTA of a cluster folds the same partials to the same bits.
+template <typename V, typename Op, typename Load>
+FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, V* dst) {
+  const int nthreads = blockDim.x;
+  int P = 1;
+  while (P * 2 <= n && P * 2 <= kWarpSize && values * P * 2 <= nthreads) P *= 2;
+  const int active = values * P;
+  const int span = (active + kWarpSize - 1) / kWarpSize * kWarpSize;  // whole warps: shuffles below
+  for (int i = threadIdx.x; i < span; i += nthreads) {
+    const int q = i / P < values ? i / P : values - 1;  // lanes past `active` read, never write
+    const int p = i % P;
+    V r = load(p, q);
+    for (int jj = p + P; jj < n; jj += P) r = op(r, load(jj, q));
+    for (int mask = P / 2; mask > 0; mask /= 2) r = op(r, shfl_xor(r, mask, kWarpSize));
+    if (p == 0 && i < active) dst[q] = r;
+  }
+}
 
 template <int L, typename V, typename Op>
 FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, int columns, int cluster) {
@@ -284,9 +322,10 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
   const int C = columns;
   const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads / C;
   const int CL = C * L;
-  V* red = smem + ring * R * CL;              // [R][C][L]
-  V* res = smem + 2 * R * CL + ring * CL;     // [C][L]
-  V* cta = smem + 2 * R * CL + 2 * CL + ring * CL;
+  const int stride = CL + 1;                        // red's padded row
+  V* red = smem + ring * R * stride;                // [R][C * L + 1]
+  V* res = smem + 2 * R * stride + ring * CL;       // [C][L]
+  V* cta = smem + 2 * R * stride + 2 * CL + ring * CL;
   const int c = tid % C;
   if (C < kWarpSize) {
     for (int mask = C; mask < kWarpSize; mask *= 2) {
@@ -298,22 +337,13 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
   const int j = C < kWarpSize ? tid / kWarpSize : tid / C;
   if (rep) {
 #pragma unroll
-    for (int k = 0; k < L; ++k) red[(j * C + c) * L + k] = vals[k];
+    for (int k = 0; k < L; ++k) red[j * stride + c * L + k] = vals[k];
   }
   __syncthreads();
-  V* dst = cluster > 1 ? cta : res;
-  for (int q = tid; q < CL; q += nthreads) {
-    V r = red[q];
-    for (int jj = 1; jj < R; ++jj) r = op(r, red[jj * CL + q]);
-    dst[q] = r;
-  }
+  fold_partials(R, CL, op, [&](int i, int q) { return red[i * stride + q]; }, cluster > 1 ? cta : res);
   if (cluster > 1) {
     cluster_sync_all();
-    for (int q = tid; q < CL; q += nthreads) {
-      V r = *cluster_peer(cta + q, 0);
-      for (int rk = 1; rk < cluster; ++rk) r = op(r, *cluster_peer(cta + q, rk));
-      res[q] = r;
-    }
+    fold_partials(cluster, CL, op, [&](int rk, int q) { return *cluster_peer(cta + q, rk); }, res);
   }
   __syncthreads();
 #pragma unroll

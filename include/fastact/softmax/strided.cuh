@@ -9,13 +9,16 @@
 // D-group g = t / C of G = T / C, so a warp reads whole lines of consecutive D-rows (coalesced).
 //   cached mode (kStreaming = false): the CTA of cluster rank r caches D-rows
 //       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
-//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read. Max and sum are
+//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read; 16-bit inputs stay
+//     as loaded there, so kRows doubles (StridedRows, softmax_strided_raw). Max and sum are
 //     reduced per (column, lane) over the D-groups (shuffles within a warp, shared memory across
 //     warps, distributed shared memory across a cluster), as in the row kernels.
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
 //     pass down the column, then the write pass: two reads.
 // One tile per CTA (or per cluster).
 #pragma once
+
+#include <type_traits>
 
 #include "fastact/softmax/common.cuh"
 
@@ -59,6 +62,32 @@ FASTACT_DEVICE StridedThread strided_thread(int64_t outer, int64_t dim, int64_t 
   return t;
 }
 
+// A thread's cached D-rows, j < kRows: converted to the accumulation type on load (kRaw = false;
+// Cache::keep may replace them), or kept as loaded and converted at each use (kRaw = true, 16-bit
+// inputs: half the registers a row, see softmax_strided_raw; the cache is then KeepInput, whose keep
+// is the identity).
+template <bool kRaw, typename in_t, typename A, int kVec, int kRows>
+struct StridedRows {
+  A v[kRows][kVec];
+  FASTACT_DEVICE void load(int j, const in_t* p) { to_acc(load_vector<in_t, kVec>(p), v[j]); }
+  FASTACT_DEVICE void get(int j, A (&w)[kVec]) const {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) w[k] = v[j][k];
+  }
+  FASTACT_DEVICE void set(int j, const A (&w)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[j][k] = w[k];
+  }
+};
+
+template <typename in_t, typename A, int kVec, int kRows>
+struct StridedRows<true, in_t, A, kVec, kRows> {
+  AlignedVector<in_t, kVec> r[kRows];
+  FASTACT_DEVICE void load(int j, const in_t* p) { r[j] = load_vector<in_t, kVec>(p); }
+  FASTACT_DEVICE void get(int j, A (&w)[kVec]) const { to_acc(r[j], w); }
+  FASTACT_DEVICE void set(int, const A (&)[kVec]) {}
+};
+
 template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_kernel(
     const in_t* __restrict__ x,  // [outer, D, inner]
@@ -66,8 +95,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
   using P = MaxSum<A>;
-  using Cache = ForwardCache<Epi>;
-  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(out_t), sizeof(A));
+  constexpr bool kRaw = softmax_strided_raw(false, kVec, sizeof(in_t), sizeof(A));
+  using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
+  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const StridedThread t = strided_thread<kVec>(outer, dim, inner, columns, cluster, kRows, first_tile);
@@ -78,10 +108,10 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     const int nrows = t.col_ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
     const int64_t first = t.d_first * inner;
     const int64_t step = int64_t(t.G) * inner;
-    A v[kRows][kVec];
+    StridedRows<kRaw, in_t, A, kVec, kRows> rows;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) to_acc(load_vector<in_t, kVec>(xc + first + j * step), v[j]);
+      if (j < nrows) rows.load(j, xc + first + j * step);
     }
     A m[kVec], s[kVec];
 #pragma unroll
@@ -89,8 +119,10 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
+        A w[kVec];
+        rows.get(j, w);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], v[j][k]);
+        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], w[k]);
       }
     }
     column_allreduce(m, MaxOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
@@ -99,11 +131,14 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
+        A w[kVec];
+        rows.get(j, w);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          v[j][k] = Cache::keep(v[j][k], m[k]);
-          s[k] += Cache::term(v[j][k], m[k]);
+          w[k] = Cache::keep(w[k], m[k]);
+          s[k] += Cache::term(w[k], m[k]);
         }
+        rows.set(j, w);
       }
     }
     column_allreduce(s, SumOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
@@ -114,8 +149,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
         A o[kVec];
+        rows.get(j, o);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m[k], s[k]);
+        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], m[k], s[k]);
         store_vector<out_t, kVec>(yc + first + j * step, from_acc<out_t>(o));
       }
     }
@@ -179,7 +215,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
     in_t* __restrict__ grad_input,          // [outer, D, inner]
     int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
-  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(out_t), sizeof(A));
+  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* smem = reinterpret_cast<A*>(smem_raw);
@@ -289,7 +325,7 @@ template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
                             int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
-  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(out_t), sizeof(acc_t<out_t>));
+  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
   if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
     return cudaErrorInvalidConfiguration;
   if (streaming) cluster = 1;
@@ -309,7 +345,7 @@ template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim, int64_t inner,
                              int threads, int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
-  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(out_t), sizeof(acc_t<out_t>));
+  constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
   if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
     return cudaErrorInvalidConfiguration;
   if (streaming) cluster = 1;
