@@ -149,7 +149,6 @@ def extension():
         # preloads it from the `tbb` runtime distribution, for installs that moved.
         extra_link_args=[f"-Wl,-rpath,{tbb_lib}"],
         depends=glob.glob("include/**/*", recursive=True) + glob.glob("csrc/**/*.h", recursive=True),
-        py_limited_api=True,
     )
     if not with_cuda:
         return CppExtension(sources=sources, extra_compile_args={"cxx": cxx}, **kwargs)
@@ -169,8 +168,9 @@ if "TORCH_CUDA_ARCH_LIST" not in os.environ:
     # sm_80 (A100) and sm_90 (H100); PTX for newer chips.
     os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
 
+# Not a limited-API (abi3) extension: csrc/eager.cpp calls torch's Python bindings (libtorch_python)
+# to enter the ops unboxed. The wheel is tied to one torch build (its C++ ABI) either way.
 setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": FastactBuild},
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -26,6 +26,7 @@ def per_call(fn):
 
 cases = {
     "fastact.softmax(x)": lambda: fastact.softmax(x, -1),
+    "fastact._C.softmax (eager entry)": lambda: fastact._C.softmax(x, -1),
     "torch.ops.fastact.softmax.default": lambda: torch.ops.fastact.softmax.default(x, -1, None),
     "torch.ops.fastact.softmax (packet)": lambda: torch.ops.fastact.softmax(x, -1, None),
     "torch.softmax(x)": lambda: torch.softmax(x, -1),

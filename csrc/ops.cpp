@@ -7,10 +7,13 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "eager.h"
+
 extern "C" {
-// An empty module: importing it loads the library and runs the static registrations below.
+// Importing the module loads the library and runs the static registrations below; its functions are
+// the eager entry points of fastact's Python API (csrc/eager.cpp).
 PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, fastact::eager_methods()};
   return PyModule_Create(&module_def);
 }
 }

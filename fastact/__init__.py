@@ -5,12 +5,15 @@ tolerance, same errors), forward and backward, on CUDA GPUs and CPUs, in float32
 and bfloat16, under autograd, torch.compile and CUDA graphs.
 """
 
+from ._ops import _C
 from ._ops import ops as _ops
 
 __all__ = ["softmax", "log_softmax", "gelu", "bias_gelu", "sigmoid", "explain", "nn"]
 __version__ = "0.1.0"
 
-# The OpOverloads, looked up once: a call is argument normalisation plus one dispatcher call.
+# Each function first tries _C's eager entry point (csrc/eager.cpp: one unboxed dispatcher call for a
+# plain tensor), which returns NotImplemented for anything else (tensor subclasses, torch function
+# modes, unusual arguments); then the OpOverload, looked up once here, handles the call.
 _softmax = _ops.softmax.default
 _log_softmax = _ops.log_softmax.default
 _gelu = _ops.gelu.default
@@ -23,17 +26,26 @@ def softmax(input, dim=-1, *, dtype=None):
 
     ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32``
     is converted inside the kernel (no extra pass over memory)."""
+    if dtype is None:
+        y = _C.softmax(input, dim)
+        if y is not NotImplemented:
+            return y
     return _softmax(input, dim, dtype)
 
 
 def log_softmax(input, dim=-1, *, dtype=None):
     """Log-softmax over `dim`; matches ``torch.log_softmax(input, dim, dtype=dtype)``."""
+    if dtype is None:
+        y = _C.log_softmax(input, dim)
+        if y is not NotImplemented:
+            return y
     return _log_softmax(input, dim, dtype)
 
 
 def gelu(input, approximate="none"):
     """GELU; matches ``torch.nn.functional.gelu(input, approximate=approximate)`` ("none" or "tanh")."""
-    return _gelu(input, approximate)
+    y = _C.gelu(input, approximate)
+    return _gelu(input, approximate) if y is NotImplemented else y
 
 
 def bias_gelu(input, bias, approximate="tanh"):
@@ -41,12 +53,14 @@ def bias_gelu(input, bias, approximate="tanh"):
 
     The backward returns the gradients of ``input`` and ``bias``, also fused (no materialised
     ``input + bias``)."""
-    return _bias_gelu(input, bias, approximate)
+    y = _C.bias_gelu(input, bias, approximate)
+    return _bias_gelu(input, bias, approximate) if y is NotImplemented else y
 
 
 def sigmoid(input):
     """Sigmoid; matches ``torch.sigmoid`` (computed without overflow for large ``|input|``)."""
-    return _sigmoid(input)
+    y = _C.sigmoid(input)
+    return _sigmoid(input) if y is NotImplemented else y
 
 
 def explain(op, input, dim=-1):

@@ -1,0 +1,153 @@
+// The eager entry points behind fastact's Python functions: one unboxed dispatcher call per op.
+//
+// Why: torch.ops.fastact.softmax.default(x, dim, None) matches its Python arguments against the
+// schema into a stack of IValues and dispatches boxed, ~1.4 us a call more than a native binding
+// (bench/NOTES.md, "per-call overhead"), which is most of a small tensor's cost. These functions take
+// the common case, a plain torch.Tensor (or Parameter) and no __torch_function__ mode, and call the
+// op's typed handle with the GIL released, as torch's own bindings do. The dispatcher still runs
+// every key (autograd, inference mode, dispatch modes, the CUDA kernel and its device guard): only
+// the Python argument handling is shorter. Anything else returns NotImplemented and the Python
+// function calls the OpOverload, which handles subclasses, modes and argument errors as before.
+// Under torch.compile dynamo traces the OpOverload instead (fastact/_ops.py registers it as these
+// functions' substitute), so graphs see the registered ops.
+#include "eager.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <exception>
+#include <optional>
+#include <string_view>
+
+namespace fastact {
+namespace {
+
+using at::Tensor;
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+// A torch.Tensor or Parameter (not a subclass), with no torch function mode active: what the
+// OpOverload would call the op on unchanged.
+bool plain_tensor(PyObject* obj) {
+  return THPVariable_CheckExact(obj) && !at::impl::torch_function_mode_enabled();
+}
+
+bool as_int(PyObject* obj, int64_t& out) {
+  if (!PyLong_CheckExact(obj)) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || (out == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+bool as_string(PyObject* obj, std::string_view& out) {
+  if (!PyUnicode_CheckExact(obj)) return false;
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(obj, &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out = std::string_view(data, static_cast<size_t>(size));
+  return true;
+}
+
+PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
+
+// Runs call() with the GIL released and returns its tensor as a Python object; a C++ exception
+// becomes the Python exception torch's own bindings raise for it.
+template <typename Call>
+PyObject* run(Call&& call) {
+  Tensor result;
+  std::exception_ptr error;
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    result = call();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  PyEval_RestoreThread(state);
+  if (error) {
+    torch::translate_exception_to_python(error);
+    return nullptr;
+  }
+  return THPVariable_Wrap(std::move(result));
+}
+
+bool arity(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
+  if (nargs == want) return true;
+  PyErr_Format(PyExc_TypeError, "fastact._C.%s takes %zd positional arguments (%zd given)", name, want, nargs);
+  return false;
+}
+
+using SoftmaxSig = Tensor(const Tensor&, int64_t, std::optional<at::ScalarType>, c10::string_view);
+
+template <bool kLog>
+PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2)) return nullptr;
+  int64_t dim = 0;
+  if (!plain_tensor(args[0]) || !as_int(args[1], dim)) return not_implemented();
+  static const auto handle = op<SoftmaxSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
+  const Tensor& x = THPVariable_Unpack(args[0]);
+  return run([&] { return handle.call(x, dim, std::nullopt, "auto"); });
+}
+
+PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("gelu", nargs, 2)) return nullptr;
+  std::string_view approximate;
+  if (!plain_tensor(args[0]) || !as_string(args[1], approximate)) return not_implemented();
+  static const auto handle = op<Tensor(const Tensor&, c10::string_view)>("fastact::gelu");
+  const Tensor& x = THPVariable_Unpack(args[0]);
+  return run([&] { return handle.call(x, approximate); });
+}
+
+PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("bias_gelu", nargs, 3)) return nullptr;
+  std::string_view approximate;
+  if (!plain_tensor(args[0]) || !THPVariable_CheckExact(args[1]) || !as_string(args[2], approximate))
+    return not_implemented();
+  static const auto handle = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::bias_gelu");
+  const Tensor& x = THPVariable_Unpack(args[0]);
+  const Tensor& bias = THPVariable_Unpack(args[1]);
+  return run([&] { return handle.call(x, bias, approximate); });
+}
+
+PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("sigmoid", nargs, 1)) return nullptr;
+  if (!plain_tensor(args[0])) return not_implemented();
+  static const auto handle = op<Tensor(const Tensor&)>("fastact::sigmoid");
+  const Tensor& x = THPVariable_Unpack(args[0]);
+  return run([&] { return handle.call(x); });
+}
+
+// The text signatures (before "--") give inspect.signature, which torch.compiler.substitute_in_graph
+// compares with the substitutes' signatures.
+PyMethodDef methods[] = {
+    {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<false>)), METH_FASTCALL,
+     "softmax($module, input, dim, /)\n--\n\nfastact::softmax(input, dim); NotImplemented if not a plain tensor."},
+    {"log_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<true>)), METH_FASTCALL,
+     "log_softmax($module, input, dim, /)\n--\n\nfastact::log_softmax(input, dim); NotImplemented if not a plain "
+     "tensor."},
+    {"gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gelu)), METH_FASTCALL,
+     "gelu($module, input, approximate, /)\n--\n\nfastact::gelu; NotImplemented if not a plain tensor."},
+    {"bias_gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&bias_gelu)), METH_FASTCALL,
+     "bias_gelu($module, input, bias, approximate, /)\n--\n\nfastact::bias_gelu; NotImplemented if not plain "
+     "tensors."},
+    {"sigmoid", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&sigmoid)), METH_FASTCALL,
+     "sigmoid($module, input, /)\n--\n\nfastact::sigmoid; NotImplemented if not a plain tensor."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+PyMethodDef* eager_methods() { return methods; }
+
+}  // namespace fastact

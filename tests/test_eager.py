@@ -1,0 +1,173 @@
+"""The eager entry points (csrc/eager.cpp): fastact's Python functions call _C's unboxed entry for a
+plain tensor and fall back to the OpOverload for everything else. Both paths must give the same
+results, errors, autograd and dispatch-mode behaviour; these tests check that each path is the one
+taken where it should be, and that what the fast path skips (Python argument handling) is all it
+skips."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fastact
+from fastact._ops import _C
+from fastact_testing import assert_close, make_tensor
+
+ops = torch.ops.fastact
+
+# (public call, _C entry call, OpOverload call, torch reference) per op, on x (and bias b)
+CASES = {
+    "softmax": (lambda x, b: fastact.softmax(x, 1), lambda x, b: _C.softmax(x, 1),
+                lambda x, b: ops.softmax.default(x, 1, None), lambda x, b: torch.softmax(x, 1)),
+    "log_softmax": (lambda x, b: fastact.log_softmax(x, -1), lambda x, b: _C.log_softmax(x, -1),
+                    lambda x, b: ops.log_softmax.default(x, -1, None), lambda x, b: torch.log_softmax(x, -1)),
+    "gelu": (lambda x, b: fastact.gelu(x, "tanh"), lambda x, b: _C.gelu(x, "tanh"),
+             lambda x, b: ops.gelu.default(x, "tanh"), lambda x, b: torch.nn.functional.gelu(x, approximate="tanh")),
+    "bias_gelu": (lambda x, b: fastact.bias_gelu(x, b), lambda x, b: _C.bias_gelu(x, b, "tanh"),
+                  lambda x, b: ops.bias_gelu.default(x, b, "tanh"),
+                  lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh")),
+    "sigmoid": (lambda x, b: fastact.sigmoid(x), lambda x, b: _C.sigmoid(x),
+                lambda x, b: ops.sigmoid.default(x), lambda x, b: torch.sigmoid(x)),
+}
+
+
+def _inputs(device, dtype=torch.float32, requires_grad=False):
+    x = make_tensor((6, 40), dtype, device).requires_grad_(requires_grad)
+    b = make_tensor((40,), dtype, device).requires_grad_(requires_grad)
+    return x, b
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_entry_takes_plain_tensors(device, dtype, name):
+    public, entry, overload, ref = CASES[name]
+    x, b = _inputs(device, dtype)
+    y = entry(x, b)
+    assert isinstance(y, torch.Tensor), y
+    assert torch.equal(y, overload(x, b)), "the entry and the OpOverload run the same kernel"
+    assert torch.equal(public(x, b), y)
+    assert_close(y, ref(x.double(), b.double()), dtype, torch_actual=ref(x, b))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_entry_declines_subclasses(device, name):
+    _, entry, _, _ = CASES[name]
+    x, b = _inputs(device)
+    assert entry(x.as_subclass(_Sub), b) is NotImplemented
+    assert entry(torch.nn.Parameter(x), torch.nn.Parameter(b)) is not NotImplemented  # Parameter is plain
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_torch_function_mode_sees_the_op(device, name):
+    # under a mode the entry declines and the OpOverload runs, so the mode sees the fastact op
+    public, entry, _, ref = CASES[name]
+    x, b = _inputs(device)
+    with _Recorder() as mode:
+        assert entry(x, b) is NotImplemented
+        y = public(x, b)
+    assert any(getattr(f, "namespace", None) == "fastact" for f in mode.seen), mode.seen
+    assert_close(y, ref(x.double(), b.double()), torch.float32)
+
+
+class _Dispatches(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_dispatch_mode_sees_the_op(device, name):
+    # the entry goes through the dispatcher, so dispatch modes (below autograd) see the op as well
+    public, entry, _, _ = CASES[name]
+    x, b = _inputs(device)
+    with _Dispatches() as mode:
+        y = entry(x, b)
+    assert isinstance(y, torch.Tensor)
+    assert any(s.startswith(f"fastact.{name}") for s in mode.seen), mode.seen
+
+
+class _Wrapper(torch.Tensor):
+    """A __torch_function__ subclass that records what reaches it."""
+
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_subclass_torch_function_sees_the_op(device):
+    x = make_tensor((4, 9), torch.float32, device).as_subclass(_Wrapper)
+    _Wrapper.seen.clear()
+    y = fastact.softmax(x, -1)
+    assert type(y) is _Wrapper
+    assert ops.softmax.default in _Wrapper.seen
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_entry_autograd(device, name):
+    public, _, overload, _ = CASES[name]
+    x, b = _inputs(device, requires_grad=True)
+    g = make_tensor((6, 40), torch.float32, device)
+    y = public(x, b)
+    assert y.grad_fn is not None
+    fast = torch.autograd.grad(y, [x, b] if name == "bias_gelu" else [x], g)
+    slow = torch.autograd.grad(overload(x, b), [x, b] if name == "bias_gelu" else [x], g)
+    for a, e in zip(fast, slow):
+        assert torch.equal(a, e)
+
+
+def test_entry_inference_and_no_grad(device):
+    x, _ = _inputs(device, requires_grad=True)
+    with torch.no_grad():
+        assert fastact.softmax(x, 1).grad_fn is None
+    with torch.inference_mode():
+        y = fastact.softmax(x, 1)
+    assert y.is_inference()
+
+
+@pytest.mark.parametrize(
+    "call,err,match",
+    [
+        (lambda x: fastact.softmax(x, 2), IndexError, "out of range"),
+        (lambda x: fastact.softmax(x.int(), 1), RuntimeError, "floating point"),
+        (lambda x: fastact.gelu(x, "fast"), RuntimeError, "approximate"),
+        (lambda x: fastact.bias_gelu(x, x[0, :3]), RuntimeError, "bias"),
+        (lambda x: fastact.sigmoid(x.bool()), RuntimeError, "floating point"),
+    ],
+)
+def test_entry_errors_match_the_overload(device, call, err, match):
+    # the entry raises the exception types of torch's own bindings, with the op's message
+    x, _ = _inputs(device)
+    with pytest.raises(err, match=match):
+        call(x)
+
+
+def test_unusual_arguments_fall_back(device):
+    x, _ = _inputs(device)
+    assert _C.softmax(x, 1.0) is NotImplemented
+    assert _C.softmax(x, 2**70) is NotImplemented
+    assert _C.gelu(x, b"tanh") is NotImplemented
+    assert _C.softmax([1.0, 2.0], 0) is NotImplemented
+    with pytest.raises(RuntimeError, match="type 'int'"):
+        fastact.softmax(x, 1.0)  # the OpOverload's own argument error
+    with pytest.raises(TypeError, match="positional"):
+        _C.sigmoid()
