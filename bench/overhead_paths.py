@@ -1,6 +1,6 @@
 """Where the per-call host time goes on CUDA (bench/NOTES.md, H100 section): fastact's public function,
 its torch.ops OpOverload, and the same entries into torch's own kernels. Prints microseconds per call
-(best of 5 x 2000 calls) on an 8x1024 float32 tensor. Run: python bench/overhead_paths.py"""
+(best of 15 interleaved rounds of 2000 calls) on an 8x1024 float32 tensor. Run: python bench/overhead_paths.py"""
 import time
 import torch
 import fastact
@@ -10,18 +10,22 @@ b = torch.randn(1024, device="cuda")
 N = 2000
 
 
-def per_call(fn):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(N):
+def per_call(fns, rounds=15):
+    """Best time per call of each fn, rounds interleaved (a slow spell of the machine hits every
+    fn alike rather than one row)."""
+    for fn in fns.values():
+        for _ in range(200):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / N)
-    return best * 1e6
+    torch.cuda.synchronize()
+    best = dict.fromkeys(fns, 1e9)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(N):
+                fn()
+            torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - t) / N)
+    return {name: b * 1e6 for name, b in best.items()}
 
 
 cases = {
@@ -42,14 +46,14 @@ cases = {
     "torch.empty_like(x)": lambda: torch.empty_like(x),
     "x.mul(2) (torch elementwise)": lambda: x.mul(2),
 }
-for name, fn in cases.items():
-    print(f"{name:40s} {per_call(fn):7.2f} us")
+for name, us in per_call(cases).items():
+    print(f"{name:40s} {us:7.2f} us")
+some = ("fastact.softmax(x)", "torch.ops.fastact.softmax.default", "torch.softmax(x)", "torch.ops.aten._softmax.default")
 with torch.inference_mode():
     print("inference_mode:")
-    for name in ("fastact.softmax(x)", "torch.ops.fastact.softmax.default", "torch.softmax(x)",
-                 "torch.ops.aten._softmax.default"):
-        print(f"  {name:38s} {per_call(cases[name]):7.2f} us")
+    for name, us in per_call({n: cases[n] for n in some}).items():
+        print(f"  {name:38s} {us:7.2f} us")
 x.requires_grad_(True)
 print("x.requires_grad:")
-for name in ("fastact.softmax(x)", "torch.softmax(x)"):
-    print(f"  {name:38s} {per_call(cases[name]):7.2f} us")
+for name, us in per_call({n: cases[n] for n in ("fastact.softmax(x)", "torch.softmax(x)")}).items():
+    print(f"  {name:38s} {us:7.2f} us")

@@ -217,6 +217,13 @@ constexpr int kStridedStreamThreads = 512;
 // strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
 // Why: as kVecMaxThreadsWithClusters (two CTAs per SM overlap each other's reductions).
 constexpr int kStridedClusterAbove = 512;
+// strided: before splitting a tile over a cluster, try half a line (64 bytes of each D-row) in one
+// CTA of at most kStridedClusterAbove threads. Why (H100, [32, 1024, 2048] dim 1, forward): the
+// cluster's barriers cost more than the narrower line: float 8 columns x 512 threads x cluster 2
+// 220 us -> 4 columns x 512 threads 201 us (0.82 -> 0.90 of the limit), bf16 147 -> 117 us; one
+// 1024-thread CTA of 8 columns was in between (210 / 144 us) and 32-byte pieces lost again
+// (2 columns: 234 / 125 us). bench/NOTES.md, fifth session.
+constexpr int kStridedMinRowBytes = 64;
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
 
@@ -470,6 +477,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
+  if (c * g_needed > single_cap && (c / 2) * s.vec * load_bytes >= kStridedMinRowBytes &&
+      (c / 2) * g_needed <= kStridedClusterAbove)
+    c /= 2;  // half a line in one CTA rather than a cluster (kStridedMinRowBytes)
   if (c * g_needed <= single_cap) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
