@@ -54,7 +54,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
   A v[S::kVecs][kVec];
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) to_acc(load_vector<in_t, kVec>(xr + j * kStep), v[j]);
+    if (j < nvalid) to_acc(load_vector_l2<in_t, kVec>(xr + j * kStep), v[j]);
   }
   A m = neg_inf<A>();
 #pragma unroll
