@@ -133,6 +133,14 @@ class FastactBuild(BuildExtension):
             (f"FASTACT_HAVE_{isa}", "1") for isa in builds
         ]
         super().build_extension(ext)
+        # Builds before the eager entry points (csrc/eager.cpp) were abi3 libraries, `_C.abi3.so`, which
+        # a Python without a build of its own would still import from an editable checkout (or the
+        # build folder): this build replaces them.
+        built = os.path.abspath(self.get_ext_fullpath(ext.name))
+        for folder in (os.path.dirname(built), str(ROOT / "fastact")):
+            stale = os.path.join(folder, "_C.abi3.so")
+            if os.path.exists(stale) and os.path.abspath(stale) != built:
+                os.remove(stale)
 
 
 def extension():

@@ -7,9 +7,11 @@
 // op's typed handle with the GIL released, as torch's own bindings do. The dispatcher still runs
 // every key (autograd, inference mode, dispatch modes, the CUDA kernel and its device guard): only
 // the Python argument handling is shorter. Anything else returns NotImplemented and the Python
-// function calls the OpOverload, which handles subclasses, modes and argument errors as before.
-// Under torch.compile dynamo traces the OpOverload instead (fastact/_ops.py registers it as these
-// functions' substitute), so graphs see the registered ops.
+// function calls the OpOverload, which handles subclasses, modes and argument errors as before. Any
+// torch function mode turns the shortcut off, torch's own included (`with torch.device(...)`,
+// torch.set_default_device): such calls cost the OpOverload's time, with the same results.
+// Under torch.compile dynamo never reaches these (fastact/__init__.py skips them while dynamo
+// traces), so graphs hold the registered ops.
 #include "eager.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -63,7 +65,8 @@ bool as_string(PyObject* obj, std::string_view& out) {
 PyObject* not_implemented() { Py_RETURN_NOTIMPLEMENTED; }
 
 // Runs call() with the GIL released and returns its tensor as a Python object; a C++ exception
-// becomes the Python exception torch's own bindings raise for it.
+// (the op's, the first call's handle lookup, the wrap) becomes the Python exception torch's own
+// bindings raise for it, never an escape into CPython.
 template <typename Call>
 PyObject* run(Call&& call) {
   Tensor result;
@@ -75,11 +78,13 @@ PyObject* run(Call&& call) {
     error = std::current_exception();
   }
   PyEval_RestoreThread(state);
-  if (error) {
-    torch::translate_exception_to_python(error);
+  try {
+    if (error) std::rethrow_exception(error);
+    return THPVariable_Wrap(std::move(result));
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
     return nullptr;
   }
-  return THPVariable_Wrap(std::move(result));
 }
 
 bool arity(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
@@ -95,18 +100,22 @@ PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2)) return nullptr;
   int64_t dim = 0;
   if (!plain_tensor(args[0]) || !as_int(args[1], dim)) return not_implemented();
-  static const auto handle = op<SoftmaxSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return handle.call(x, dim, std::nullopt, "auto"); });
+  return run([&] {
+    static const auto handle = op<SoftmaxSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
+    return handle.call(x, dim, std::nullopt, "auto");
+  });
 }
 
 PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("gelu", nargs, 2)) return nullptr;
   std::string_view approximate;
   if (!plain_tensor(args[0]) || !as_string(args[1], approximate)) return not_implemented();
-  static const auto handle = op<Tensor(const Tensor&, c10::string_view)>("fastact::gelu");
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return handle.call(x, approximate); });
+  return run([&] {
+    static const auto handle = op<Tensor(const Tensor&, c10::string_view)>("fastact::gelu");
+    return handle.call(x, approximate);
+  });
 }
 
 PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -114,22 +123,25 @@ PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::string_view approximate;
   if (!plain_tensor(args[0]) || !THPVariable_CheckExact(args[1]) || !as_string(args[2], approximate))
     return not_implemented();
-  static const auto handle = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::bias_gelu");
   const Tensor& x = THPVariable_Unpack(args[0]);
   const Tensor& bias = THPVariable_Unpack(args[1]);
-  return run([&] { return handle.call(x, bias, approximate); });
+  return run([&] {
+    static const auto handle = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::bias_gelu");
+    return handle.call(x, bias, approximate);
+  });
 }
 
 PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("sigmoid", nargs, 1)) return nullptr;
   if (!plain_tensor(args[0])) return not_implemented();
-  static const auto handle = op<Tensor(const Tensor&)>("fastact::sigmoid");
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return handle.call(x); });
+  return run([&] {
+    static const auto handle = op<Tensor(const Tensor&)>("fastact::sigmoid");
+    return handle.call(x);
+  });
 }
 
-// The text signatures (before "--") give inspect.signature, which torch.compiler.substitute_in_graph
-// compares with the substitutes' signatures.
+// The text signatures (before "--") give inspect.signature its answer.
 PyMethodDef methods[] = {
     {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<false>)), METH_FASTCALL,
      "softmax($module, input, dim, /)\n--\n\nfastact::softmax(input, dim); NotImplemented if not a plain tensor."},

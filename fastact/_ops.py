@@ -1,8 +1,6 @@
 """Loads fastact._C (which registers every op, its CPU/CUDA kernels and its autograd) and adds the
 fake kernels that torch.compile and opcheck use. The fake kernels follow the real ones' layout rule
-(csrc/common.h): outputs are `empty_like(input)`, contiguous only for bias_gelu.
-
-Also tells torch.compile what _C's eager entry points (csrc/eager.cpp) do: the OpOverload call."""
+(csrc/common.h): outputs are `empty_like(input)`, contiguous only for bias_gelu."""
 
 import ctypes
 import importlib.metadata
@@ -102,29 +100,3 @@ def _sigmoid_fake(x):
 def _sigmoid_backward_fake(grad_output, output):
     return torch.empty_like(output)
 
-
-# _C's eager entry points are C functions that dynamo cannot trace; under torch.compile these
-# substitutes run instead (same signatures), so the graph holds the registered ops.
-@torch.compiler.substitute_in_graph(_C.softmax)
-def _softmax_eager(input, dim, /):
-    return ops.softmax.default(input, dim, None)
-
-
-@torch.compiler.substitute_in_graph(_C.log_softmax)
-def _log_softmax_eager(input, dim, /):
-    return ops.log_softmax.default(input, dim, None)
-
-
-@torch.compiler.substitute_in_graph(_C.gelu)
-def _gelu_eager(input, approximate, /):
-    return ops.gelu.default(input, approximate)
-
-
-@torch.compiler.substitute_in_graph(_C.bias_gelu)
-def _bias_gelu_eager(input, bias, approximate, /):
-    return ops.bias_gelu.default(input, bias, approximate)
-
-
-@torch.compiler.substitute_in_graph(_C.sigmoid)
-def _sigmoid_eager(input, /):
-    return ops.sigmoid.default(input)

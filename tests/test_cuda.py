@@ -62,9 +62,10 @@ CUDA_SIZES = tuple(
 )
 # Shape classes: inner == 1 rows (contiguous; misaligned dense; `x[..., 1:]` rows with a stride and
 # a misaligned start; aligned rows with a padded stride; a transposed tensor reduced over its
-# memory-contiguous dim) and inner > 1 (strided: 2 and 33 take element accesses, 64 the 128-bit
-# vectors of every dtype).
-CLASSES = ("rows", "misaligned", "row_strided", "row_padded", "transposed", "strided_2", "strided_33", "strided_64")
+# memory-contiguous dim) and inner > 1 (strided: 2 and 33 take element accesses, 64 and 40 the
+# 128-bit vectors of every dtype; 40 leaves the last tile of columns partial).
+CLASSES = ("rows", "misaligned", "row_strided", "row_padded", "transposed", "strided_2", "strided_33", "strided_64",
+           "strided_40")
 MAX_ELEMENTS = 1 << 21
 
 

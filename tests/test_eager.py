@@ -53,7 +53,25 @@ def test_entry_declines_subclasses(device, name):
     _, entry, _, _ = CASES[name]
     x, b = _inputs(device)
     assert entry(x.as_subclass(_Sub), b) is NotImplemented
+    if name == "bias_gelu":
+        assert entry(x, b.as_subclass(_Sub)) is NotImplemented
     assert entry(torch.nn.Parameter(x), torch.nn.Parameter(b)) is not NotImplemented  # Parameter is plain
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_public_function_takes_the_entry(device, name, monkeypatch):
+    # with the OpOverload fallback made to fail, a plain tensor still works: the entry ran
+    public, _, _, ref = CASES[name]
+    for attr in ("_softmax", "_log_softmax", "_gelu", "_bias_gelu", "_sigmoid"):
+        monkeypatch.setattr(fastact, attr, _refuse)
+    x, b = _inputs(device)
+    assert_close(public(x, b), ref(x.double(), b.double()), torch.float32)
+    with pytest.raises(AssertionError, match="fallback"):
+        public(x.as_subclass(_Sub), b)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the OpOverload fallback ran")
 
 
 class _Sub(torch.Tensor):
@@ -145,20 +163,26 @@ def test_entry_inference_and_no_grad(device):
 
 
 @pytest.mark.parametrize(
-    "call,err,match",
+    "name,args,err,match",
     [
-        (lambda x: fastact.softmax(x, 2), IndexError, "out of range"),
-        (lambda x: fastact.softmax(x.int(), 1), RuntimeError, "floating point"),
-        (lambda x: fastact.gelu(x, "fast"), RuntimeError, "approximate"),
-        (lambda x: fastact.bias_gelu(x, x[0, :3]), RuntimeError, "bias"),
-        (lambda x: fastact.sigmoid(x.bool()), RuntimeError, "floating point"),
+        ("softmax", lambda x: (x, 2), IndexError, "out of range"),
+        ("softmax", lambda x: (x.int(), 1), RuntimeError, "floating point"),
+        ("log_softmax", lambda x: (x.to(torch.complex64), -1), RuntimeError, "floating point"),
+        ("gelu", lambda x: (x, "fast"), RuntimeError, "approximate"),
+        ("bias_gelu", lambda x: (x, x[0, :3], "tanh"), RuntimeError, "bias"),
+        ("sigmoid", lambda x: (x.bool(),), RuntimeError, "floating point"),
     ],
 )
-def test_entry_errors_match_the_overload(device, call, err, match):
-    # the entry raises the exception types of torch's own bindings, with the op's message
+def test_entry_errors_match_the_overload(device, name, args, err, match):
+    # the entry raises what the OpOverload raises: the same exception type and message
     x, _ = _inputs(device)
-    with pytest.raises(err, match=match):
-        call(x)
+    overload = getattr(ops, name).default
+    a = args(x)
+    with pytest.raises(err, match=match) as slow:
+        overload(*a) if name not in ("softmax", "log_softmax") else overload(*a, None)
+    with pytest.raises(err, match=match) as fast:
+        getattr(_C, name)(*a)
+    assert str(fast.value) == str(slow.value)
 
 
 def test_unusual_arguments_fall_back(device):
@@ -167,6 +191,14 @@ def test_unusual_arguments_fall_back(device):
     assert _C.softmax(x, 2**70) is NotImplemented
     assert _C.gelu(x, b"tanh") is NotImplemented
     assert _C.softmax([1.0, 2.0], 0) is NotImplemented
+    assert _C.softmax(x, True) is NotImplemented  # bool is not int here; the OpOverload decides
+    assert _C.softmax(x, -(2**70)) is NotImplemented
+
+    class Name(str):
+        pass
+
+    assert _C.gelu(x, Name("tanh")) is NotImplemented
+    assert torch.equal(fastact.gelu(x, Name("tanh")), _C.gelu(x, "tanh"))
     with pytest.raises(RuntimeError, match="type 'int'"):
         fastact.softmax(x, 1.0)  # the OpOverload's own argument error
     with pytest.raises(TypeError, match="positional"):

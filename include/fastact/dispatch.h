@@ -222,7 +222,8 @@ constexpr int kStridedClusterAbove = 512;
 // cluster's barriers cost more than the narrower line: float 8 columns x 512 threads x cluster 2
 // 220 us -> 4 columns x 512 threads 201 us (0.82 -> 0.90 of the limit), bf16 147 -> 117 us; one
 // 1024-thread CTA of 8 columns was in between (210 / 144 us) and 32-byte pieces lost again
-// (2 columns: 234 / 125 us). bench/NOTES.md, fifth session.
+// (2 columns: 234 / 125 us). bench/NOTES.md, fifth session. Only where clusters exist (sm_90), the
+// case measured: without them a tile that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;

@@ -286,7 +286,8 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 // Shared memory (dynamic, V values): red[2][R][C * L + 1], res[2][C][L], cta[2][C][L], where R, the
 // representatives per column, is one per warp when C < 32 (the warp first reduces its own D-groups
 // by shuffles) and one per D-group when C >= 32; red's rows are padded by one value so that the
-// folding lanes below read distinct banks. Size: softmax_strided_smem_values (dispatch.h). Buffers
+// folding lanes below spread over the banks (at most 2-way conflicts for 4-byte values, where P
+// lanes of each of 32 / P values read). Size: softmax_strided_smem_values (dispatch.h). Buffers
 // alternate by round as in RowScratch (each round has two block barriers).
 // blockDim.x a multiple of 32 and of C. Result: valid in every thread, identical for a column.
 

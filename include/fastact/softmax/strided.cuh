@@ -9,8 +9,9 @@
 // D-group g = t / C of G = T / C, so a warp reads whole lines of consecutive D-rows (coalesced).
 //   cached mode (kStreaming = false): the CTA of cluster rank r caches D-rows
 //       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
-//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read; 16-bit inputs stay
-//     as loaded there, so kRows doubles (StridedRows, softmax_strided_raw). Max and sum are
+//     in registers (the host guarantees cluster * G * kRows >= D): one HBM read; in the forward with
+//     128-bit accesses, 16-bit inputs stay as loaded there, so kRows doubles (StridedRows,
+//     softmax_strided_raw). Max and sum are
 //     reduced per (column, lane) over the D-groups (shuffles within a warp, shared memory across
 //     warps, distributed shared memory across a cluster), as in the row kernels.
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
@@ -97,6 +98,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   using P = MaxSum<A>;
   constexpr bool kRaw = softmax_strided_raw(false, kVec, sizeof(in_t), sizeof(A));
   using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
+  static_assert(!kRaw || std::is_base_of_v<KeepInputTerms, Cache>, "raw rows need keep() = identity");
   constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
