@@ -167,6 +167,15 @@ constexpr int kResidentMaxThreads = 1024;
 // store phases; two 512-thread CTAs of a cluster per SM interleave those phases (one loads while the
 // other reduces or stores).
 constexpr int kVecMaxThreadsWithClusters = 512;
+// vec: 128-bit accesses a thread aims for (forward; backward, each of grad_output and output), fewer
+// than its register cache holds, where that keeps a row within kVecMaxThreadsWithClusters threads.
+// Why (H100, 256 MB, bench/NOTES.md fifth session): float forward at 4096 with 8 accesses a thread
+// (128 threads) 184.7 us, with 4 (256 threads) 182.2; at 8192 184.5 -> 182.9; backward at 4096 with
+// 4 accesses an array 267.4 -> 265.0 with 2 (float), bf16 267.8 -> 265.7. Fewer than that lost: bf16
+// forward at 4096 with 2 accesses 182.3 -> 234.9, float with 2 at 2048 182.0 -> 227.5; 1024-thread
+// rows lost everywhere (f32 forward at 16384: 187.1 -> 195.3).
+constexpr int kVecForwardAccesses = 4;
+constexpr int kVecBackwardAccesses = 2;
 // long_row cluster CTAs, in the order tried: the smallest whose cluster the device fills (clusters of
 // 16 count only where they hold >= 90% of the CTAs; else only as the last resort before the two-read
 // mode: plan_cluster). Why small first: more CTAs per SM overlap each other's load, reduce and store
@@ -381,6 +390,14 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
   s.elems_per_thread = softmax_resident_elems(p, vec);
   s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
   s.cluster = 1;
+  if (v == SoftmaxVariant::kVec) {  // fewer accesses a thread (kVecForwardAccesses), where it fits
+    const int e = (p.backward ? kVecBackwardAccesses : kVecForwardAccesses) * vec;
+    const int64_t t = round_up(ceil_div(p.dim_size, e), 32);
+    if (e < s.elems_per_thread && t <= kVecMaxThreadsWithClusters) {
+      s.elems_per_thread = e;
+      s.threads = int(t);
+    }
+  }
   return s;
 }
 
