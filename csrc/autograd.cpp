@@ -5,7 +5,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "op_handles.h"
 
 namespace fastact {
 namespace {
@@ -14,19 +14,12 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using at::Tensor;
 
-// The dispatcher handles of the ops, looked up once.
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
 // True when no input carries autograd state (no requires_grad, no forward-mode tangent, not a view
 // of such a tensor): then there is nothing to record, and calling the op below autograd directly
 // skips Function::apply building a node it would throw away (~1.5 us a call, which dominates on
 // small tensors).
 bool plain(const Tensor& t) { return !t.defined() || t.unsafeGetTensorImpl()->autograd_meta() == nullptr; }
 
-using SoftmaxFwdSig = Tensor(const Tensor&, int64_t, std::optional<at::ScalarType>, c10::string_view);
 using SoftmaxBwdSig = Tensor(const Tensor&, const Tensor&, int64_t, at::ScalarType, c10::string_view);
 
 // softmax and log_softmax differ only in which pair of ops they call.
@@ -34,8 +27,7 @@ template <bool kLog>
 struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction<kLog>> {
   static Tensor call(const Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, c10::string_view variant) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<SoftmaxFwdSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
-    return fwd.call(x, dim, dtype, variant);
+    return softmax_op<kLog>().call(x, dim, dtype, variant);
   }
   static Tensor forward(AutogradContext* ctx, const Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype,
                         c10::string_view variant) {
@@ -48,7 +40,7 @@ struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction<kLog>> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<SoftmaxBwdSig>(kLog ? "fastact::log_softmax_backward" : "fastact::softmax_backward");
+    static auto bwd = op_handle<SoftmaxBwdSig>(kLog ? "fastact::log_softmax_backward" : "fastact::softmax_backward");
     const Tensor y = ctx->get_saved_variables()[0];
     const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
     const std::string variant = ctx->saved_data["variant"].toStringRef();
@@ -67,8 +59,7 @@ Tensor softmax_autograd(const Tensor& x, int64_t dim, std::optional<at::ScalarTy
 struct GeluFunction : torch::autograd::Function<GeluFunction> {
   static Tensor call(const Tensor& x, c10::string_view approximate) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<Tensor(const Tensor&, c10::string_view)>("fastact::gelu");
-    return fwd.call(x, approximate);
+    return gelu_op().call(x, approximate);
   }
   static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::string_view approximate) {
     ctx->save_for_backward({x});
@@ -76,7 +67,7 @@ struct GeluFunction : torch::autograd::Function<GeluFunction> {
     return call(x, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::gelu_backward");
+    static auto bwd = op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::gelu_backward");
     const Tensor x = ctx->get_saved_variables()[0];
     return {bwd.call(grads[0], x, ctx->saved_data["approximate"].toStringRef()), Tensor()};
   }
@@ -90,8 +81,7 @@ Tensor gelu_autograd(const Tensor& x, c10::string_view approximate) {
 struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
   static Tensor call(const Tensor& x, const Tensor& bias, c10::string_view approximate) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::bias_gelu");
-    return fwd.call(x, bias, approximate);
+    return bias_gelu_op().call(x, bias, approximate);
   }
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& bias, c10::string_view approximate) {
     ctx->save_for_backward({x, bias});
@@ -99,7 +89,7 @@ struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
     return call(x, bias, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, c10::string_view)>(
+    static auto bwd = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, c10::string_view)>(
         "fastact::bias_gelu_backward");
     const auto saved = ctx->get_saved_variables();
     auto [dx, dbias] = bwd.call(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
@@ -115,8 +105,7 @@ Tensor bias_gelu_autograd(const Tensor& x, const Tensor& bias, c10::string_view 
 struct SigmoidFunction : torch::autograd::Function<SigmoidFunction> {
   static Tensor call(const Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto fwd = op<Tensor(const Tensor&)>("fastact::sigmoid");
-    return fwd.call(x);
+    return sigmoid_op().call(x);
   }
   static Tensor forward(AutogradContext* ctx, const Tensor& x) {
     Tensor y = call(x);
@@ -124,7 +113,7 @@ struct SigmoidFunction : torch::autograd::Function<SigmoidFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op<Tensor(const Tensor&, const Tensor&)>("fastact::sigmoid_backward");
+    static auto bwd = op_handle<Tensor(const Tensor&, const Tensor&)>("fastact::sigmoid_backward");
     return {bwd.call(grads[0], ctx->get_saved_variables()[0])};
   }
 };

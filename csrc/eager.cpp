@@ -13,8 +13,8 @@
 // Under torch.compile dynamo never reaches these (fastact/__init__.py skips them while dynamo
 // traces), so graphs hold the registered ops.
 #include "eager.h"
+#include "op_handles.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -27,11 +27,6 @@ namespace fastact {
 namespace {
 
 using at::Tensor;
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 // A torch.Tensor or Parameter (not a subclass), with no torch function mode active: what the
 // OpOverload would call the op on unchanged.
@@ -93,18 +88,13 @@ bool arity(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
   return false;
 }
 
-using SoftmaxSig = Tensor(const Tensor&, int64_t, std::optional<at::ScalarType>, c10::string_view);
-
 template <bool kLog>
 PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2)) return nullptr;
   int64_t dim = 0;
   if (!plain_tensor(args[0]) || !as_int(args[1], dim)) return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] {
-    static const auto handle = op<SoftmaxSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
-    return handle.call(x, dim, std::nullopt, "auto");
-  });
+  return run([&] { return softmax_op<kLog>().call(x, dim, std::nullopt, "auto"); });
 }
 
 PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -112,10 +102,7 @@ PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::string_view approximate;
   if (!plain_tensor(args[0]) || !as_string(args[1], approximate)) return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] {
-    static const auto handle = op<Tensor(const Tensor&, c10::string_view)>("fastact::gelu");
-    return handle.call(x, approximate);
-  });
+  return run([&] { return gelu_op().call(x, approximate); });
 }
 
 PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -125,20 +112,14 @@ PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
   const Tensor& bias = THPVariable_Unpack(args[1]);
-  return run([&] {
-    static const auto handle = op<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::bias_gelu");
-    return handle.call(x, bias, approximate);
-  });
+  return run([&] { return bias_gelu_op().call(x, bias, approximate); });
 }
 
 PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("sigmoid", nargs, 1)) return nullptr;
   if (!plain_tensor(args[0])) return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] {
-    static const auto handle = op<Tensor(const Tensor&)>("fastact::sigmoid");
-    return handle.call(x);
-  });
+  return run([&] { return sigmoid_op().call(x); });
 }
 
 // The text signatures (before "--") give inspect.signature its answer.
