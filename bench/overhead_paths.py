@@ -1,31 +1,19 @@
 """Where the per-call host time goes on CUDA (bench/NOTES.md, H100 section): fastact's public function,
 its torch.ops OpOverload, and the same entries into torch's own kernels. Prints microseconds per call
 (best of 15 interleaved rounds of 2000 calls) on an 8x1024 float32 tensor. Run: python bench/overhead_paths.py"""
-import time
 import torch
+
 import fastact
+from fastact.bench import time_per_call
 
 x = torch.randn(8, 1024, device="cuda")
 b = torch.randn(1024, device="cuda")
 N = 2000
 
 
-def per_call(fns, rounds=15):
-    """Best time per call of each fn, rounds interleaved (a slow spell of the machine hits every
-    fn alike rather than one row)."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
-    best = dict.fromkeys(fns, 1e9)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(N):
-                fn()
-            torch.cuda.synchronize()
-            best[name] = min(best[name], (time.perf_counter() - t) / N)
-    return {name: b * 1e6 for name, b in best.items()}
+def per_call(fns):
+    """Microseconds per call of each fn: fastact.bench's interleaved best-of-rounds host timing."""
+    return {name: t * 1e6 for name, t in time_per_call(fns, "cuda", calls=N, rounds=15).items()}
 
 
 cases = {

@@ -99,4 +99,3 @@ def _sigmoid_fake(x):
 @torch.library.register_fake("fastact::sigmoid_backward")
 def _sigmoid_backward_fake(grad_output, output):
     return torch.empty_like(output)
-
