@@ -12,9 +12,9 @@
 // Forward: each thread's max, its kept values (exp(x - max) for softmax, x for log_softmax) and their
 // sum -> one all-reduce of the (max, sum) pairs (block, then cluster) -> write, rescaled to the row's
 // max. Backward: sum of the epilogue's backward term -> write. The all-reduce costs one block barrier
-// (plus one cluster barrier in a cluster); a max and then a sum would cost two. One row per CTA or
-// cluster; a cluster's CTAs signal "done reading the others' shared memory" (arrive) before their
-// stores and wait for the others only at exit, so that barrier overlaps the stores.
+// (in a cluster, plus one exchange of pushed partials: row_allreduce); a max and then a sum would cost
+// two. One row per CTA or cluster; each CTA reads only its own shared memory, so none waits for the
+// others at exit.
 #pragma once
 
 #include "fastact/softmax/common.cuh"
@@ -62,12 +62,10 @@ FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
 
 // The forward of one cached row, given this thread's units v (j < s.nvalid) as A: its max, its kept
 // values and their sum -> one all-reduce of the (max, sum) pairs over the row (OnlineOp) -> the
-// outputs at yr + j * step (yr: this thread's unit 0), rescaled to the row's max (ForwardCache::factor). `after_reduce`
-// runs between the all-reduce and the stores.
-template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename F>
+// outputs at yr + j * step (yr: this thread's unit 0), rescaled to the row's max (ForwardCache::factor).
+template <typename Epi, int kVec, int kVecs, typename A, typename out_t>
 FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s, out_t* __restrict__ yr,
-                                     const Epi& epi, RowScratch<MaxSum<A>>& scratch, int& round, int cluster,
-                                     F after_reduce) {
+                                     const Epi& epi, RowScratch<MaxSum<A>>& scratch, int& round, int cluster) {
   using Cache = ForwardCache<Epi>;
   A m = neg_inf<A>();
 #pragma unroll
@@ -90,7 +88,6 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s
     }
   }
   const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
-  after_reduce();
   const A f = Cache::factor(m, row_stats.max, epi.row_constant(row_stats.sum));
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -105,12 +102,12 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s
 
 // The backward of one cached row, given this thread's units of grad_output and output as loaded:
 // the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
-// dxr + j * step (dxr: this thread's unit 0). `after_reduce` as in resident_forward.
-template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename in_t, typename F>
+// dxr + j * step (dxr: this thread's unit 0).
+template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename in_t>
 FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVecs],
                                       const AlignedVector<out_t, kVec> (&yv)[kVecs], const ResidentSlice& s,
                                       in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch, int& round,
-                                      int cluster, F after_reduce) {
+                                      int cluster) {
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -123,7 +120,6 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
     }
   }
   dot = row_allreduce(dot, SumOp<A>(), scratch, round, cluster);
-  after_reduce();
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
@@ -149,6 +145,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<MaxSum<A>> scratch;
+  row_scratch_init(scratch, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
   const in_t* xr = x + row * row_stride + s.first;
@@ -158,12 +155,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
-  // Done reading the other CTAs' shared memory once reduced: signal it before the stores.
-  resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster, [cluster] {
-    if (cluster > 1) cluster_arrive();
-  });
-  // A CTA's shared memory must outlive the other CTAs' reads of it.
-  if (cluster > 1) cluster_wait();
+  resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster);
 }
 
 // grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). Caches
@@ -177,6 +169,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<A> scratch;
+  row_scratch_init(scratch, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
   const int64_t offset = row * dim + s.first;
@@ -189,11 +182,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
       yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
     }
   }
-  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster,
-                                         [cluster] {
-                                           if (cluster > 1) cluster_arrive();
-                                         });
-  if (cluster > 1) cluster_wait();  // the other CTAs are done reading this one's shared memory
+  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster);
 }
 
 namespace detail {

@@ -21,6 +21,7 @@
 #include <limits>
 #include <mutex>
 
+#include "fastact/cluster.cuh"
 #include "fastact/dispatch.h"
 #include "fastact/math.h"
 #include "fastact/reduce.cuh"
@@ -82,11 +83,22 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
 }
 
 // exp(d), d <= 0 (an element minus a max), in the kernels that cache the row (ForwardCache): in float
-// exp2f(d * log2(e)), the SFU's ex2 plus a multiply and its fix-ups, about half of expf's
-// instructions. Why: the 16-bit long-row forwards do ~15 instructions per 4 bytes moved and are
-// partly bound by issue, not memory. Error: exp2f's 2 ulp plus the product's rounding, |d| * 2^-24
-// relative: under 1e-6 where d > -16 (values above 1e-7); far below the float tolerances.
-FASTACT_DEVICE float cached_exp(float d) { return exp2f(d * 1.4426950408889634f); }
+// the SFU's ex2.approx.ftz of d * log2(e): a multiply and one MUFU, where exp2f adds a compare and two
+// predicated multiplies per element to produce subnormal results, and expf twice that. Why: the
+// 16-bit forwards are bound by issue, not memory (ncu on the H100: 0.68 instructions a cycle per
+// scheduler in the long-row and strided bf16 forwards). Error: ex2.approx's 2 ulp plus the product's
+// rounding, |d| * 2^-24 relative: under 1e-6 where d > -16 (values above 1e-7); far below the float
+// tolerances. A result below 2^-126 (d < -87.3) is 0 where torch gives a subnormal: an absolute error
+// under 1.2e-38.
+FASTACT_DEVICE float cached_exp(float d) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d * 1.4426950408889634f));
+  return r;
+#else
+  return exp2f(d * 1.4426950408889634f);
+#endif
+}
 FASTACT_DEVICE double cached_exp(double d) { return math::exp_(d); }
 
 // How a kernel that holds the row in registers applies an epilogue. Per element it keeps
@@ -213,55 +225,49 @@ FASTACT_DEVICE void online_update(MaxSum<A>& st, const A (&v)[N][M]) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Clusters (sm_90). Compiled to nothing below sm_90, where the host never launches a cluster.
-
-// Arrive (.release: this thread's earlier shared-memory accesses are ordered before the barrier)
-// and wait (.acquire) on the cluster barrier. Every thread of every CTA of the cluster alternates
-// arrive and wait.
-FASTACT_DEVICE void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __cluster_barrier_arrive();
-#endif
-}
-FASTACT_DEVICE void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __cluster_barrier_wait();
-#endif
-}
-FASTACT_DEVICE void cluster_sync_all() {
-  cluster_arrive();
-  cluster_wait();
-}
-
-// The same shared-memory variable in the CTA of cluster rank `rank` (distributed shared memory).
-template <typename T>
-FASTACT_DEVICE const T* cluster_peer(const T* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return static_cast<const T*>(__cluster_map_shared_rank(p, static_cast<unsigned>(rank)));
-#else
-  (void)rank;
-  return p;
-#endif
-}
-
-// ------------------------------------------------------------------------------------------------
 // Row all-reduce: one value per thread, reduced over the block and then over the cluster.
 
 // Two buffers, used alternately by successive rounds (`round` counts them): a buffer is rewritten
 // two rounds later, after every thread has passed the intervening round's barrier, i.e. after every
 // thread finished reading it. So one barrier per round suffices.
+//
+// In a cluster, each CTA pushes its block's value into slot cta[ring][its rank] of every CTA
+// (push_to_peer) and waits on its own bar[ring] until all `cluster` values have landed: no cluster
+// barrier, whose release would wait for this thread's earlier global stores (cluster.cuh). A ring is
+// reused two rounds later for the same reason as above: a peer pushes round r + 2 only once it holds
+// round r + 1's values, which this CTA pushes after its block barrier of round r + 1, which every
+// thread passes after reading round r's slots. bar[ring] completes one phase per use: round r waits
+// for parity (r / 2) % 2.
 template <typename V>
 struct RowScratch {
   V warp[2][kWarpSize];
-  V cta[2];
+  alignas(16) V cta[2][kMaxCluster];
+  uint64_t bar[2];
 };
 
+// Every thread of a kernel that calls row_allreduce with cluster > 1 calls this first: one thread
+// sets up the mbarriers, and every thread arrives on the cluster barrier, which the first cluster
+// round waits on before pushing into a peer (so the loads in between overlap it).
+template <typename V>
+FASTACT_DEVICE void row_scratch_init(RowScratch<V>& sm, int cluster) {
+  if (cluster > 1) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(&sm.bar[0], 1);
+      mbarrier_init(&sm.bar[1], 1);
+      fence_mbarrier_init();
+    }
+    __syncwarp();
+    cluster_arrive_relaxed();
+  }
+}
+
 // blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
-// `cluster` (1: no cluster). Result: valid, and bitwise identical, in every thread of the cluster.
+// `cluster` (1: no cluster; > 1: after row_scratch_init). Result: valid, and bitwise identical, in
+// every thread of the cluster.
 template <typename V, typename Op>
 FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cluster) {
-  const int ring = round & 1;
-  ++round;
+  const int r = round++;
+  const int ring = r & 1;
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
@@ -271,9 +277,12 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
   // Every warp reduces the per-warp partials itself (same tree everywhere): no second barrier.
   v = warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
   if (cluster > 1) {
-    if (threadIdx.x == 0) sm.cta[ring] = v;
-    cluster_sync_all();
-    v = warp_reduce(lane < cluster ? *cluster_peer(&sm.cta[ring], lane) : Op::identity(), op);
+    if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (row_scratch_init)
+    const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+    if (threadIdx.x == 0) mbarrier_arrive_expect_bytes(&sm.bar[ring], static_cast<uint32_t>(cluster * sizeof(V)));
+    if (static_cast<int>(threadIdx.x) < cluster) push_to_peer(v, &sm.cta[ring][rank], &sm.bar[ring], threadIdx.x);
+    mbarrier_wait_parity(&sm.bar[ring], static_cast<uint32_t>(r >> 1) & 1u);
+    v = warp_reduce(lane < cluster ? sm.cta[ring][lane] : Op::identity(), op);
   }
   return v;
 }
