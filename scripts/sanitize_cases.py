@@ -56,12 +56,21 @@ def softmax_cases(dtype):
 
 def staged_long_row_cases(dtype):
     """long_row's persistent forward (1024-thread clusters, the next row staged in shared memory with
-    cp.async): rows of 262144, more rows than the 16 clusters an H100 holds, so clusters loop."""
+    cp.async): rows of 262144, more rows than the 15-16 clusters an H100 holds, so clusters loop and
+    each CTA's mbarriers of the cluster exchange go through many phases. The backward of these rows
+    runs in the largest clusters (float: 16 CTAs of 1024 threads)."""
     x = torch.randn(20, 262144, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
     for log in (False, True):
         fwd = ops.log_softmax if log else ops.softmax
+        bwd = ops.log_softmax_backward if log else ops.softmax_backward
         want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
-        check(f"{'log_' if log else ''}softmax long_row staged {dtype}", fwd(x, -1, None, variant="long_row"), want, dtype)
+        y = fwd(x, -1, None, variant="long_row")
+        check(f"{'log_' if log else ''}softmax long_row staged {dtype}", y, want, dtype)
+        want_dx = torch.ops.aten._softmax_backward_data(dy.double(), want, -1, torch.float64) if not log \
+            else torch.ops.aten._log_softmax_backward_data(dy.double(), want, -1, torch.float64)
+        check(f"{'log_' if log else ''}softmax_backward long_row 262144 {dtype}", bwd(dy, y, -1, dtype, variant="long_row"),
+              want_dx, dtype)
 
 
 def elementwise_cases(dtype):

@@ -146,12 +146,20 @@ constexpr int softmax_warp_max_dim(int acc_bytes) { return acc_bytes == 8 ? kWar
 // with up to 16 of them (2048 threads) and keep the tail of the grid short.
 constexpr int kWarpBlockThreads = 128;
 
+// 128-bit accesses per lane the warp kernel aims at (more where a row needs them: a row never spans
+// more than a warp). Why 2: a sweep of lanes per row at D = 128 on the H100 (bench/NOTES.md, sixth
+// session), 256 MB tensors, against torch in one process: float forward 183.5 us at 4 accesses
+// (8 lanes a row), 181.5-181.8 at 2, 181.1-181.3 at 1 (torch 182.2-183.1); float backward 269.5 /
+// 266.7-267.0 / 266.4-266.8; bf16 backward 269.1 at 4, 267.7 at 2. More lanes a row cost more
+// shuffles, but fewer accesses a lane let more rows start their loads at once.
+constexpr int kWarpMinAccesses = 2;
+
 // Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
-// time: at least 4 vectors (so 4 independent 16-byte loads are in flight per lane), or 8 elements
-// with element access, and never fewer than elems / 32 (a row never spans more than a warp).
+// time: at least kWarpMinAccesses vectors, or 8 elements with element access, and never fewer than
+// elems / 32 (a row never spans more than a warp).
 constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec) {
   return softmax_detail::cmax((1 << log2_elems) / 32,
-                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? 4 * vec : 8));
+                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? kWarpMinAccesses * vec : 8));
 }
 constexpr int softmax_warp_threads_per_row(int log2_elems, int vec) {
   return (1 << log2_elems) / softmax_warp_elems_per_thread(log2_elems, vec);
