@@ -6,8 +6,10 @@
 //   * in_t / out_t are the element types (forward: x / y; backward: grad_input / grad_output and
 //     output); A = acc_t<out_t> is the arithmetic type (float, or double for double).
 //   * Sizes and offsets are int64_t. Grids are 1-D, one work item (row block, row, tile, chunk) per
-//     CTA or cluster, never persistent: a loop carried across work items costs registers that the
-//     cached row needs. Beyond 2^30 blocks the host launches again from a later first item.
+//     CTA or cluster: a loop carried across work items costs registers that the cached row needs.
+//     The one exception is long_row's staged forward (long_row.cuh), which loops over rows to stream
+//     the next row in while it reduces this one. Beyond 2^30 blocks the host launches again from a
+//     later first item.
 //   * Reductions are deterministic: fixed trees, no atomics; every thread (and every CTA of a
 //     cluster) ends with bitwise the same row statistics.
 //   * torch semantics for non-finite rows: padding and masked lanes hold -inf (forward) or 0
