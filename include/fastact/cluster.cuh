@@ -49,6 +49,10 @@ FASTACT_DEVICE void cluster_sync_all() {
   cluster_wait();
 }
 
+// This CTA's rank in its cluster of `cluster` CTAs: the launcher's clusters are 1-D and consecutive in
+// blockIdx.x, so it equals %cluster_ctarank (and is 0 without a cluster).
+FASTACT_DEVICE int cluster_rank(int cluster) { return static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster)); }
+
 // The same shared-memory variable in the CTA of cluster rank `rank` (distributed shared memory).
 template <typename T>
 FASTACT_DEVICE const T* cluster_peer(const T* p, int rank) {

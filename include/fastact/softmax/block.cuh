@@ -40,7 +40,7 @@ FASTACT_DEVICE int resident_valid(int first, int64_t dim, int step) {
   return n < kVecs ? n : kVecs;
 }
 
-// This thread's units of a cached row: the CTA of cluster rank `rank` (= blockIdx.x % cluster),
+// This thread's units of a cached row: the CTA of cluster rank `rank` (cluster_rank),
 // thread t: units first + j * step, j < kVecs, of which j < nvalid start inside the row. Offsets
 // within a row fit in int: the host caps D at 16 x 1024 x 32.
 struct ResidentSlice {
@@ -52,7 +52,7 @@ struct ResidentSlice {
 template <int kVec, int kVecs>
 FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
   const int nthreads = blockDim.x;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));  // == cluster rank
+  const int rank = cluster_rank(cluster);
   ResidentSlice s;
   s.first = (rank * nthreads * kVecs + static_cast<int>(threadIdx.x)) * kVec;
   s.step = nthreads * kVec;

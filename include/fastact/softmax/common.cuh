@@ -280,7 +280,7 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
   v = warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
   if (cluster > 1) {
     if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (row_scratch_init)
-    const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+    const int rank = cluster_rank(cluster);
     if (threadIdx.x == 0) mbarrier_arrive_expect_bytes(&sm.bar[ring], static_cast<uint32_t>(cluster * sizeof(V)));
     if (static_cast<int>(threadIdx.x) < cluster) push_to_peer(v, &sm.cta[ring][rank], &sm.bar[ring], threadIdx.x);
     mbarrier_wait_parity(&sm.bar[ring], static_cast<uint32_t>(r >> 1) & 1u);

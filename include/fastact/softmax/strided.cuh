@@ -52,7 +52,7 @@ FASTACT_DEVICE StridedThread strided_thread(int64_t outer, int64_t dim, int64_t 
   t.c = threadIdx.x % columns;
   t.g = threadIdx.x / columns;
   t.G = blockDim.x / columns;
-  t.rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+  t.rank = cluster_rank(cluster);
   const int64_t inner_units = inner / kVec;
   const int64_t cv = (first_tile + blockIdx.x / cluster) * columns + t.c;
   t.col_ok = cv < outer * inner_units;
