@@ -46,6 +46,10 @@ struct ElementConvert<c10::BFloat16> {
   }
 };
 
+// The strided forward's column max over rows kept as loaded: packed compares (PackedElementMax).
+template <>
+struct ElementMax<c10::BFloat16> : PackedElementMax<c10::BFloat16, Packed16::kBFloat16> {};
+
 }  // namespace fastact::softmax_impl
 
 #include "fastact/softmax/launch.cuh"

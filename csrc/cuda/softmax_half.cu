@@ -46,6 +46,10 @@ struct ElementConvert<c10::Half> {
   }
 };
 
+// The strided forward's column max over rows kept as loaded: packed compares (PackedElementMax).
+template <>
+struct ElementMax<c10::Half> : PackedElementMax<c10::Half, Packed16::kHalf> {};
+
 }  // namespace fastact::softmax_impl
 
 #include "fastact/softmax/launch.cuh"

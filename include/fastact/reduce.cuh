@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "fastact/math.h"
 
@@ -13,9 +14,19 @@ namespace fastact {
 
 constexpr int kWarpSize = 32;
 
+// Max of two values. float: fmaxf, one FMNMX where the ternary takes a compare and a select (the
+// 16-bit softmax forwards are bound by issue). NaN: fmaxf returns the other operand and the ternary
+// returns b, so neither propagates NaN by itself; the softmax kernels get torch's NaN rows from the
+// sum of exp(x - max), which a NaN element makes NaN whatever the max.
 template <typename A>
 struct MaxOp {
-  FASTACT_DEVICE A operator()(A a, A b) const { return a > b ? a : b; }
+  FASTACT_DEVICE A operator()(A a, A b) const {
+    if constexpr (std::is_same_v<A, float>) {
+      return fmaxf(a, b);
+    } else {
+      return a > b ? a : b;
+    }
+  }
   static FASTACT_HOST_DEVICE A identity() { return -std::numeric_limits<A>::infinity(); }
 };
 

@@ -75,6 +75,83 @@ struct ElementConvert {
   }
 };
 
+// m[k] = max(m[k], v[j][k] for j < n): the elementwise max of n loaded vectors (the strided forward's
+// rows kept as loaded), each converted and compared.
+template <typename T, typename A, int N, int R>
+FASTACT_DEVICE void element_max_converted(const AlignedVector<T, N> (&v)[R], int n, A (&m)[N]) {
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    if (j < n) {
+      A w[N];
+      ElementConvert<T>::template to_acc<A, N>(v[j], w);
+#pragma unroll
+      for (int k = 0; k < N; ++k) m[k] = MaxOp<A>()(m[k], w[k]);
+    }
+  }
+}
+
+// The same as a trait: the torch adapter specialises it for c10::Half / c10::BFloat16 (softmax_half.cu,
+// softmax_bf16.cu) as PackedElementMax below: packed 16-bit max, exact and without conversions, half
+// an instruction an element where converting and comparing take two.
+template <typename T>
+struct ElementMax {
+  template <typename A, int N, int R>
+  static FASTACT_DEVICE void into(const AlignedVector<T, N> (&v)[R], int n, A (&m)[N]) {
+    element_max_converted(v, n, m);
+  }
+};
+
+// ElementMax for a 16-bit T (the torch adapter derives ElementMax<c10::Half / c10::BFloat16> from it):
+// a running max of the loaded 32-bit words, two elements each, by max.f16x2 / max.bf16x2 (sm_80+;
+// NaN as fmaxf), widened once at the end. Exact: a max of 16-bit values is one of them.
+enum class Packed16 { kHalf, kBFloat16 };
+
+template <typename T, Packed16 kKind>
+struct PackedElementMax {
+  static_assert(sizeof(T) == 2, "two elements a 32-bit word");
+  template <typename A, int N, int R>
+  static FASTACT_DEVICE void into(const AlignedVector<T, N> (&v)[R], int n, A (&m)[N]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (N % 2 == 0) {
+      constexpr unsigned kNegInf = kKind == Packed16::kHalf ? 0xfc00fc00u : 0xff80ff80u;
+      AlignedVector<T, N> acc;
+      auto* mw = reinterpret_cast<unsigned*>(&acc);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) mw[i] = kNegInf;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        if (j < n) {
+          const auto* w = reinterpret_cast<const unsigned*>(&v[j]);
+#pragma unroll
+          for (int i = 0; i < N / 2; ++i) mw[i] = max2(mw[i], w[i]);
+        }
+      }
+      A w[N];
+      ElementConvert<T>::template to_acc<A, N>(acc, w);
+#pragma unroll
+      for (int k = 0; k < N; ++k) m[k] = MaxOp<A>()(m[k], w[k]);
+      return;
+    }
+#endif
+    element_max_converted(v, n, m);
+  }
+
+ private:
+  static FASTACT_DEVICE unsigned max2(unsigned a, unsigned b) {
+    unsigned r = a;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (kKind == Packed16::kHalf) {
+      asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    } else {
+      asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    }
+#else
+    (void)b;
+#endif
+    return r;
+  }
+};
+
 template <typename A, typename T, int N>
 FASTACT_DEVICE void to_acc(const AlignedVector<T, N>& v, A (&out)[N]) {
   ElementConvert<T>::template to_acc<A, N>(v, out);
@@ -312,11 +389,12 @@ FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, V* dst) {
   const int nthreads = blockDim.x;
   int P = 1;
   while (P * 2 <= n && P * 2 <= kWarpSize && values * P * 2 <= nthreads) P *= 2;
+  const int log_p = __ffs(P) - 1;  // shifts, not a division by a runtime value (~20 instructions)
   const int active = values * P;
   const int span = (active + kWarpSize - 1) / kWarpSize * kWarpSize;  // whole warps: shuffles below
   for (int i = threadIdx.x; i < span; i += nthreads) {
-    const int q = i / P < values ? i / P : values - 1;  // lanes past `active` read, never write
-    const int p = i % P;
+    const int q = (i >> log_p) < values ? (i >> log_p) : values - 1;  // lanes past `active` read, never write
+    const int p = i & (P - 1);
     V r = load(p, q);
     for (int jj = p + P; jj < n; jj += P) r = op(r, load(jj, q));
     for (int mask = P / 2; mask > 0; mask /= 2) r = op(r, shfl_xor(r, mask, kWarpSize));
@@ -332,13 +410,14 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int C = columns;
-  const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads / C;
+  const int log_c = __ffs(C) - 1;
+  const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads >> log_c;
   const int CL = C * L;
   const int stride = CL + 1;                        // red's padded row
   V* red = smem + ring * R * stride;                // [R][C * L + 1]
   V* res = smem + 2 * R * stride + ring * CL;       // [C][L]
   V* cta = smem + 2 * R * stride + 2 * CL + ring * CL;
-  const int c = tid % C;
+  const int c = tid & (C - 1);
   if (C < kWarpSize) {
     for (int mask = C; mask < kWarpSize; mask *= 2) {
 #pragma unroll
@@ -346,7 +425,7 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
     }
   }
   const bool rep = C < kWarpSize ? lane < C : true;
-  const int j = C < kWarpSize ? tid / kWarpSize : tid / C;
+  const int j = C < kWarpSize ? tid / kWarpSize : tid >> log_c;
   if (rep) {
 #pragma unroll
     for (int k = 0; k < L; ++k) red[j * stride + c * L + k] = vals[k];

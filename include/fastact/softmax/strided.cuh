@@ -36,31 +36,49 @@ FASTACT_DEVICE int cached_rows(int64_t d_first, int64_t dim, int G) {
   return n < kRows ? n : kRows;
 }
 
-// The tile's geometry as one thread sees it.
+// The tile's geometry as one thread sees it (the same for every tile). C is a power of two: shifts,
+// not divisions by a runtime value.
 struct StridedThread {
   int C, c, g, G, rank;
-  bool col_ok;      // this thread's column vector exists (the last tile may be partial)
-  int64_t base;     // element offset of the column vector's D-row 0
   int64_t d_first;  // first D-row of this thread (cached mode: in this CTA's slice)
 };
 
 template <int kVec>
-FASTACT_DEVICE StridedThread strided_thread(int64_t outer, int64_t dim, int64_t inner, int columns, int cluster,
-                                            int rows_per_thread, int64_t first_tile) {
+FASTACT_DEVICE StridedThread strided_thread(int columns, int cluster, int rows_per_thread) {
   StridedThread t;
+  const int log_c = __ffs(columns) - 1;
   t.C = columns;
-  t.c = threadIdx.x % columns;
-  t.g = threadIdx.x / columns;
-  t.G = blockDim.x / columns;
+  t.c = threadIdx.x & (columns - 1);
+  t.g = threadIdx.x >> log_c;
+  t.G = blockDim.x >> log_c;
   t.rank = cluster_rank(cluster);
-  const int64_t inner_units = inner / kVec;
-  const int64_t cv = (first_tile + blockIdx.x / cluster) * columns + t.c;
-  t.col_ok = cv < outer * inner_units;
-  int64_t o = 0, iv = 0;
-  if (t.col_ok) divmod_nonneg(cv, inner_units, o, iv);
-  t.base = o * dim * inner + iv * kVec;
   t.d_first = int64_t(t.rank) * t.G * rows_per_thread + t.g;
   return t;
+}
+
+// The tile of this CTA in a launch of one tile per CTA (cluster) whose first is `first_tile`; cluster is
+// a power of two (the host checks).
+FASTACT_DEVICE int64_t strided_tile(int64_t first_tile, int cluster) {
+  return first_tile + (blockIdx.x >> (__ffs(cluster) - 1));
+}
+
+// Where this thread's column vector of tile `tile` starts.
+struct StridedColumn {
+  bool ok;       // it exists (the last tile may be partial)
+  int64_t base;  // element offset of its D-row 0
+};
+
+template <int kVec>
+FASTACT_DEVICE StridedColumn strided_column(const StridedThread& t, int64_t tile, int64_t outer, int64_t dim,
+                                            int64_t inner) {
+  const int64_t inner_units = inner / kVec;
+  const int64_t cv = tile * t.C + t.c;
+  StridedColumn col;
+  col.ok = cv < outer * inner_units;
+  int64_t o = 0, iv = 0;
+  if (col.ok) divmod_nonneg(cv, inner_units, o, iv);
+  col.base = o * dim * inner + iv * kVec;
+  return col;
 }
 
 // A thread's cached D-rows, j < kRows: converted to the accumulation type on load (kRaw = false;
@@ -70,7 +88,17 @@ FASTACT_DEVICE StridedThread strided_thread(int64_t outer, int64_t dim, int64_t 
 template <bool kRaw, typename in_t, typename A, int kVec, int kRows>
 struct StridedRows {
   A v[kRows][kVec];
-  FASTACT_DEVICE void load(int j, const in_t* p) { to_acc(load_vector<in_t, kVec>(p), v[j]); }
+  FASTACT_DEVICE void take(int j, const AlignedVector<in_t, kVec>& loaded) { to_acc(loaded, v[j]); }
+  // m[k] = max(m[k], the rows' elements k), rows j < n.
+  FASTACT_DEVICE void max_into(int n, A (&m)[kVec]) const {
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < n) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], v[j][k]);
+      }
+    }
+  }
   FASTACT_DEVICE void get(int j, A (&w)[kVec]) const {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) w[k] = v[j][k];
@@ -84,9 +112,66 @@ struct StridedRows {
 template <typename in_t, typename A, int kVec, int kRows>
 struct StridedRows<true, in_t, A, kVec, kRows> {
   AlignedVector<in_t, kVec> r[kRows];
-  FASTACT_DEVICE void load(int j, const in_t* p) { r[j] = load_vector<in_t, kVec>(p); }
+  FASTACT_DEVICE void take(int j, const AlignedVector<in_t, kVec>& loaded) { r[j] = loaded; }
+  FASTACT_DEVICE void max_into(int n, A (&m)[kVec]) const { ElementMax<in_t>::into(r, n, m); }
   FASTACT_DEVICE void get(int j, A (&w)[kVec]) const { to_acc(r[j], w); }
   FASTACT_DEVICE void set(int, const A (&)[kVec]) {}
+};
+
+// The cached forward of one tile, once this thread's D-rows j < nrows are in `rows`: the column max,
+// the kept values and their column sum, and the outputs at yc + j * step. Every thread of the CTA
+// (cluster) calls it, nrows = 0 included.
+template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t>
+FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
+                                           A* smem, int& round, int columns, int cluster) {
+  A m[kVec], s[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
+  rows.max_into(nrows, m);
+  column_allreduce(m, MaxOp<A>(), smem, round, columns, cluster);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s[k] = A(0);
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      A w[kVec];
+      rows.get(j, w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        w[k] = Cache::keep(w[k], m[k]);
+        s[k] += Cache::term(w[k], m[k]);
+      }
+      rows.set(j, w);
+    }
+  }
+  column_allreduce(s, SumOp<A>(), smem, round, columns, cluster);
+  if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      A o[kVec];
+      rows.get(j, o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], m[k], s[k]);
+      store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
+    }
+  }
+  // A CTA's shared memory must outlive the other CTAs' reads of it.
+  if (cluster > 1) cluster_wait();
+}
+
+// The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (softmax_strided_raw),
+// else converted to the accumulation type.
+template <typename in_t, typename out_t, typename Epi, int kVec>
+struct StridedForwardCache {
+  using A = acc_t<out_t>;
+  static constexpr bool kRaw = softmax_strided_raw(false, kVec, sizeof(in_t), sizeof(A));
+  static constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
+  using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
+  static_assert(!kRaw || std::is_base_of_v<KeepInputTerms, Cache>, "raw rows need keep() = identity");
+  using Rows = StridedRows<kRaw, in_t, A, kVec, kRows>;
 };
 
 template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
@@ -96,73 +181,30 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
   using P = MaxSum<A>;
-  constexpr bool kRaw = softmax_strided_raw(false, kVec, sizeof(in_t), sizeof(A));
-  using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
-  static_assert(!kRaw || std::is_base_of_v<KeepInputTerms, Cache>, "raw rows need keep() = identity");
-  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
+  using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
+  constexpr int kRows = F::kRows;
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const StridedThread t = strided_thread<kVec>(outer, dim, inner, columns, cluster, kRows, first_tile);
-  const in_t* xc = x + t.base;
-  out_t* yc = y + t.base;
+  const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
+  const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
+  const in_t* xc = x + col.base;
+  out_t* yc = y + col.base;
   int round = 0;
   if constexpr (!kStreaming) {
-    const int nrows = t.col_ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+    const int nrows = col.ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
     const int64_t first = t.d_first * inner;
     const int64_t step = int64_t(t.G) * inner;
-    StridedRows<kRaw, in_t, A, kVec, kRows> rows;
+    typename F::Rows rows;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) rows.load(j, xc + first + j * step);
+      if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
-    A m[kVec], s[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) {
-        A w[kVec];
-        rows.get(j, w);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) m[k] = MaxOp<A>()(m[k], w[k]);
-      }
-    }
-    column_allreduce(m, MaxOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) s[k] = A(0);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) {
-        A w[kVec];
-        rows.get(j, w);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          w[k] = Cache::keep(w[k], m[k]);
-          s[k] += Cache::term(w[k], m[k]);
-        }
-        rows.set(j, w);
-      }
-    }
-    column_allreduce(s, SumOp<A>(), reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
-    if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) {
-        A o[kVec];
-        rows.get(j, o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], m[k], s[k]);
-        store_vector<out_t, kVec>(yc + first + j * step, from_acc<out_t>(o));
-      }
-    }
-    // A CTA's shared memory must outlive the other CTAs' reads of it.
-    if (cluster > 1) cluster_wait();
+    strided_cached_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
+                                                           reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
   } else {
     // Streaming: D-rows g, g + G, ... in batches of kU; masked rows are -inf (exp(-inf) adds 0).
     const int64_t step = int64_t(t.G) * inner;
-    const int64_t dim_rows = t.col_ok ? dim : 0;
+    const int64_t dim_rows = col.ok ? dim : 0;
     P st[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
@@ -221,16 +263,17 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* smem = reinterpret_cast<A*>(smem_raw);
-  const StridedThread t = strided_thread<kVec>(outer, dim, inner, columns, cluster, kRows, first_tile);
-  const out_t* dyc = grad_output + t.base;
-  const out_t* yc = output + t.base;
-  in_t* dxc = grad_input + t.base;
+  const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
+  const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
+  const out_t* dyc = grad_output + col.base;
+  const out_t* yc = output + col.base;
+  in_t* dxc = grad_input + col.base;
   int round = 0;
   A dot[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) dot[k] = A(0);
   if constexpr (!kStreaming) {
-    const int nrows = t.col_ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+    const int nrows = col.ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
     const int64_t first = t.d_first * inner;
     const int64_t step = int64_t(t.G) * inner;
     AlignedVector<out_t, kVec> dy[kRows], yv[kRows];
@@ -267,7 +310,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
     if (cluster > 1) cluster_wait();  // the other CTAs are done reading this one's shared memory
   } else {
     const int64_t step = int64_t(t.G) * inner;
-    const int64_t dim_rows = t.col_ok ? dim : 0;
+    const int64_t dim_rows = col.ok ? dim : 0;
     for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
       const int64_t off = d * inner;
       AlignedVector<out_t, kVec> dy[kU], yv[kU];
@@ -323,18 +366,27 @@ inline bool strided_shape_ok(int threads, int columns) {
   return columns <= threads && threads % columns == 0;
 }
 
+// Checks a cached or streaming plan's shape against D; cudaSuccess if it runs.
+inline cudaError_t strided_plan_ok(int threads, int columns, int cluster, bool streaming, int64_t dim, int rows,
+                                   int64_t inner, int vec, size_t smem) {
+  if (!strided_shape_ok(threads, columns) || inner % vec != 0 || cluster < 1 || cluster > kMaxCluster ||
+      (cluster & (cluster - 1)) != 0)
+    return cudaErrorInvalidConfiguration;
+  if (!streaming && int64_t(cluster) * (threads / columns) * rows < dim) return cudaErrorInvalidConfiguration;
+  if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
+  return cudaSuccess;
+}
+
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
                             int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
-  constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
-  if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
-    return cudaErrorInvalidConfiguration;
+  constexpr int kRows = StridedForwardCache<in_t, out_t, Epi, kVec>::kRows;
   if (streaming) cluster = 1;
-  if (!streaming && int64_t(cluster) * (threads / columns) * kRows < dim) return cudaErrorInvalidConfiguration;
   const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) *
                       (streaming ? sizeof(MaxSum<A>) : sizeof(A));
-  if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
+  const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
+  if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
   if (streaming)
     return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true>>(
@@ -348,12 +400,10 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
                              int threads, int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
   constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
-  if (!strided_shape_ok(threads, columns) || inner % kVec != 0 || cluster < 1 || cluster > kMaxCluster)
-    return cudaErrorInvalidConfiguration;
   if (streaming) cluster = 1;
-  if (!streaming && int64_t(cluster) * (threads / columns) * kRows < dim) return cudaErrorInvalidConfiguration;
   const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) * sizeof(A);
-  if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
+  const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
+  if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
   if (streaming)
     return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true>>(
