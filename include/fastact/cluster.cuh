@@ -1,12 +1,13 @@
-// Thread-block cluster primitives (sm_90): the cluster barrier, distributed shared memory reads, and
-// the pieces of a push exchange (mbarrier + st.async) that lets CTAs trade partials without the
-// barrier. Compiled to nothing below sm_90, where the host never launches a cluster.
+// Thread-block cluster primitives (sm_90): the relaxed cluster barrier that publishes the mbarriers'
+// setup, and the pieces of a push exchange (mbarrier + st.async) through which CTAs trade partials.
+// Compiled to nothing below sm_90, where the host never launches a cluster.
 //
-// Why a push exchange. `barrier.cluster.arrive` (release, the default) compiles to MEMBAR.ALL.GPU
-// before the arrive: the thread waits until every earlier global store of its own is acknowledged.
-// In a kernel that stores one row and then reduces the next, each reduction stalled the cluster until
-// the previous row's stores had drained. st.async writes a value into a peer CTA's shared memory and
-// counts its bytes on an mbarrier there; waiting on that mbarrier orders only those bytes.
+// Why a push exchange, not the cluster barrier and distributed shared memory reads:
+// `barrier.cluster.arrive` (release, the default) compiles to MEMBAR.ALL.GPU before the arrive: the
+// thread waits until every earlier global store of its own is acknowledged. In a kernel that stores one row and then reduces
+// the next, each reduction stalled the cluster until the previous row's stores had drained, and a CTA
+// whose memory others read must wait for them at exit. st.async writes a value into a peer CTA's shared
+// memory and counts its bytes on an mbarrier there; waiting on that mbarrier orders only those bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,14 +25,6 @@ namespace fastact {
 #define FASTACT_SM90_DEVICE 0
 #endif
 
-// Arrive (.release: this thread's earlier memory accesses, global ones included, are ordered before
-// the barrier) and wait (.acquire) on the cluster barrier. Every thread of every CTA of the cluster
-// alternates arrive and wait.
-FASTACT_DEVICE void cluster_arrive() {
-#if FASTACT_SM90_DEVICE
-  __cluster_barrier_arrive();
-#endif
-}
 // Arrive with no ordering (no MEMBAR): for a barrier that orders only what a fence before it orders.
 // Every thread of the warp must execute it together.
 FASTACT_DEVICE void cluster_arrive_relaxed() {
@@ -39,30 +32,16 @@ FASTACT_DEVICE void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 }
+// Waits (.acquire) until every thread of the cluster has arrived.
 FASTACT_DEVICE void cluster_wait() {
 #if FASTACT_SM90_DEVICE
   __cluster_barrier_wait();
 #endif
 }
-FASTACT_DEVICE void cluster_sync_all() {
-  cluster_arrive();
-  cluster_wait();
-}
 
 // This CTA's rank in its cluster of `cluster` CTAs: the launcher's clusters are 1-D and consecutive in
 // blockIdx.x, so it equals %cluster_ctarank (and is 0 without a cluster).
 FASTACT_DEVICE int cluster_rank(int cluster) { return static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster)); }
-
-// The same shared-memory variable in the CTA of cluster rank `rank` (distributed shared memory).
-template <typename T>
-FASTACT_DEVICE const T* cluster_peer(const T* p, int rank) {
-#if FASTACT_SM90_DEVICE
-  return static_cast<const T*>(__cluster_map_shared_rank(p, static_cast<unsigned>(rank)));
-#else
-  (void)rank;
-  return p;
-#endif
-}
 
 // ------------------------------------------------------------------------------------------------
 // mbarrier (a 64-bit shared-memory object counting arrivals and transferred bytes per phase).

@@ -239,17 +239,24 @@ constexpr int kStridedClusterAbove = 512;
 // cluster's barriers cost more than the narrower line: float 8 columns x 512 threads x cluster 2
 // 220 us -> 4 columns x 512 threads 201 us (0.82 -> 0.90 of the limit), bf16 147 -> 117 us; one
 // 1024-thread CTA of 8 columns was in between (210 / 144 us) and 32-byte pieces lost again
-// (2 columns: 234 / 125 us). bench/NOTES.md, fifth session. Only where clusters exist (sm_90), the
-// case measured: without them a tile that needs more than 1024 threads streams, as before.
+// (2 columns: 234 / 125 us). bench/NOTES.md, fifth session. With the push exchange instead of the
+// barrier (seventh session) the full line in a cluster caught up but did not win for bf16 (512 x 8 x 2:
+// 119 us against 108); float gained 2.5% at 128 threads x 8 columns x cluster 8 (196 against 201),
+// so the half line stays. Only where clusters exist (sm_90), the case measured: without them a tile
+// that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
 
-// Values of the strided kernel's reduction buffers (see column_allreduce in softmax/common.cuh):
-// red[2][R][C * L + 1], res[2][C][L], cta[2][C][L]; R = threads / 32 when C < 32, else threads / C.
-inline int64_t softmax_strided_smem_values(int64_t threads, int64_t columns, int lanes) {
+// Bytes of the strided kernel's reduction buffers (ColumnScratch in softmax/common.cuh): two
+// mbarriers, then values of `value_bytes` red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L];
+// R = threads / 32 when C < 32, else threads / C.
+constexpr int kColumnBarrierBytes = 16;
+inline int64_t softmax_strided_smem_bytes(int64_t threads, int64_t columns, int lanes, int64_t cluster,
+                                          int64_t value_bytes) {
   const int64_t reps = columns < 32 ? threads / 32 : threads / columns;
-  return 2 * reps * (columns * lanes + 1) + 4 * columns * lanes;
+  const int64_t cl = columns * lanes;
+  return kColumnBarrierBytes + (2 * reps * (cl + 1) + 2 * cl + 2 * cluster * cl) * value_bytes;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -497,9 +504,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   if (c > c_cap) c = c_cap;
   const int64_t d = p.dim_size;
   const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
-  auto smem_ok = [&](int64_t threads, int64_t cols, bool streaming) {
+  auto smem_ok = [&](int64_t threads, int64_t cols, int64_t cluster, bool streaming) {
     const int64_t value_bytes = (!p.backward && streaming) ? 2 * p.acc_bytes : p.acc_bytes;
-    return softmax_strided_smem_values(threads, cols, s.vec) * value_bytes <= kStridedMaxSmem;
+    return softmax_strided_smem_bytes(threads, cols, s.vec, cluster, value_bytes) <= kStridedMaxSmem;
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
@@ -509,7 +516,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   if (c * g_needed <= single_cap) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
-           smem_ok(threads_for(c * 2, g_needed), c * 2, false))
+           smem_ok(threads_for(c * 2, g_needed), c * 2, 1, false))
       c *= 2;
     s.columns = int(c);
     s.threads = int(threads_for(c, g_needed));
@@ -522,7 +529,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
       if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
-      if (!smem_ok(threads, c, false)) continue;
+      if (!smem_ok(threads, c, cl, false)) continue;
       s.columns = int(c);
       s.cluster = int(cl);
       s.threads = int(threads);

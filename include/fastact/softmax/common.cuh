@@ -324,20 +324,25 @@ struct RowScratch {
   uint64_t bar[2];
 };
 
-// Every thread of a kernel that calls row_allreduce with cluster > 1 calls this first: one thread
-// sets up the mbarriers, and every thread arrives on the cluster barrier, which the first cluster
-// round waits on before pushing into a peer (so the loads in between overlap it).
-template <typename V>
-FASTACT_DEVICE void row_scratch_init(RowScratch<V>& sm, int cluster) {
+// Every thread of a kernel whose all-reductions exchange pushed partials in a cluster (cluster > 1)
+// calls this first, on the two mbarriers of the exchange: one thread sets them up, and every thread
+// arrives on the cluster barrier, which the first round waits on before pushing into a peer (so the
+// loads in between overlap it).
+FASTACT_DEVICE void exchange_init(uint64_t* bar, int cluster) {
   if (cluster > 1) {
     if (threadIdx.x == 0) {
-      mbarrier_init(&sm.bar[0], 1);
-      mbarrier_init(&sm.bar[1], 1);
+      mbarrier_init(&bar[0], 1);
+      mbarrier_init(&bar[1], 1);
       fence_mbarrier_init();
     }
     __syncwarp();
     cluster_arrive_relaxed();
   }
+}
+
+template <typename V>
+FASTACT_DEVICE void row_scratch_init(RowScratch<V>& sm, int cluster) {
+  exchange_init(sm.bar, cluster);
 }
 
 // blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
@@ -371,21 +376,34 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 // two) and holds L lanes (the elements of its vector along inner); threads with the same c split D.
 // Reduces each (column, lane) over all threads of its column, in the block and then the cluster.
 //
-// Shared memory (dynamic, V values): red[2][R][C * L + 1], res[2][C][L], cta[2][C][L], where R, the
-// representatives per column, is one per warp when C < 32 (the warp first reduces its own D-groups
-// by shuffles) and one per D-group when C >= 32; red's rows are padded by one value so that the
-// folding lanes below spread over the banks (at most 2-way conflicts for 4-byte values, where P
-// lanes of each of 32 / P values read). Size: softmax_strided_smem_values (dispatch.h). Buffers
-// alternate by round as in RowScratch (each round has two block barriers).
+// Dynamic shared memory (ColumnScratch): two mbarriers (kColumnBarrierBytes), then V values
+// red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L], where R, the representatives per column,
+// is one per warp when C < 32 (the warp first reduces its own D-groups by shuffles) and one per
+// D-group when C >= 32; red's rows are padded by one value so that the folding lanes below spread over
+// the banks (at most 2-way conflicts for 4-byte values, where P lanes of each of 32 / P values read).
+// Size: softmax_strided_smem_bytes (dispatch.h). Buffers alternate by round as in RowScratch (each
+// round has two block barriers). In a cluster, each CTA pushes its block's C * L values into slots
+// cta[ring][its rank] of every CTA, as row_allreduce does (after exchange_init), and folds its own
+// slots in rank order: bitwise the same result in every CTA, and no CTA reads another's memory.
 // blockDim.x a multiple of 32 and of C. Result: valid in every thread, identical for a column.
+template <typename V>
+struct ColumnScratch {
+  uint64_t* bar;  // [2], the cluster exchange's
+  V* values;
+};
 
-// dst[q] = the fold over i < n of load(i, q), for each of the `values` q. P consecutive lanes fold one
-// value (each a strided share of the n partials, then shuffles), P a power of two <= 32, <= n, with
-// values * P <= blockDim.x: the block's threads fold side by side instead of one thread per value
+template <typename V>
+FASTACT_DEVICE ColumnScratch<V> column_scratch(unsigned char* smem) {
+  return {reinterpret_cast<uint64_t*>(smem), reinterpret_cast<V*>(smem + kColumnBarrierBytes)};
+}
+
+// For each of the `values` q, store(q, the fold over i < n of load(i, q)). P consecutive lanes fold
+// one value (each a strided share of the n partials, then shuffles), P a power of two <= 32, <= n,
+// with values * P <= blockDim.x: the block's threads fold side by side instead of one thread per value
 // walking all n partials in a dependent chain. The order depends only on (n, values, blockDim.x), so
 // every CTA of a cluster folds the same partials to the same bits.
-template <typename V, typename Op, typename Load>
-FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, V* dst) {
+template <typename V, typename Op, typename Load, typename Store>
+FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, Store store) {
   const int nthreads = blockDim.x;
   int P = 1;
   while (P * 2 <= n && P * 2 <= kWarpSize && values * P * 2 <= nthreads) P *= 2;
@@ -398,14 +416,15 @@ FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, V* dst) {
     V r = load(p, q);
     for (int jj = p + P; jj < n; jj += P) r = op(r, load(jj, q));
     for (int mask = P / 2; mask > 0; mask /= 2) r = op(r, shfl_xor(r, mask, kWarpSize));
-    if (p == 0 && i < active) dst[q] = r;
+    if (p == 0 && i < active) store(q, r);
   }
 }
 
 template <int L, typename V, typename Op>
-FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, int columns, int cluster) {
-  const int ring = round & 1;
-  ++round;
+FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, int& round, int columns,
+                                     int cluster) {
+  const int r = round++;
+  const int ring = r & 1;
   const int nthreads = blockDim.x;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
@@ -413,10 +432,10 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
   const int log_c = __ffs(C) - 1;
   const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads >> log_c;
   const int CL = C * L;
-  const int stride = CL + 1;                        // red's padded row
-  V* red = smem + ring * R * stride;                // [R][C * L + 1]
-  V* res = smem + 2 * R * stride + ring * CL;       // [C][L]
-  V* cta = smem + 2 * R * stride + 2 * CL + ring * CL;
+  const int stride = CL + 1;                                 // red's padded row
+  V* red = sm.values + ring * R * stride;                    // [R][C * L + 1]
+  V* res = sm.values + 2 * R * stride + ring * CL;           // [C][L]
+  V* cta = sm.values + 2 * R * stride + 2 * CL + ring * cluster * CL;  // [cluster][C * L]
   const int c = tid & (C - 1);
   if (C < kWarpSize) {
     for (int mask = C; mask < kWarpSize; mask *= 2) {
@@ -431,10 +450,20 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, V* smem, int& round, i
     for (int k = 0; k < L; ++k) red[j * stride + c * L + k] = vals[k];
   }
   __syncthreads();
-  fold_partials(R, CL, op, [&](int i, int q) { return red[i * stride + q]; }, cluster > 1 ? cta : res);
+  const auto from_red = [&](int i, int q) { return red[i * stride + q]; };
   if (cluster > 1) {
-    cluster_sync_all();
-    fold_partials(cluster, CL, op, [&](int rk, int q) { return *cluster_peer(cta + q, rk); }, res);
+    if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (exchange_init)
+    const int rank = cluster_rank(cluster);
+    uint64_t* bar = &sm.bar[ring];
+    if (tid == 0) mbarrier_arrive_expect_bytes(bar, static_cast<uint32_t>(cluster * CL * sizeof(V)));
+    fold_partials<V>(R, CL, op, from_red, [&](int q, V v) {
+      for (int rk = 0; rk < cluster; ++rk) push_to_peer(v, &cta[rank * CL + q], bar, rk);
+    });
+    mbarrier_wait_parity(bar, static_cast<uint32_t>(r >> 1) & 1u);
+    fold_partials<V>(cluster, CL, op, [&](int rk, int q) { return cta[rk * CL + q]; },
+                     [&](int q, V v) { res[q] = v; });
+  } else {
+    fold_partials<V>(R, CL, op, from_red, [&](int q, V v) { res[q] = v; });
   }
   __syncthreads();
 #pragma unroll

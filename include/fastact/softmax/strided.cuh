@@ -123,7 +123,7 @@ struct StridedRows<true, in_t, A, kVec, kRows> {
 // (cluster) calls it, nrows = 0 included.
 template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t>
 FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
-                                           A* smem, int& round, int columns, int cluster) {
+                                           ColumnScratch<A> smem, int& round, int columns, int cluster) {
   A m[kVec], s[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
@@ -145,7 +145,6 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
     }
   }
   column_allreduce(s, SumOp<A>(), smem, round, columns, cluster);
-  if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
 #pragma unroll
@@ -158,8 +157,6 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
       store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
     }
   }
-  // A CTA's shared memory must outlive the other CTAs' reads of it.
-  if (cluster > 1) cluster_wait();
 }
 
 // The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (softmax_strided_raw),
@@ -185,6 +182,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   constexpr int kRows = F::kRows;
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  exchange_init(column_scratch<A>(smem_raw).bar, kStreaming ? 1 : cluster);
   const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const in_t* xc = x + col.base;
@@ -200,7 +198,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
     strided_cached_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
-                                                           reinterpret_cast<A*>(smem_raw), round, t.C, cluster);
+                                                           column_scratch<A>(smem_raw), round, t.C, cluster);
   } else {
     // Streaming: D-rows g, g + G, ... in batches of kU; masked rows are -inf (exp(-inf) adds 0).
     const int64_t step = int64_t(t.G) * inner;
@@ -226,7 +224,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
 #pragma unroll
       for (int k = 0; k < kVec; ++k) online_update(st[k], v[k]);
     }
-    column_allreduce(st, OnlineOp<A>(), reinterpret_cast<P*>(smem_raw), round, t.C, 1);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
     A cst[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) cst[k] = epi.row_constant(st[k].sum);
@@ -262,7 +260,8 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
   constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* smem = reinterpret_cast<A*>(smem_raw);
+  const ColumnScratch<A> smem = column_scratch<A>(smem_raw);
+  exchange_init(smem.bar, kStreaming ? 1 : cluster);
   const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const out_t* dyc = grad_output + col.base;
@@ -295,7 +294,6 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
       }
     }
     column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
-    if (cluster > 1) cluster_arrive();  // done reading the other CTAs' shared memory
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
@@ -307,7 +305,6 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
         store_vector<in_t, kVec>(dxc + first + j * step, from_acc<in_t>(g));
       }
     }
-    if (cluster > 1) cluster_wait();  // the other CTAs are done reading this one's shared memory
   } else {
     const int64_t step = int64_t(t.G) * inner;
     const int64_t dim_rows = col.ok ? dim : 0;
@@ -383,8 +380,8 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   using A = acc_t<out_t>;
   constexpr int kRows = StridedForwardCache<in_t, out_t, Epi, kVec>::kRows;
   if (streaming) cluster = 1;
-  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) *
-                      (streaming ? sizeof(MaxSum<A>) : sizeof(A));
+  const auto smem =
+      size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, streaming ? sizeof(MaxSum<A>) : sizeof(A)));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
@@ -401,7 +398,7 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
   using A = acc_t<out_t>;
   constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
   if (streaming) cluster = 1;
-  const size_t smem = size_t(softmax_strided_smem_values(threads, columns, kVec)) * sizeof(A);
+  const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, sizeof(A)));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
