@@ -4,10 +4,11 @@
 //
 // Why a push exchange, not the cluster barrier and distributed shared memory reads:
 // `barrier.cluster.arrive` (release, the default) compiles to MEMBAR.ALL.GPU before the arrive: the
-// thread waits until every earlier global store of its own is acknowledged. In a kernel that stores one row and then reduces
-// the next, each reduction stalled the cluster until the previous row's stores had drained, and a CTA
-// whose memory others read must wait for them at exit. st.async writes a value into a peer CTA's shared
-// memory and counts its bytes on an mbarrier there; waiting on that mbarrier orders only those bytes.
+// thread waits until every earlier global store of its own is acknowledged. In a kernel that stores
+// one row and then reduces the next, each reduction stalled the cluster until the previous row's
+// stores had drained, and a CTA whose memory others read must wait for them at exit. st.async writes
+// a value into a peer CTA's shared memory and counts its bytes on an mbarrier there; waiting on that
+// mbarrier orders only those bytes.
 #pragma once
 
 #include <cuda_runtime.h>

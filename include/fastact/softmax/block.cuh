@@ -145,7 +145,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<MaxSum<A>> scratch;
-  row_scratch_init(scratch, cluster);
+  exchange_init(scratch.bar, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
   const in_t* xr = x + row * row_stride + s.first;
@@ -169,7 +169,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   __shared__ RowScratch<A> scratch;
-  row_scratch_init(scratch, cluster);
+  exchange_init(scratch.bar, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
   const int64_t offset = row * dim + s.first;

@@ -324,10 +324,12 @@ struct RowScratch {
   uint64_t bar[2];
 };
 
-// Every thread of a kernel whose all-reductions exchange pushed partials in a cluster (cluster > 1)
-// calls this first, on the two mbarriers of the exchange: one thread sets them up, and every thread
-// arrives on the cluster barrier, which the first round waits on before pushing into a peer (so the
-// loads in between overlap it).
+// The cluster exchange of pushed partials (row_allreduce, column_allreduce), on two mbarriers bar[2]
+// used alternately by rounds: round r counts its bytes on bar[r % 2], whose (r / 2)-th phase it is.
+//
+// Every thread of a kernel that exchanges in a cluster (cluster > 1) calls exchange_init first: one
+// thread sets the mbarriers up, and every thread arrives on the cluster barrier, which round 0 waits on
+// before pushing into a peer (so the loads in between overlap it).
 FASTACT_DEVICE void exchange_init(uint64_t* bar, int cluster) {
   if (cluster > 1) {
     if (threadIdx.x == 0) {
@@ -340,14 +342,23 @@ FASTACT_DEVICE void exchange_init(uint64_t* bar, int cluster) {
   }
 }
 
-template <typename V>
-FASTACT_DEVICE void row_scratch_init(RowScratch<V>& sm, int cluster) {
-  exchange_init(sm.bar, cluster);
+// Opens round r of the exchange, in which this CTA receives `bytes` from its peers: returns the
+// mbarrier to push them to (push_to_peer) and to wait on (exchange_wait). Every thread calls it.
+FASTACT_DEVICE uint64_t* exchange_begin(uint64_t* bar, int r, uint32_t bytes) {
+  if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (exchange_init)
+  uint64_t* b = &bar[r & 1];
+  if (threadIdx.x == 0) mbarrier_arrive_expect_bytes(b, bytes);
+  return b;
+}
+
+// Waits until every byte of round r has landed in this CTA's shared memory.
+FASTACT_DEVICE void exchange_wait(uint64_t* bar, int r) {
+  mbarrier_wait_parity(&bar[r & 1], static_cast<uint32_t>(r >> 1) & 1u);
 }
 
 // blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
-// `cluster` (1: no cluster; > 1: after row_scratch_init). Result: valid, and bitwise identical, in
-// every thread of the cluster.
+// `cluster` (1: no cluster; > 1: after exchange_init(sm.bar)). Result: valid, and bitwise identical,
+// in every thread of the cluster.
 template <typename V, typename Op>
 FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cluster) {
   const int r = round++;
@@ -361,11 +372,10 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
   // Every warp reduces the per-warp partials itself (same tree everywhere): no second barrier.
   v = warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
   if (cluster > 1) {
-    if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (row_scratch_init)
+    uint64_t* bar = exchange_begin(sm.bar, r, static_cast<uint32_t>(cluster * sizeof(V)));
     const int rank = cluster_rank(cluster);
-    if (threadIdx.x == 0) mbarrier_arrive_expect_bytes(&sm.bar[ring], static_cast<uint32_t>(cluster * sizeof(V)));
-    if (static_cast<int>(threadIdx.x) < cluster) push_to_peer(v, &sm.cta[ring][rank], &sm.bar[ring], threadIdx.x);
-    mbarrier_wait_parity(&sm.bar[ring], static_cast<uint32_t>(r >> 1) & 1u);
+    if (static_cast<int>(threadIdx.x) < cluster) push_to_peer(v, &sm.cta[ring][rank], bar, threadIdx.x);
+    exchange_wait(sm.bar, r);
     v = warp_reduce(lane < cluster ? sm.cta[ring][lane] : Op::identity(), op);
   }
   return v;
@@ -452,14 +462,12 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, i
   __syncthreads();
   const auto from_red = [&](int i, int q) { return red[i * stride + q]; };
   if (cluster > 1) {
-    if (r == 0) cluster_wait();  // every CTA's mbarriers are set up (exchange_init)
+    uint64_t* bar = exchange_begin(sm.bar, r, static_cast<uint32_t>(cluster * CL * sizeof(V)));
     const int rank = cluster_rank(cluster);
-    uint64_t* bar = &sm.bar[ring];
-    if (tid == 0) mbarrier_arrive_expect_bytes(bar, static_cast<uint32_t>(cluster * CL * sizeof(V)));
     fold_partials<V>(R, CL, op, from_red, [&](int q, V v) {
       for (int rk = 0; rk < cluster; ++rk) push_to_peer(v, &cta[rank * CL + q], bar, rk);
     });
-    mbarrier_wait_parity(bar, static_cast<uint32_t>(r >> 1) & 1u);
+    exchange_wait(sm.bar, r);
     fold_partials<V>(cluster, CL, op, [&](int rk, int q) { return cta[rk * CL + q]; },
                      [&](int q, V v) { res[q] = v; });
   } else {

@@ -72,7 +72,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_cluster_fwd_ke
   using Stage = RowStage<in_t, kVec, kVecs>;
   const Stage stage{reinterpret_cast<typename Stage::Unit*>(stage_units()) + threadIdx.x, static_cast<int>(blockDim.x)};
   __shared__ RowScratch<MaxSum<A>> scratch;
-  row_scratch_init(scratch, cluster);
+  exchange_init(scratch.bar, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
   const int64_t row_step = gridDim.x / cluster;
   int round = 0;  // RowScratch alternates its buffers by round: successive rows need no extra barrier

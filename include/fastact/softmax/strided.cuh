@@ -11,9 +11,9 @@
 //       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
 //     in registers (the host guarantees cluster * G * kRows >= D): one HBM read; in the forward with
 //     128-bit accesses, 16-bit inputs stay as loaded there, so kRows doubles (StridedRows,
-//     softmax_strided_raw). Max and sum are
-//     reduced per (column, lane) over the D-groups (shuffles within a warp, shared memory across
-//     warps, distributed shared memory across a cluster), as in the row kernels.
+//     softmax_strided_raw). Max and sum are reduced per (column, lane) over the D-groups (shuffles
+//     within a warp, shared memory across warps, partials pushed into every CTA of a cluster), as in
+//     the row kernels.
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
 //     pass down the column, then the write pass: two reads.
 // One tile per CTA (or per cluster).
@@ -43,7 +43,6 @@ struct StridedThread {
   int64_t d_first;  // first D-row of this thread (cached mode: in this CTA's slice)
 };
 
-template <int kVec>
 FASTACT_DEVICE StridedThread strided_thread(int columns, int cluster, int rows_per_thread) {
   StridedThread t;
   const int log_c = __ffs(columns) - 1;
@@ -183,7 +182,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   exchange_init(column_scratch<A>(smem_raw).bar, kStreaming ? 1 : cluster);
-  const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
+  const StridedThread t = strided_thread(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const in_t* xc = x + col.base;
   out_t* yc = y + col.base;
@@ -262,7 +261,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ColumnScratch<A> smem = column_scratch<A>(smem_raw);
   exchange_init(smem.bar, kStreaming ? 1 : cluster);
-  const StridedThread t = strided_thread<kVec>(columns, cluster, kRows);
+  const StridedThread t = strided_thread(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const out_t* dyc = grad_output + col.base;
   const out_t* yc = output + col.base;
