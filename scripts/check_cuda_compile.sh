@@ -23,7 +23,9 @@ if ! python3 -c "import torch, os, sys; sys.exit(not os.path.exists(os.path.join
   echo '#define C10_CUDA_BUILD_SHARED_LIBS' >"$shim/c10/cuda/impl/cuda_cmake_macros.h"
 fi
 abi=$(python3 -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
-flags=(-std=c++20 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -DFASTACT_WITH_CUDA=1
+# -std=c++17: what torch.utils.cpp_extension (setup.py's build) compiles with; a newer standard here
+# would pass code the real build rejects.
+flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -DFASTACT_WITH_CUDA=1
        "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc "${incs[@]}" "-I$shim")
 
 compile() { echo "nvcc $1"; "$NVCC" "${flags[@]}" -c "$1" -o "${OBJ_DIR:-/dev/null}${OBJ_DIR:+/$(basename "$1").o}"; }
@@ -41,7 +43,7 @@ if [ $# -eq 0 ]; then
   for f in csrc/cuda/*.cpp; do
     [ -e "$f" ] || continue
     echo "c++ $f"
-    "${CXX:-c++}" -std=c++20 -fsyntax-only -DFASTACT_WITH_CUDA=1 "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc \
+    "${CXX:-c++}" -std=c++17 -fsyntax-only -DFASTACT_WITH_CUDA=1 "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc \
       "${incs[@]}" "-I$shim" "-I$cuda_home/include" "$f" || failed=1
   done
 fi
