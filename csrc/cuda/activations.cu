@@ -128,7 +128,7 @@ at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::stri
   return y;
 }
 
-// bias_gelu_backward: one pass over dy and x writes dx and per-row-chunk column sums of dx (acc_t, in a
+// bias_gelu_backward: one pass over dy and x writes dx and per-row-group column sums of dx (acc_t, in a
 // workspace from the caching allocator), a second small kernel adds those up in a fixed order into
 // dbias: deterministic, no atomics.
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x,
@@ -151,10 +151,10 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
     const T* bp = in_ptr<scalar_t>(bc);
     T* dxp = out_ptr<scalar_t>(dx);
     const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, gp, xp, bp, dxp), sm_count(x));
-    at::Tensor workspace;  // [row_chunks, H] in acc_t; none when one chunk writes dbias directly
+    at::Tensor workspace;  // [row_groups, H] in acc_t; none when one group writes dbias directly
     A* wp = nullptr;
     if (const int64_t n = plan.workspace_elems(H); n > 0) {
-      workspace = at::empty({plan.row_chunks, H}, x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
+      workspace = at::empty({plan.row_groups, H}, x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
       wp = workspace.mutable_data_ptr<A>();
     }
     FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu_backward(gp, xp, bp, dxp, out_ptr<scalar_t>(dbias), wp, rows,
@@ -212,25 +212,25 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       s << "scalar: the input's data pointer is not 16-byte aligned";
     }
     if (!backward) {
-      const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
+      const int unroll = elementwise::bias_gelu_forward_unroll(esize, vec > 1);
       s << "; one tile of " << elementwise::kEltThreads << " threads x " << unroll << " accesses per block in memory "
-        << "order, grid " << elementwise::elementwise_grid(rows * H, vec, unroll)
+        << "order, grid " << elementwise::elementwise_grid(rows * H, elementwise::kEltThreads, vec, unroll)
         << " blocks; each access reads its bias vector too (L1/L2-resident)";
       return s.str();
     }
     const auto p = elementwise::plan_bias_gelu(rows, H, vec, sms);
-    const int unroll = elementwise::bias_gelu_unroll(esize, vec > 1);
-    if (vec > 1) s << ", loads through a " << elementwise::kStages << "-stage cp.async ring";
+    const int rows_a_step = elementwise::bias_gelu_backward_rows(esize, vec > 1);
     s << "; block " << p.tx << " accesses along a row x " << p.ty << " rows (" << p.threads()
-      << " threads, bias in registers), " << unroll << " rows a step; grid " << p.col_tiles << " column tile"
-      << (p.col_tiles == 1 ? "" : "s") << " x " << p.row_chunks << " row chunk" << (p.row_chunks == 1 ? "" : "s")
-      << " of " << p.rows_per_chunk << " rows (" << sms << " SMs x " << elementwise::kBlocksPerSm << " blocks)";
-    if (p.row_chunks > 1) {
-      s << "; dbias: per-chunk column sums in a [" << p.row_chunks << ", " << H << "] "
+      << " threads, bias in registers), " << rows_a_step << " row" << (rows_a_step == 1 ? "" : "s")
+      << " a step, plain loads; grid " << p.col_tiles << " column tile" << (p.col_tiles == 1 ? "" : "s") << " x "
+      << p.row_groups << " interleaved row group" << (p.row_groups == 1 ? "" : "s") << " of up to "
+      << p.rows_per_block << " rows (" << sms << " SMs x " << elementwise::kBlocksPerSm << " blocks)";
+    if (p.row_groups > 1) {
+      s << "; dbias: per-group column sums in a [" << p.row_groups << ", " << H << "] "
         << (esize == 8 ? "float64" : "float32")
         << " workspace, then bias_grad_reduce_kernel adds them in a fixed order (deterministic)";
     } else {
-      s << "; dbias: one row chunk, so its column sums are written straight to dbias (deterministic)";
+      s << "; dbias: one row group, so its column sums are written straight to dbias (deterministic)";
     }
     return s.str();
   }
@@ -240,26 +240,30 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   // A dense input is read in place; anything else is copied into a fresh (aligned) dense tensor.
   const bool dense = is_dense(x);
   const bool aligned = !dense || is_vec_aligned(x.const_data_ptr());
-  const int vec = aligned ? width : 1;
   // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
   // tanh one where it differs.
-  const elementwise::EltShape shape = elementwise::elementwise_shape(esize, arity, vec > 1, op == "gelu");
-  const elementwise::EltShape tanh_shape = elementwise::elementwise_shape(esize, arity, vec > 1, false);
+  const bool erf = op == "gelu" || op == "gelu_backward";
+  const elementwise::EltShape shape = elementwise::elementwise_shape(esize, arity, aligned, erf);
+  const elementwise::EltShape tanh_shape = elementwise::elementwise_shape(esize, arity, aligned, false);
+  const int vec = aligned ? shape.access_bytes / esize : 1;
   const int unroll = shape.unroll;
-  const int64_t grid = elementwise::elementwise_grid(n, vec, unroll);
-  s << "kernel=" << (vec > 1 ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
+  const int64_t grid = elementwise::elementwise_grid(n, shape.threads, vec, unroll);
+  s << "kernel=" << (aligned ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
     << dtype << " elements"
     << (dense ? " (dense input read in place in its memory order)"
               : " (input has gaps or overlaps: copied to a dense tensor first)")
     << "; ";
-  if (vec > 1) {
-    s << vec << " x " << dtype << " per 128-bit access, " << unroll << " access" << (unroll == 1 ? "" : "es")
-      << " per thread and operand";
-    if (tanh_shape.unroll != unroll) s << " (approximate='none'; 'tanh': " << tanh_shape.unroll << ")";
+  if (aligned) {
+    s << vec << " x " << dtype << " per " << shape.access_bytes * 8 << "-bit access, " << unroll << " access"
+      << (unroll == 1 ? "" : "es") << " per thread and operand, " << shape.threads << " threads a block";
+    if (erf && (tanh_shape.unroll != unroll || tanh_shape.access_bytes != shape.access_bytes ||
+                tanh_shape.threads != shape.threads)) {
+      s << " (approximate='none'; 'tanh': " << tanh_shape.access_bytes * 8 << "-bit, " << tanh_shape.unroll
+        << " access" << (tanh_shape.unroll == 1 ? "" : "es") << ", " << tanh_shape.threads << " threads)";
+    }
     s << ", all loads issued before the arithmetic";
     if (shape.min_blocks > 0) {
-      s << ", at most " << 65536 / (shape.min_blocks * elementwise::kEltThreads)
-        << " registers a thread (full occupancy)";
+      s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";
     }
     if (backward) s << " (grad_output assumed in the same layout and 16-byte aligned)";
   } else {
@@ -267,8 +271,8 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     s << "scalar: the input's data pointer is not 16-byte aligned (" << misalign << " bytes past), " << unroll
       << " element loads per thread and operand";
   }
-  s << "; " << elementwise::kEltThreads << " threads x " << grid << " blocks, one tile of "
-    << int64_t{elementwise::kEltThreads} * unroll * vec << " elements each";
+  s << "; " << shape.threads << " threads x " << grid << " blocks, one tile of "
+    << int64_t{shape.threads} * unroll * vec << " elements each";
   return s.str();
 }
 

@@ -16,7 +16,7 @@
 // vec_width<T>() elements) and each thread has several independent accesses in flight, with 64-bit
 // indices: the elementwise and bias_gelu forward kernels as one tile per block over a grid of
 // ceil(n / tile) blocks, bias_gelu_backward_kernel as one wave of persistent blocks, each over a
-// chunk of rows (a block's column sums need its rows). No atomics, no host synchronisation, no
+// group of rows (a block's column sums need its rows). No atomics, no host synchronisation, no
 // state: every launcher only enqueues on `stream`, so all of this is CUDA-graph capturable and
 // deterministic.
 #pragma once
@@ -29,7 +29,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "fastact/copy_async.cuh"
 #include "fastact/math.h"
 #include "fastact/reduce.cuh"
 #include "fastact/vec.cuh"
@@ -39,90 +38,105 @@ namespace elementwise {
 
 // ---- launch shape: one place for the launchers and for explain() ----------------------------------
 
-// 8 warps: enough threads per block to cover a row of 256 accesses (2048 bf16) in one pass, few
-// enough that 4 blocks share an SM (block-level tail effects stay small).
+// bias_gelu_backward_kernel: 8 warps, enough threads per block to cover a row of 256 accesses (2048
+// bf16) in one pass.
 constexpr int kThreads = 256;
-// Blocks the register cap must allow on one SM (__launch_bounds__ min blocks): 4 x 256 = 1024
-// threads, i.e. at most 64 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave.
-constexpr int kBlocksPerSm = 4;
+// Blocks the register cap must allow on one SM (__launch_bounds__ min blocks): 5 x 256 = 1280
+// threads, at most 48 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave. Why 5
+// (H100, a diag sweep of this kernel, 16384 x 4096, erf, plain loads, one row a step; bench/NOTES.md,
+// eighth session): bf16 164.0 us against 178.5 at 6 (40 registers, more spills) and 168.4 with 8-byte
+// accesses at 8 (32 registers); float 283.4 against 295.4 at 6.
+constexpr int kBlocksPerSm = 5;
 // ---- elementwise_kernel: one tile per block ---------------------------------------------------------
-// 128 threads a block, each with one or two independent 16-byte loads an operand (elementwise_shape
-// below) issued before any arithmetic; a block does one tile and exits, so the grid is
-// ceil(n / tile) blocks and the SMs keep as many blocks resident as registers allow (no persistent
-// loop, no shared memory): memory-level
-// parallelism comes from many resident warps, as in torch's own vectorised elementwise kernel,
-// instead of a deep per-thread pipeline.
+// Each thread makes one or two independent loads an operand (elementwise_shape below), issued before
+// any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs
+// keep as many blocks resident as registers allow (no persistent loop, no shared memory):
+// memory-level parallelism comes from many resident warps, as in torch's own vectorised elementwise
+// kernel, instead of a deep per-thread pipeline.
+//
+// Threads of a block, where elementwise_shape does not say otherwise (and of bias_gelu's forward tile).
 constexpr int kEltThreads = 128;
 // Element loads per thread on the scalar (misaligned) path: each moves only 2-8 bytes.
 constexpr int kEltScalarLoadsPerThread = 8;
 
-// Launch shape of elementwise_kernel: accesses per thread and operand (the unroll factor), and the
-// blocks per SM its register cap must allow (__launch_bounds__ min blocks; 16 x 128 threads: at most
-// 32 registers a thread, full occupancy; 0: no cap).
+// Launch shape of elementwise_kernel: threads a block, bytes of one vector access (16 or 8; the
+// vector path needs 16-byte aligned pointers either way), accesses per thread and operand (the
+// unroll factor), and the blocks per SM its register cap must allow (__launch_bounds__ min blocks,
+// min_blocks x threads = 2048: at most 32 registers a thread, full occupancy; 0: no cap).
 struct EltShape {
+  int threads;
+  int access_bytes;
   int unroll;
   int min_blocks;
 };
 
 // The shape for elements of `elem_bytes` bytes, an op reading `arity` operands, and whether the op is
-// the erf gelu forward (the one-operand op with the most arithmetic a byte: erff, ~25 instructions an
-// element, issue-bound in 16-bit per ncu). Vector path (16-byte accesses), from a sweep of unroll 1 / 2
-// / 4 x cap none / 12 / 16 against torch on the H100 (bench/NOTES.md, 256 MB tensors):
-//   float, 16-bit   1 access, 32 registers   torch's own shape (4 floats or 8 16-bit values a thread
-//                                            and operand, full occupancy): 0.997-1.007x torch on every
-//                                            op; more accesses or registers lose occupancy (16-bit
-//                                            gelu bwd at 40 registers: 0.96x, erf fwd at 4: 0.95x)
-//   16-bit erf fwd  2 accesses, 32 regs.     1.012-1.015x torch (1 access: 0.997-1.001x); ptxas spills
-//                                            8-12 bytes to L1 here, and it is still the fastest
-//   double          2 / 1 (one / two operands), no cap: its erf/exp/tanh need twice the registers
-// Scalar path: 8 element accesses a thread over all operands (4 for double), no cap.
-constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, bool erf_forward) {
+// an erf gelu (forward or backward: erff, ~25 instructions an element, issue-bound in 16-bit per ncu).
+// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth and
+// eighth sessions, 256 MB tensors):
+//   one operand (forwards), float and 16-bit: 128 threads, one 16-byte access, 32 registers: torch's
+//       own shape (full occupancy), 0.997-1.007x torch on every op; more accesses or registers lose
+//       occupancy (16-bit erf fwd at 4 accesses: 0.95x)
+//   16-bit erf forward: 2 accesses (1.012-1.015x torch, 1 access 0.997-1.001x; ptxas spills 8-12
+//       bytes to L1 here, and it is still the fastest)
+//   two operands (backwards), float and 16-bit: 512 threads, one 8-byte access, 32 registers: 262.7-
+//       263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
+//       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
+//       threads) for float. 16-bit tanh backward: 265.5-265.8 either way, level with torch
+//   16-bit erf backward: 128 threads, one 16-byte access: 8-byte accesses are issue-bound there (283.8
+//       against 265.5 us, bf16)
+//   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
+//       twice the registers
+// Scalar path: 128 threads, 8 element accesses a thread over all operands (4 for double), no cap.
+constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, bool erf) {
   if (!vectorised) {
     const int loads = kEltScalarLoadsPerThread / (elem_bytes == 8 ? 2 : 1);
-    return {loads / arity < 1 ? 1 : loads / arity, 0};
+    return {kEltThreads, elem_bytes, loads / arity < 1 ? 1 : loads / arity, 0};
   }
-  if (elem_bytes == 8) return {arity == 1 ? 2 : 1, 0};
-  return {elem_bytes == 2 && erf_forward ? 2 : 1, 16};
+  if (elem_bytes == 8) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 0};
+  if (arity == 2 && !(elem_bytes == 2 && erf)) return {512, 8, 1, 4};
+  return {kEltThreads, kVecBytes, elem_bytes == 2 && erf && arity == 1 ? 2 : 1, 16};
 }
 
-// ---- bias_gelu_backward_kernel: persistent blocks with a cp.async ring ----------------------------------------
-// 16-byte loads a thread issues per step on bias_gelu's vector path (all operands together). They go
-// global -> shared through cp.async, two steps deep (the next step's loads are in flight while this
-// one computes), so a thread has 4-8 x 16 B in flight: 64-128 KiB per SM at 1024 threads, 3-6x what
-// Little's law asks of an H100 at 3 TB/s (~20 KiB per SM at ~1 us loaded latency). Why not plain
-// loads into registers: ptxas sinks a load towards its first use when the arithmetic after it is
-// register-hungry (erf/tanh in float on 4 x 8 bf16 values), which left only 2 loads in flight per
-// thread of a persistent block; a cp.async holds no register, so it stays where it is written.
+// ---- bias_gelu: accesses per thread ----------------------------------------------------------------
+// 16-byte loads of the forward tile per thread (x and the bias vector, which comes from L1; one
+// access a thread instead measured 93.7 -> 97.4 us on bf16 16384x4096), and element loads per thread
+// of the scalar (misaligned) paths; both over two operands.
 constexpr int kVecLoadsPerThread = 4;
-// Element loads per thread and step on bias_gelu's scalar (misaligned) path.
 constexpr int kScalarLoadsPerThread = 8;
-// Steps of loads in flight on the vector path (the cp.async ring): this step's and the next one's.
-constexpr int kStages = 2;
 
-// bias_gelu: accesses per thread and operand, two operands' worth (4 x 16 B a thread on the vector
-// path): the backward's rows per step (x and dy), and the forward tile's accesses (x and the bias
-// vector, which comes from L1; one access a thread instead measured 93.7 -> 97.4 us on bf16
-// 16384x4096).
-constexpr int bias_gelu_unroll(int elem_bytes, bool vectorised) {
+// bias_gelu forward: accesses per thread and operand (two operands' worth of the loads above).
+constexpr int bias_gelu_forward_unroll(int elem_bytes, bool vectorised) {
   const int loads = (vectorised ? kVecLoadsPerThread : kScalarLoadsPerThread) / (elem_bytes == 8 ? 2 : 1);
   return loads / 2 < 1 ? 1 : loads / 2;
 }
 
-// bias_gelu: rows each thread handles at the least, so that a row chunk is not so short that the
-// per-block partial sums of the backward (a [row_chunks, H] workspace) grow past a small fraction of
+// bias_gelu backward: rows a thread loads per step (x and dy of each), plain loads into registers.
+// Vector path: one. A thread also keeps its bias and column sums in registers (2 x 8 floats for
+// 16-bit), so every further row costs registers the 48-register cap does not have: on the H100 two
+// rows a step at 64 registers (4 blocks an SM) ran bf16 at 201.6 us against 164.0, and a cp.async
+// ring two steps of two rows deep (the kernel of sessions 4-7) at 169.6. Scalar path: the element
+// loads above, shared by x and dy.
+constexpr int bias_gelu_backward_rows(int elem_bytes, bool vectorised) {
+  return vectorised ? 1 : bias_gelu_forward_unroll(elem_bytes, false);
+}
+
+// bias_gelu: rows each thread handles at the least, so that a block's rows are not so few that the
+// per-block partial sums of the backward (a [row_groups, H] workspace) grow past a small fraction of
 // the data: with >= 8 rows a thread, the workspace has at most 1/8 of dy's rows.
 constexpr int kMinRowsPerThread = 8;
 // bias_grad_reduce_kernel: a block reduces 32 columns (one coalesced 128-byte row segment of float
-// partials per warp) with 32 lanes along the chunk dim (1024 threads).
+// partials per warp) with 32 lanes along the group dim (1024 threads).
 constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 32;
 
 FASTACT_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks of elementwise_kernel for n elements, `vec` elements per access, `unroll` accesses per thread
-// and operand: one tile of kEltThreads * unroll * vec elements each.
-inline int64_t elementwise_grid(int64_t n, int vec, int unroll) {
-  return std::max<int64_t>(1, ceil_div(n, int64_t{kEltThreads} * unroll * vec));
+// Blocks of elementwise_kernel (and of bias_gelu's forward) for n elements, `threads` a block, `vec`
+// elements per access, `unroll` accesses per thread and operand: one tile of threads * unroll * vec
+// elements each.
+inline int64_t elementwise_grid(int64_t n, int threads, int vec, int unroll) {
+  return std::max<int64_t>(1, ceil_div(n, int64_t{threads} * unroll * vec));
 }
 
 // ---- conversions between the element type and acc_t (explicit: torch builds define
@@ -196,27 +210,27 @@ FASTACT_DEVICE AlignedVector<T, kVec> apply_vec(const Op& op, const AlignedVecto
   return o;
 }
 
-// One tile with plain loads: each thread handles kUnroll_ accesses of kVec elements, access u at
-// `offset + u * kEltThreads * kVec` (the block's accesses are consecutive, so every warp access is
-// coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses whose
-// index within the tile, threadIdx.x + u * kEltThreads, is below `valid` exist (the last tile).
-template <int kVec, int kUnroll_, bool kGuard, typename T, typename Op>
+// One tile with plain loads: each of the kThreads_ threads handles kUnroll_ accesses of kVec elements,
+// access u at `offset + u * kThreads_ * kVec` (the block's accesses are consecutive, so every warp
+// access is coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses
+// whose index within the tile, threadIdx.x + u * kThreads_, is below `valid` exist (the last tile).
+template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op>
 FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
                                      int64_t offset, int64_t valid, const Op& op) {
   using Vec = AlignedVector<T, kVec>;
-  constexpr int64_t kStride = int64_t{kEltThreads} * kVec;  // elements from access u to u + 1
+  constexpr int64_t kStride = int64_t{kThreads_} * kVec;  // elements from access u to u + 1
   Vec a[kUnroll_];
   Vec b[kUnroll_];
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
+    if (!kGuard || threadIdx.x + u * kThreads_ < valid) {
       a[u] = load_vector<T, kVec>(in0 + offset + u * kStride);
       if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + offset + u * kStride);
     }
   }
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || threadIdx.x + u * kEltThreads < valid) {
+    if (!kGuard || threadIdx.x + u * kThreads_ < valid) {
       store_vector<T, kVec>(out + offset + u * kStride, apply_vec<T, kVec>(op, a[u], Op::kArity == 2 ? b[u] : a[u]));
     }
   }
@@ -227,23 +241,25 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
 // [b * kTile, (b + 1) * kTile). kVec > 1 requires every pointer 16-byte aligned (then every access
 // is: offsets are multiples of kVec). The last block takes what is left, fewer than kTile elements:
 // first as whole accesses, then the last n % kVec elements one each (the scalar tail starts exactly
-// where the vector body ends).
-template <int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
-__global__ void __launch_bounds__(kEltThreads, kMinBlocks)
+// where the vector body ends). blockDim.x == kThreads_.
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+__global__ void __launch_bounds__(kThreads_, kMinBlocks)
     elementwise_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t n,
                        Op op) {
-  constexpr int64_t kTile = int64_t{kEltThreads} * kUnroll_ * kVec;
+  constexpr int64_t kTile = int64_t{kThreads_} * kUnroll_ * kVec;
   const int64_t start = int64_t{blockIdx.x} * kTile;
   const int64_t first = start + int64_t{threadIdx.x} * kVec;  // this thread's first element
   if (n - start >= kTile) {
-    elementwise_tile<kVec, kUnroll_, false>(in0, in1, out, first, 0, op);
+    elementwise_tile<kThreads_, kVec, kUnroll_, false>(in0, in1, out, first, 0, op);
     return;
   }
-  const int64_t rest_vecs = (n - start) / kVec;  // whole accesses in the last tile, < kEltThreads * kUnroll_
-  if (rest_vecs > 0) elementwise_tile<kVec, kUnroll_, true>(in0, in1, out, first, rest_vecs, op);
+  const int64_t rest_vecs = (n - start) / kVec;  // whole accesses in the last tile, < kThreads_ * kUnroll_
+  if (rest_vecs > 0) elementwise_tile<kThreads_, kVec, kUnroll_, true>(in0, in1, out, first, rest_vecs, op);
   if constexpr (kVec > 1) {
-    const int64_t i = start + rest_vecs * kVec + threadIdx.x;  // n - i < kVec <= kEltThreads
-    if (i < n) elementwise_tile<1, 1, false>(in0 + i, Op::kArity == 2 ? in1 + i : in1, out + i, 0, 0, op);
+    const int64_t i = start + rest_vecs * kVec + threadIdx.x;  // n - i < kVec <= kThreads_
+    if (i < n) {
+      elementwise_tile<kThreads_, 1, 1, false>(in0 + i, Op::kArity == 2 ? in1 + i : in1, out + i, 0, 0, op);
+    }
   }
 }
 
@@ -252,49 +268,56 @@ inline bool all_vec_aligned(const void* a, const void* b, const void* c, const v
   return is_vec_aligned(a) && is_vec_aligned(b) && is_vec_aligned(c) && is_vec_aligned(d);
 }
 
-template <int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   // gridDim.x may reach 2^31 - 1: with tiles of >= 1024 elements, n would have to pass 2^41.
-  const int64_t grid = elementwise_grid(n, kVec, kUnroll_);
+  const int64_t grid = elementwise_grid(n, kThreads_, kVec, kUnroll_);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
-  elementwise_kernel<kVec, kUnroll_, kMinBlocks><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(in0, in1, out, n, op);
+  elementwise_kernel<kThreads_, kVec, kUnroll_, kMinBlocks>
+      <<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(in0, in1, out, n, op);
   return cudaGetLastError();
 }
 
-// Whether Op is the erf gelu forward (elementwise_shape's erf_forward).
+// Whether Op is an erf gelu, forward or backward (elementwise_shape's erf).
 template <typename Op>
-constexpr bool kErfForward = std::is_same_v<Op, ForwardOp<math::GeluErf>>;
+constexpr bool kErfOp =
+    std::is_same_v<Op, ForwardOp<math::GeluErf>> || std::is_same_v<Op, DerivativeOp<math::GeluErf>>;
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
 template <typename T, typename Op>
 cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
-    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kErfForward<Op>);
-    return launch_elementwise_as<vec_width<T>(), kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
+    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
+    return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll,
+                                 kS.min_blocks>(in0, in1, out, n, op, stream);
   }
-  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfForward<Op>);
-  return launch_elementwise_as<1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
+  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
+  return launch_elementwise_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
 }
 
 // ---- bias_gelu --------------------------------------------------------------------------------------
 
 // How a [rows, H] bias_gelu splits over the GPU. A row is H / vec accesses; a block is tx x ty
 // threads: tx consecutive accesses of a row (a column tile) times ty rows side by side, so a thread
-// owns one access column and loads its bias once. grid = (col_tiles, row_chunks): block (cx, cy)
-// takes column tile cx of rows [cy * rows_per_chunk, (cy + 1) * rows_per_chunk), thread (lx, ly)
-// rows ly, ly + ty, ... of it. With tx = H / vec <= kThreads a block covers whole rows (one contiguous
-// stretch of memory); wider rows split into equal column tiles of a multiple of 32 accesses.
+// owns one access column and loads its bias once. grid = (col_tiles, row_groups): block (cx, cy)
+// takes column tile cx of the rows r with (r / ty) % row_groups == cy, i.e. of row bands cy,
+// cy + row_groups, ... of ty rows each; thread (lx, ly) row ly of each band. The groups interleave
+// so that the blocks of a wave read one contiguous band of the tensor at a time rather than ~500
+// separate stretches (a contiguous chunk of rows per block): on the H100 the bf16 backward went from
+// 166.5 to 162.7 us with that alone (bench/NOTES.md, eighth session).
+// With tx = H / vec <= kThreads a block covers whole rows; wider rows split into equal column tiles
+// of a multiple of 32 accesses.
 struct BiasGeluPlan {
   int vec = 1;                 // elements per access: vec_width<T>() or 1
   int tx = 1;                  // threads along a row, <= kThreads
   int ty = 1;                  // rows a block handles side by side: kThreads / tx
   int64_t col_tiles = 1;       // gridDim.x: ceil(H / vec / tx)
-  int64_t row_chunks = 1;      // gridDim.y (<= sm_count * kBlocksPerSm, far below 65535)
-  int64_t rows_per_chunk = 0;  // the last chunk may be shorter
-  // acc_t elements of the backward's workspace of per-chunk column sums, [row_chunks, H]; 0 when a
-  // single chunk writes dbias directly.
-  int64_t workspace_elems(int64_t H) const { return row_chunks > 1 ? row_chunks * H : 0; }
+  int64_t row_groups = 1;      // gridDim.y (<= sm_count * kBlocksPerSm, far below 65535)
+  int64_t rows_per_block = 0;  // at the most (ceil(rows / row_groups)); some blocks take ty fewer
+  // acc_t elements of the backward's workspace of per-group column sums, [row_groups, H]; 0 when a
+  // single group writes dbias directly.
+  int64_t workspace_elems(int64_t H) const { return row_groups > 1 ? row_groups * H : 0; }
   int threads() const { return tx * ty; }
 };
 
@@ -313,10 +336,9 @@ inline BiasGeluPlan plan_bias_gelu(int64_t rows, int64_t H, int vec, int sm_coun
   }
   p.ty = kThreads / p.tx;
   const int64_t target_blocks = int64_t{sm_count} * kBlocksPerSm;
-  const int64_t max_chunks = std::max<int64_t>(1, rows / (int64_t{p.ty} * kMinRowsPerThread));
-  const int64_t chunks = std::min(std::max<int64_t>(1, ceil_div(target_blocks, p.col_tiles)), max_chunks);
-  p.rows_per_chunk = ceil_div(rows, chunks);
-  p.row_chunks = ceil_div(rows, p.rows_per_chunk);  // no empty chunk
+  const int64_t max_groups = std::max<int64_t>(1, rows / (int64_t{p.ty} * kMinRowsPerThread));
+  p.row_groups = std::min(std::max<int64_t>(1, ceil_div(target_blocks, p.col_tiles)), max_groups);
+  p.rows_per_block = ceil_div(rows, p.row_groups);
   return p;
 }
 
@@ -362,36 +384,22 @@ FASTACT_DEVICE void bias_gelu_rows(const T* __restrict__ x, const T* __restrict_
   }
 }
 
-// The cp.async ring of bias_gelu's vector path: slots 0..U-1 hold x's rows of a step, U..2U-1 dy's.
-template <int kVec, int kUnroll_, typename T>
-FASTACT_DEVICE void bias_gelu_issue(const T* __restrict__ x, const T* __restrict__ dy, int64_t offset,
-                                    int64_t row_step, AlignedVector<T, kVec> (*slots)[kThreads]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll_; ++u) {
-    copy_async_16(&slots[u][threadIdx.x], x + offset + u * row_step);
-    copy_async_16(&slots[kUnroll_ + u][threadIdx.x], dy + offset + u * row_step);
-  }
-}
-
 // bias_gelu backward: out = dx = dy * gelu'(x + bias); then the block sums its rows' dx per column (thread sums in
 // row order, then the ty threads of a column in ly order: a fixed order) and writes them to
-// partial[blockIdx.y, col] (in acc_t), or straight to dbias[col] when there is a single row chunk.
+// partial[blockIdx.y, col] (in acc_t), or straight to dbias[col] when there is a single row group.
 // x, dy, out: [rows, H] contiguous; bias, dbias: [H]; partial: [gridDim.y, H]. kVec > 1 needs
-// H % kVec == 0 and 16-byte aligned pointers; its loads go through the cp.async ring, the next step's
-// issued before this one's arithmetic. blockDim.x = tx * ty (see BiasGeluPlan).
+// H % kVec == 0 and 16-byte aligned pointers. blockDim.x = tx * ty (see BiasGeluPlan).
 template <int kVec, int kUnroll_, typename T, typename Gelu>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     bias_gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ dy,
                      T* __restrict__ out, acc_t<T>* __restrict__ partial, T* __restrict__ dbias, int64_t rows,
-                     int64_t H, int tx, int64_t rows_per_chunk, Gelu gelu) {
+                     int64_t H, int tx, Gelu gelu) {
   using A = acc_t<T>;
   using Vec = AlignedVector<T, kVec>;
   const int ty = blockDim.x / tx;
   const int lx = threadIdx.x % tx;
   const int ly = threadIdx.x / tx;
   const int64_t col = (int64_t{blockIdx.x} * tx + lx) * kVec;  // this thread's first column
-  const int64_t r_begin = int64_t{blockIdx.y} * rows_per_chunk;
-  const int64_t r_end = std::min(rows, r_begin + rows_per_chunk);
 
   A dsum[kVec];
 #pragma unroll
@@ -404,40 +412,36 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) b[j] = Convert<T>::to_acc(bv.val[j]);
     }
-    const int64_t row_step = int64_t{ty} * H;
-    const int64_t r0 = r_begin + ly;  // this thread's rows: r0, r0 + ty, ... < r_end
-    const int64_t my_rows = r0 < r_end ? ceil_div(r_end - r0, ty) : 0;
+    // This thread's rows: r0, r0 + band, r0 + 2 band, ... < rows, a band being the ty rows of each of
+    // the gridDim.y row groups (BiasGeluPlan).
+    const int64_t band = int64_t{ty} * gridDim.y;
+    const int64_t row_step = band * H;
+    const int64_t r0 = int64_t{blockIdx.y} * ty + ly;
+    const int64_t my_rows = r0 < rows ? ceil_div(rows - r0, band) : 0;
     const int64_t steps = my_rows / kUnroll_;  // steps of kUnroll_ rows
     const int64_t step = kUnroll_ * row_step;  // elements from one step to the next
-    int64_t offset = r0 * H + col;             // of row r0 + k * kUnroll_ * ty at step k
+    int64_t offset = r0 * H + col;             // of row r0 + k * kUnroll_ * band at step k
     const int64_t steps_end = offset + steps * step;
-    if constexpr (kVec > 1) {
-      static_assert(kStages == 2, "the ring below alternates two stages");
-      __shared__ Vec ring[kStages][2 * kUnroll_][kThreads];
-      if (steps > 0) bias_gelu_issue<kVec, kUnroll_>(x, dy, offset, row_step, ring[0]);
-      copy_async_commit();
-      for (int stage = 0; offset < steps_end; stage ^= 1, offset += step) {
-        if (offset + step < steps_end) {
-          bias_gelu_issue<kVec, kUnroll_>(x, dy, offset + step, row_step, ring[stage ^ 1]);
-        }
-        copy_async_commit();   // possibly empty: one group per iteration either way
-        copy_async_wait<1>();  // everything but the newest group has landed: this step's loads
-#pragma unroll
-        for (int u = 0; u < kUnroll_; ++u) {
-          const Vec xv = ring[stage][u][threadIdx.x];
-          const Vec gv = ring[stage][kUnroll_ + u][threadIdx.x];
-          store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply(xv, gv, b, dsum, gelu));
-        }
-      }
-    } else {
-      for (; offset < steps_end; offset += step) {
-        bias_gelu_rows<kVec, kUnroll_, false>(x, dy, out, offset, row_step, kUnroll_, b, dsum, gelu);
-      }
+    for (; offset < steps_end; offset += step) {
+      bias_gelu_rows<kVec, kUnroll_, false>(x, dy, out, offset, row_step, kUnroll_, b, dsum, gelu);
     }
     const int rest = static_cast<int>(my_rows - steps * kUnroll_);  // < kUnroll_ rows left
     if (rest > 0) bias_gelu_rows<kVec, kUnroll_, true>(x, dy, out, offset, row_step, rest, b, dsum, gelu);
   }
 
+  if (ty == 1) {  // the usual case (H >= 256 accesses): a thread's sums are its columns' block sums
+    if (col < H) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (gridDim.y == 1) {
+          dbias[col + j] = Convert<T>::from_acc(dsum[j]);
+        } else {
+          partial[int64_t{blockIdx.y} * H + col + j] = dsum[j];
+        }
+      }
+    }
+    return;
+  }
   {
     // [ty][tx * kVec]: thread (lx, ly)'s sums at row ly, columns lx * kVec ...; i.e. at threadIdx.x * kVec.
     __shared__ A sums[kThreads * kVec];
@@ -519,8 +523,8 @@ __global__ void __launch_bounds__(kEltThreads)
 template <int kVec, typename T, typename Gelu>
 cudaError_t launch_bias_gelu_forward_as(const T* x, const T* bias, T* y, int64_t n, int64_t H, Gelu gelu,
                                         cudaStream_t stream) {
-  constexpr int kU = bias_gelu_unroll(sizeof(T), kVec > 1);
-  const int64_t grid = elementwise_grid(n, kVec, kU);
+  constexpr int kU = bias_gelu_forward_unroll(sizeof(T), kVec > 1);
+  const int64_t grid = elementwise_grid(n, kEltThreads, kVec, kU);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
   const int64_t col_step = (int64_t{kEltThreads} * kVec) % H;
   bias_gelu_forward_kernel<kVec, kU><<<static_cast<unsigned>(grid), kEltThreads, 0, stream>>>(x, bias, y, n, H,
@@ -528,28 +532,28 @@ cudaError_t launch_bias_gelu_forward_as(const T* x, const T* bias, T* y, int64_t
   return cudaGetLastError();
 }
 
-// dbias[h] = sum over c of partial[c, h], c = 0 .. chunks - 1. Block: kReduceCols columns x
-// kReduceLanes lanes; lane l of a column sums chunks l, l + kReduceLanes, ... in order, then warp w
+// dbias[h] = sum over c of partial[c, h], c = 0 .. groups - 1. Block: kReduceCols columns x
+// kReduceLanes lanes; lane l of a column sums groups l, l + kReduceLanes, ... in order, then warp w
 // (all threads of one ly) sums column w's lanes by warp_reduce's fixed butterfly. The order depends
-// only on (chunks, H): bit-identical results run to run. partial: [chunks, H] acc_t; dbias: [H].
+// only on (groups, H): bit-identical results run to run. partial: [groups, H] acc_t; dbias: [H].
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols * kReduceLanes)
-    bias_grad_reduce_kernel(const acc_t<T>* __restrict__ partial, T* __restrict__ dbias, int64_t chunks,
+    bias_grad_reduce_kernel(const acc_t<T>* __restrict__ partial, T* __restrict__ dbias, int64_t groups,
                             int64_t H) {
   static_assert(kReduceCols == kWarpSize, "warp w of the block finishes column w");
   using A = acc_t<T>;
   __shared__ A lanes[kReduceLanes][kReduceCols + 1];  // +1: the column-wise read below is conflict-free
   const int lx = threadIdx.x % kReduceCols;            // column within the block, = lane
-  const int ly = threadIdx.x / kReduceCols;            // chunk lane, = warp
+  const int ly = threadIdx.x / kReduceCols;            // group lane, = warp
   const int64_t col = int64_t{blockIdx.x} * kReduceCols + lx;
   A s = A(0);
   if (col < H) {
 #pragma unroll 4
-    for (int64_t c = ly; c < chunks; c += kReduceLanes) s += partial[c * H + col];
+    for (int64_t c = ly; c < groups; c += kReduceLanes) s += partial[c * H + col];
   }
   lanes[ly][lx] = s;
   __syncthreads();
-  A v = lanes[lx][ly];  // warp ly, lane lx: column ly's sum from chunk lane lx
+  A v = lanes[lx][ly];  // warp ly, lane lx: column ly's sum from group lane lx
   v = warp_reduce(v, SumOp<A>{});  // valid in every lane
   const int64_t out_col = int64_t{blockIdx.x} * kReduceCols + ly;
   if (lx == 0 && out_col < H) dbias[out_col] = Convert<T>::from_acc(v);
@@ -559,14 +563,14 @@ template <int kVec, typename T, typename Gelu>
 cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, const T* bias, T* dx, acc_t<T>* partial, T* dbias,
                                          int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu,
                                          cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.col_tiles), static_cast<unsigned>(p.row_chunks));
-  constexpr int kU = bias_gelu_unroll(sizeof(T), kVec > 1);
+  const dim3 grid(static_cast<unsigned>(p.col_tiles), static_cast<unsigned>(p.row_groups));
+  constexpr int kU = bias_gelu_backward_rows(sizeof(T), kVec > 1);
   bias_gelu_backward_kernel<kVec, kU><<<grid, p.threads(), 0, stream>>>(x, bias, dy, dx, partial, dbias, rows, H,
-                                                                         p.tx, p.rows_per_chunk, gelu);
+                                                                         p.tx, gelu);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.row_chunks == 1) return err;
+  if (err != cudaSuccess || p.row_groups == 1) return err;
   const auto reduce_grid = static_cast<unsigned>(ceil_div(H, kReduceCols));
-  bias_grad_reduce_kernel<T><<<reduce_grid, kReduceCols * kReduceLanes, 0, stream>>>(partial, dbias, p.row_chunks, H);
+  bias_grad_reduce_kernel<T><<<reduce_grid, kReduceCols * kReduceLanes, 0, stream>>>(partial, dbias, p.row_groups, H);
   return cudaGetLastError();
 }
 
@@ -613,7 +617,7 @@ cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int
 // dx = dy * gelu'(x + bias), dbias = sum over rows of dx (computed in acc_t, deterministically).
 // dy, x, dx: [rows, H] contiguous; bias, dbias: [H]; workspace: plan.workspace_elems(H) acc_t elements
 // (may be null when that is 0). plan from plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, dy, x, bias, dx),
-// sm_count). Two kernels when plan.row_chunks > 1 (the second reads only the workspace).
+// sm_count). Two kernels when plan.row_groups > 1 (the second reads only the workspace).
 template <typename T, typename Gelu>
 cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* workspace,
                                int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan, Gelu gelu,
