@@ -82,7 +82,7 @@ struct EltShape {
 //   two operands (backwards), float and 16-bit: 512 threads, one 8-byte access, 32 registers: 262.7-
 //       263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
 //       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
-//       threads) for float. 16-bit tanh backward: 265.5-265.8 either way, level with torch
+//       threads) for float. 16-bit tanh backward: 265.5-266.2 us either way, level with torch
 //   16-bit erf backward: 128 threads, one 16-byte access: 8-byte accesses are issue-bound there (283.8
 //       against 265.5 us, bf16)
 //   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
