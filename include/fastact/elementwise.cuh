@@ -12,8 +12,8 @@
 // Element types: float, double, __half, __nv_bfloat16 (csrc maps at::Half / at::BFloat16 onto the
 // last two). Arithmetic in acc_t<T> through the functors of fastact/math.h.
 //
-// Memory-bound by design: every access is 128 bits when the pointers allow it (AlignedVector of
-// vec_width<T>() elements) and each thread has several independent accesses in flight, with 64-bit
+// Memory-bound by design: vector accesses (AlignedVector) when every pointer is 16-byte aligned, 128
+// bits wide except where elementwise_shape measured 64 better (the two-operand backwards), with 64-bit
 // indices: the elementwise and bias_gelu forward kernels as one tile per block over a grid of
 // ceil(n / tile) blocks, bias_gelu_backward_kernel as one wave of persistent blocks, each over a
 // group of rows (a block's column sums need its rows). No atomics, no host synchronisation, no
