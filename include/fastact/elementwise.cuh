@@ -432,35 +432,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (rest > 0) bias_gelu_rows<kVec, kUnroll_, true>(x, dy, out, offset, row_step, rest, b, dsum, gelu);
   }
 
-  if (ty == 1) {  // the usual case (H >= 256 accesses): a thread's sums are its columns' block sums
-    if (col < H) {
+  // [ty][tx * kVec]: thread (lx, ly)'s sums at row ly, columns lx * kVec ...; i.e. at threadIdx.x * kVec.
+  __shared__ A sums[kThreads * kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if (gridDim.y == 1) {
-          dbias[col + j] = Convert<T>::from_acc(dsum[j]);
-        } else {
-          partial[int64_t{blockIdx.y} * H + col + j] = dsum[j];
-        }
-      }
-    }
-    return;
-  }
-  {
-    // [ty][tx * kVec]: thread (lx, ly)'s sums at row ly, columns lx * kVec ...; i.e. at threadIdx.x * kVec.
-    __shared__ A sums[kThreads * kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) sums[threadIdx.x * kVec + j] = dsum[j];
-    __syncthreads();
-    const int width = tx * kVec;  // columns of this tile
-    const int64_t col0 = int64_t{blockIdx.x} * width;
-    for (int e = threadIdx.x; e < width && col0 + e < H; e += blockDim.x) {
-      A s = A(0);
-      for (int k = 0; k < ty; ++k) s += sums[k * width + e];
-      if (gridDim.y == 1) {
-        dbias[col0 + e] = Convert<T>::from_acc(s);
-      } else {
-        partial[int64_t{blockIdx.y} * H + col0 + e] = s;
-      }
+  for (int j = 0; j < kVec; ++j) sums[threadIdx.x * kVec + j] = dsum[j];
+  __syncthreads();
+  const int width = tx * kVec;  // columns of this tile
+  const int64_t col0 = int64_t{blockIdx.x} * width;
+  for (int e = threadIdx.x; e < width && col0 + e < H; e += blockDim.x) {
+    A s = A(0);
+    for (int k = 0; k < ty; ++k) s += sums[k * width + e];
+    if (gridDim.y == 1) {
+      dbias[col0 + e] = Convert<T>::from_acc(s);
+    } else {
+      partial[int64_t{blockIdx.y} * H + col0 + e] = s;
     }
   }
 }
