@@ -30,8 +30,9 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector(const T* p) {  // p must be align
 // The same load, cached in L2 only (ld.global.cg; 16-byte vectors, other sizes load as above). For
 // data read once: on the H100 the warp softmax forward at rows of 1024 floats ran 1.7% faster with it
 // (185.5 -> 182.4 us on 256 MB, bench/NOTES.md fifth session); rows of 128 and the 128-bit block
-// kernels were unchanged, and the warp backward at rows of 128 lost 2% (bf16), so only that kernel
-// uses it.
+// kernels were unchanged, and the warp backward at rows of 128 lost 2% (bf16); bf16 rows of 128 at
+// one access a lane lost 0.8% (ninth session). So only the warp forward uses it, where a lane reads
+// several vectors (WarpShape::kLoadL2, softmax/warp.cuh).
 template <typename T, int N>
 FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
 #ifdef __CUDA_ARCH__

@@ -14,14 +14,19 @@
 
 namespace fastact::softmax_impl {
 
-template <int kLog2, int kVec>
+template <int kLog2, int kVec, bool kBackward>
 struct WarpShape {
-  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec);  // per lane
+  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
   static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
   static_assert(kTpr >= 1 && kTpr <= kWarpSize && (kTpr & (kTpr - 1)) == 0, "lanes per row: power of two <= 32");
   static_assert(kElems % kVec == 0 && kVecs >= 1, "a lane holds whole accesses");
+  // The forward's loads: cached in L2 only (load_vector_l2) where a lane reads several vectors, plain
+  // where it reads one. Why (H100, 256 MB): rows of 1024 with .cg: float 185.5 -> 182.4 us (fifth
+  // session), bf16 184.2 -> 182.5; rows of 128, bf16, one access a lane: 184.4 with .cg, 182.9 plain
+  // (ninth session; float unchanged either way).
+  static constexpr bool kLoadL2 = kVecs > 1;
 };
 
 // How many of a lane's accesses (j * kTpr + lane) * kVec, j < kVecs, start inside a row of `dim`.
@@ -41,7 +46,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
                                                                              int dim, int64_t row_stride, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, false>;
   using Cache = ForwardCache<Epi>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
@@ -54,7 +59,9 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
   A v[S::kVecs][kVec];
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) to_acc(load_vector_l2<in_t, kVec>(xr + j * kStep), v[j]);
+    if (j < nvalid) {
+      to_acc(S::kLoadL2 ? load_vector_l2<in_t, kVec>(xr + j * kStep) : load_vector<in_t, kVec>(xr + j * kStep), v[j]);
+    }
   }
   A m = neg_inf<A>();
 #pragma unroll
@@ -99,7 +106,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
                                                                              int64_t rows, int dim, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, true>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
   const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
@@ -144,7 +151,7 @@ namespace detail {
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, false>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
@@ -153,7 +160,7 @@ cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, true>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_bwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, dy, y, dx, rows, static_cast<int>(dim), Epi{});
