@@ -151,10 +151,11 @@ constexpr int kWarpBlockThreads = 128;
 // (bench/NOTES.md, sixth and ninth sessions), 256 MB tensors, in one process: float forward 183.5 us
 // at 4 accesses (8 lanes a row), 181.5-181.8 at 2, 181.1-181.3 at 1 (torch 182.2-183.1); bf16
 // forward 185.7 at 2, 182.9 at 1 (plain loads: softmax/warp.cuh); float backward 269.5 /
-// 266.7-267.0 / 266.4-266.8; bf16 backward 269.1 at 4, 267.7 at 2 (1 not measured). More lanes a
-// row cost more shuffles, but fewer accesses a lane let more rows start their loads at once.
+// 266.7-267.0 / 266.4-266.8; 16-bit backward 269.1 at 4, 267.7-269.2 at 2, 266.8-267.0 at 1 (the
+// bench, against torch.compile's 266.9-268.1). More lanes a row cost more shuffles, but fewer
+// accesses a lane let more rows start their loads at once. Two constants: measured apart.
 constexpr int kWarpMinAccessesForward = 1;
-constexpr int kWarpMinAccessesBackward = 2;
+constexpr int kWarpMinAccessesBackward = 1;
 
 // Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
 // time: at least kWarpMinAccesses{Forward,Backward} vectors, or 8 elements with element access, and
