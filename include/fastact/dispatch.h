@@ -147,26 +147,24 @@ constexpr int softmax_warp_max_dim(int acc_bytes) { return acc_bytes == 8 ? kWar
 constexpr int kWarpBlockThreads = 128;
 
 // 128-bit accesses per lane the warp kernel aims at (more where a row needs them: a row never spans
-// more than a warp), forward and backward. Why: sweeps of lanes per row at D = 128 on the H100
+// more than a warp), forward and backward. Why 1: sweeps of lanes per row at D = 128 on the H100
 // (bench/NOTES.md, sixth and ninth sessions), 256 MB tensors, in one process: float forward 183.5 us
 // at 4 accesses (8 lanes a row), 181.5-181.8 at 2, 181.1-181.3 at 1 (torch 182.2-183.1); bf16
 // forward 185.7 at 2, 182.9 at 1 (plain loads: softmax/warp.cuh); float backward 269.5 /
 // 266.7-267.0 / 266.4-266.8; 16-bit backward 269.1 at 4, 267.7-269.2 at 2, 266.8-267.0 at 1 (the
 // bench, against torch.compile's 266.9-268.1). More lanes a row cost more shuffles, but fewer
-// accesses a lane let more rows start their loads at once. Two constants: measured apart.
-constexpr int kWarpMinAccessesForward = 1;
-constexpr int kWarpMinAccessesBackward = 1;
+// accesses a lane let more rows start their loads at once.
+constexpr int kWarpMinAccesses = 1;
 
 // Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
-// time: at least kWarpMinAccesses{Forward,Backward} vectors, or 8 elements with element access, and
-// never fewer than elems / 32 (a row never spans more than a warp).
-constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec, bool backward) {
-  const int accesses = backward ? kWarpMinAccessesBackward : kWarpMinAccessesForward;
+// time: at least kWarpMinAccesses vectors, or 8 elements with element access, and never fewer than
+// elems / 32 (a row never spans more than a warp).
+constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec) {
   return softmax_detail::cmax((1 << log2_elems) / 32,
-                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? accesses * vec : 8));
+                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? kWarpMinAccesses * vec : 8));
 }
-constexpr int softmax_warp_threads_per_row(int log2_elems, int vec, bool backward) {
-  return (1 << log2_elems) / softmax_warp_elems_per_thread(log2_elems, vec, backward);
+constexpr int softmax_warp_threads_per_row(int log2_elems, int vec) {
+  return (1 << log2_elems) / softmax_warp_elems_per_thread(log2_elems, vec);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,7 +595,7 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       s.vec = row_vec;
       s.warp_log2 = log2_ceil(p.dim_size);
       s.threads = kWarpBlockThreads;
-      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward);
+      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec);
       return s;
     }
     case SoftmaxVariant::kVec:
@@ -674,7 +672,7 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
   switch (s.mode) {
     case SoftmaxMode::kWarp:
       n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s]",
-                        softmax_warp_threads_per_row(s.warp_log2, s.vec, p.backward), s.elems_per_thread, access);
+                        softmax_warp_threads_per_row(s.warp_log2, s.vec), s.elems_per_thread, access);
       break;
     case SoftmaxMode::kResident:
       n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row, %s]", s.cluster,

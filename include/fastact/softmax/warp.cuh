@@ -14,9 +14,9 @@
 
 namespace fastact::softmax_impl {
 
-template <int kLog2, int kVec, bool kBackward>
+template <int kLog2, int kVec>
 struct WarpShape {
-  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward);  // per lane
+  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
   static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
@@ -46,7 +46,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
                                                                              int dim, int64_t row_stride, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec, false>;
+  using S = WarpShape<kLog2, kVec>;
   using Cache = ForwardCache<Epi>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
@@ -106,7 +106,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
                                                                              int64_t rows, int dim, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec, true>;
+  using S = WarpShape<kLog2, kVec>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
   const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
@@ -151,7 +151,7 @@ namespace detail {
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec, false>;
+  using S = WarpShape<kLog2, kVec>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
@@ -160,7 +160,7 @@ cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec, true>;
+  using S = WarpShape<kLog2, kVec>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_bwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, dy, y, dx, rows, static_cast<int>(dim), Epi{});
