@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU machine does for fastact, in one go: install carried wheels (if .whl/ holds any),
 # build the CUDA extension, run the whole test suite, the sanitizers and the benchmark report.
-# Logs go to $OUT (default ./gpu-out): env.txt, build.log, tests.log, sanitize.log, bench.log and the
+# Logs go to $OUT (default ./gpu-out): env.txt, build.log, tests.log (tests-huge.log), sanitize.log, bench.log and the
 # report's JSON and PNG.
 #
 # Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench (default: all four, in order)
@@ -56,11 +56,21 @@ for stage in $stages; do
       # shellcheck disable=SC2086
       # pytest-xdist, where present, runs WORKERS processes (default 16) on the one GPU; each test's
       # time, outcome and failure report also go to $OUT/testlog as they finish (tests/conftest.py).
+      # The `huge` tests (tensors beyond 2^31 elements, tens of GiB each) then run one at a time:
+      # beside 15 other workers they found too little free memory and skipped.
       par=()
       # One intra-op thread per worker: 16 workers of 16 threads each slow the CPU tests tenfold.
-      python3 -c "import xdist" 2>/dev/null && par=(-n "${WORKERS:-16}") && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-      run_stage test "$OUT/tests.log" env FASTACT_TEST_LOG="$OUT/testlog" \
-        python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider "${par[@]}" --durations=30
+      if python3 -c "import xdist" 2>/dev/null; then
+        par=(-n "${WORKERS:-16}")
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+        run_stage test "$OUT/tests.log" env FASTACT_TEST_LOG="$OUT/testlog" \
+          python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider "${par[@]}" -m "not huge" --durations=30
+        run_stage test-huge "$OUT/tests-huge.log" env FASTACT_TEST_LOG="$OUT/testlog-huge" \
+          python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider -m huge --durations=10
+      else
+        run_stage test "$OUT/tests.log" env FASTACT_TEST_LOG="$OUT/testlog" \
+          python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider --durations=30
+      fi
       ;;
     sanitize)
       run_stage sanitize "$OUT/sanitize.log" bash scripts/sanitize.sh

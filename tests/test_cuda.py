@@ -211,16 +211,16 @@ def _cluster_plan(explanation):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-@pytest.mark.parametrize("d", (32776, 65536, 262144, 524288))
+@pytest.mark.parametrize("d", (32776, 65536, 65544, 131072, 262136, 262144, 524288))
 @pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
 def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     """More rows than the GPU holds clusters at once, at each cluster shape the dispatcher picks for
-    long rows (8 x 256 threads up to 16 x 1024). The forward's 1024-thread clusters run the persistent
-    kernel (include/fastact/softmax/long_row.cuh): each cluster loops over rows, staging the next row
-    while it reduces this one, so every cluster loops and the last round is partial; dense and padded
-    rows. The backward (dense) and the smaller forward clusters take one row per cluster."""
+    long rows (8 x 256 threads up to 16 x 1024), so that clusters run in several waves and the last
+    one is partial; dense and padded rows. Beyond 8 x 256 x 32 elements the 128-bit forward keeps part
+    of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
+    16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all)."""
     in_dtype, out_dtype = dtypes
     log = op.name == "log_softmax"
     out_arg = out_dtype if out_dtype != in_dtype else None
@@ -231,9 +231,9 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
         pytest.skip("no cluster caches this row here: long_row takes its two-read mode (tested elsewhere)")
     cluster, threads = plan
     sms = torch.cuda.get_device_properties(probe.device).multi_processor_count
-    # More rows than the clusters that fit at once: at most 1024 // threads CTAs per SM (64 registers
-    # a thread), so 2x that bound and a partial round.
-    rows = 2 * sms * max(1, 1024 // threads) // cluster + 3
+    # More rows than the clusters that fit at once: at most 2048 // threads CTAs per SM (the
+    # hardware's 2048 threads), so 2x that bound and a partial round.
+    rows = 2 * sms * (2048 // threads) // cluster + 3
     msg = f"long_row {name} {rows}x{d} {layout} {in_dtype}->{out_dtype}, plan {cluster} x {threads}"
     if layout == "rows":
         x = make_tensor((rows, d), in_dtype, "cuda")
@@ -296,6 +296,32 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
     x = make_tensor(shape, torch.float32, "cuda", layout)
     s = fastact.explain("softmax", x, dim)
     assert _variant(s) == expected, s
+
+
+@pytest.mark.parametrize(
+    "dtype,d,direction,layout,smem",
+    [
+        (torch.float32, 262144, "fwd", "contiguous", True),
+        (torch.bfloat16, 262144, "fwd", "contiguous", True),
+        (torch.float16, 262144, "fwd", "contiguous", True),
+        (torch.float32, 65536, "fwd", "contiguous", False),  # 8 x 256 in registers
+        (torch.float64, 262144, "fwd", "contiguous", False),  # double arithmetic: registers only
+        (torch.float32, 262144, "fwd", "sliced_last", False),  # element accesses
+        (torch.float32, 262144, "bwd", "contiguous", False),
+    ],
+)
+def test_long_row_shared_memory_plan(dtype, d, direction, layout, smem):
+    """The long_row forward keeps part of each slice in shared memory exactly where dispatch.h says:
+    128-bit accesses, float arithmetic, rows beyond 8 x 256 x 32 elements; never in the backward."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    x = make_tensor((2, d), dtype, "cuda", layout)
+    s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
+    assert _variant(s) == "long_row", s
+    assert ("in shared memory" in s) == smem, s
+    if smem:  # 64 elements a thread: 32 in registers and 32 in shared memory (32-bit), all 64 there (16-bit)
+        m = re.search(r"x (\d+) elements per row \((\d+) in shared memory\)", s)
+        assert m and int(m.group(1)) == 64 and int(m.group(2)) == (32 if dtype.itemsize == 4 else 64), s
 
 
 _CLUSTER_CAP_SCRIPT = """

@@ -1,6 +1,6 @@
-// Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), for kernels that stage their next
-// loads in shared memory: a copy in flight holds no register, so the loads of the next step (or row)
-// stay in flight while the current one computes, whatever ptxas schedules around them.
+// Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), for kernels that keep part of
+// what they load in shared memory: a copy in flight holds no register, so it stays in flight while
+// the thread issues its other loads and computes, whatever ptxas schedules around them.
 //
 // Each thread copies into slots only it reads, so completion needs no barrier: cp.async.wait_group
 // makes a thread's own copies visible to it. .cg: cached in L2 only, the data is used once. Below

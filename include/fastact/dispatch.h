@@ -23,9 +23,11 @@
 //             (online max+sum, then write).
 //   long_row  inner == 1, any D. sm_90 with clusters: the row split over a thread-block cluster
 //             (2..16 CTAs), each CTA caching its slice in registers, the max and sum combined through
-//             distributed shared memory: one HBM read. Forward clusters of 1024-thread CTAs are
-//             persistent, staging the next row in shared memory (softmax/long_row.cuh). Without
-//             clusters, or beyond what a cluster can cache: the split scheme below.
+//             distributed shared memory: one HBM read. Forwards with 128-bit accesses and float
+//             arithmetic also keep part of each thread's slice in shared memory, as loaded, so a CTA
+//             holds twice the elements and long rows run at two or more CTAs per SM
+//             (softmax/long_row.cuh). Without clusters, or beyond what a cluster can cache: the split
+//             scheme below.
 //   split     inner == 1, any D (added variant; long_row's fallback, forceable for tests). Online
 //             max+sum per chunk of a row, then one write pass: two reads, one write, never three.
 //             Several CTAs per row when rows are few (two kernels; the per-chunk partials are parked
@@ -190,11 +192,31 @@ constexpr int kVecBackwardAccesses = 2;
 // 16 count only where they hold >= 90% of the CTAs; else only as the last resort before the two-read
 // mode: plan_cluster). Why small first: more CTAs per SM overlap each other's load, reduce and store
 // phases; on the H100, 8 x 256 beat 4 x 512 at rows of 65536 (f32 205.0 vs 207.9 us, bf16 230.7 vs
-// 239.2) and 4 x 512 beat 2 x 1024 (207.9 vs 223.9, 239.2 vs 256.3). 1024-thread CTAs (one per SM)
-// run the staged persistent kernel (softmax/long_row.cuh). The backward starts at 512: its 4 x 512 and
-// 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
+// 239.2) and 4 x 512 beat 2 x 1024 (207.9 vs 223.9, 239.2 vs 256.3). The backward starts at 512: its
+// 4 x 512 and 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
 constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
+// long_row forward, 128-bit accesses, float arithmetic (softmax_cluster_smem_eligible): besides its
+// registers a thread keeps kClusterSmemBytes of its slice in dynamic shared memory, as loaded
+// (cp.async), so a CTA of at most kClusterSmemMaxThreads threads caches what a register-only CTA of
+// twice the threads does, and rows beyond 8 x 256 x 32 elements run at two or more CTAs per SM
+// instead of the one 1024-thread CTA that has nobody on its SM to overlap its phases with. Tried after
+// the register-only 256-thread clusters (plan_cluster), small CTAs first. Why (H100, 256 MB,
+// bench/NOTES.md tenth session; fraction of torch's copy in the same process): f32 262144 0.876 ->
+// 0.956-0.968 (8 x 512; 16 x 256 0.976-0.989 where 16-wide clusters are allowed), 524288 0.795 ->
+// 0.934 (16 x 512); bf16 262144 0.883 -> 0.928-0.938, 524288 0.784 -> 0.899, 131072 0.854 -> 0.941
+// (8 x 256). At 65536 the register-only 8 x 256 stays ahead (f32 0.987 vs 0.983, bf16 0.950 vs 0.944).
+constexpr int kClusterSmemBytes = 128;
+constexpr int kClusterSmemMaxThreads = 512;
+// Elements a thread of that kernel keeps in registers: 32-bit inputs the register cache (32 floats),
+// 16-bit inputs none: all 64 elements raw in shared memory, exp computed twice. Why: the float cache
+// takes a 16-bit CTA to 64 registers (two 512-thread CTAs per SM, against three at 40 registers):
+// bf16 262144 0.906-0.916 against 0.928-0.938, 524288 0.824 against 0.899.
+constexpr int softmax_cluster_smem_reg_elems(int in_bytes, int acc_bytes) {
+  return in_bytes < acc_bytes ? 0 : kResidentRegBytes / acc_bytes;
+}
+// ... and in shared memory.
+constexpr int softmax_cluster_smem_elems(int in_bytes) { return kClusterSmemBytes / in_bytes; }
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
 constexpr int kMaxPortableCluster = 8;
@@ -309,6 +331,7 @@ struct SoftmaxPlan {
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
+  int smem_elems = 0;        // resident long_row forward: of elems_per_thread, those kept in shared memory
   const char* why = "";    // auto: why this variant (static text)
 };
 
@@ -398,6 +421,12 @@ inline int log2_ceil(int64_t a) {
 }
 inline bool clusters_available(const SoftmaxProblem& p) { return p.cc_major >= 9 && p.max_cluster >= 2; }
 
+// The long_row forward may keep part of the slice in shared memory (kClusterSmemBytes): 128-bit
+// accesses whose input moves in 16-byte units (cp.async), float arithmetic.
+inline bool softmax_cluster_smem_eligible(const SoftmaxProblem& p, int vec) {
+  return !p.backward && vec > 1 && vec * p.in_bytes == 16 && p.acc_bytes == 4;
+}
+
 // One block per row, the row in registers (vec, scalar).
 inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec) {
   SoftmaxPlan s;
@@ -427,13 +456,35 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
 }
 
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
-// fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules.
+// fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules. Where
+// the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
+// threads) come right after the register-only 256-thread ones and replace the larger ones.
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
-  const int e = softmax_resident_elems(p, vec);
-  for (bool last_resort : {false, true}) {
+  const bool with_smem = softmax_cluster_smem_eligible(p, vec);
+  const int reg_e = softmax_resident_elems(p, vec);
+  const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
+  const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
+  // (threads, whether part of the slice is in shared memory), in the order tried.
+  struct Shape {
+    int threads;
+    bool smem;
+  };
+  Shape shapes[2 * (sizeof(kClusterThreads) / sizeof(int))];
+  int n = 0;
+  for (int t : kClusterThreads) {
+    if (p.backward && t < kClusterBackwardMinThreads) continue;
+    if (!with_smem || t < kClusterSmemMaxThreads) shapes[n++] = {t, false};
+  }
+  if (with_smem) {
     for (int t : kClusterThreads) {
-      if (p.backward && t < kClusterBackwardMinThreads) continue;
+      if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true};
+    }
+  }
+  for (bool last_resort : {false, true}) {
+    for (int i = 0; i < n; ++i) {
+      const int t = shapes[i].threads;
+      const int e = shapes[i].smem ? smem_total : reg_e;
       int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
       if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
       if (s > cluster_cap(p, t, last_resort)) continue;
@@ -442,6 +493,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
       plan.mode = SoftmaxMode::kResident;
       plan.vec = vec;
       plan.elems_per_thread = e;
+      plan.smem_elems = shapes[i].smem ? smem_e : 0;
       plan.cluster = int(s);
       // Balance: the fewest threads that still cache the row over s CTAs.
       plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
@@ -649,11 +701,14 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     return s;
   }
   s = plan_softmax(SoftmaxVariant::kLongRow, p);
-  s.why = s.mode == SoftmaxMode::kResident
+  s.why = s.mode != SoftmaxMode::kResident
+              ? "the row is longer than a cluster caches (or no clusters): online max+sum per chunk, then "
+                "a write pass"
+          : s.smem_elems > 0
               ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
-                "registers, combined through distributed shared memory: one read"
-              : "the row is longer than a cluster caches (or no clusters): online max+sum per chunk, then "
-                "a write pass";
+                "registers and shared memory, combined through distributed shared memory: one read"
+              : "the row is longer than one block caches: split over a thread-block cluster, cached in "
+                "registers, combined through distributed shared memory: one read";
   return s;
 }
 
@@ -675,8 +730,13 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                         softmax_warp_threads_per_row(s.warp_log2, s.vec), s.elems_per_thread, access);
       break;
     case SoftmaxMode::kResident:
-      n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row, %s]", s.cluster,
-                        s.threads, s.elems_per_thread, access);
+      if (s.smem_elems > 0) {
+        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s]",
+                          s.cluster, s.threads, s.elems_per_thread, s.smem_elems, access);
+      } else {
+        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row, %s]", s.cluster,
+                          s.threads, s.elems_per_thread, access);
+      }
       break;
     case SoftmaxMode::kSplit:
       n = std::snprintf(buf, sizeof(buf), " [%lld chunk(s) per row, %lld rows per launch pair, %d threads, %s]",

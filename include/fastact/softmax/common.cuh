@@ -7,9 +7,7 @@
 //     output); A = acc_t<out_t> is the arithmetic type (float, or double for double).
 //   * Sizes and offsets are int64_t. Grids are 1-D, one work item (row block, row, tile, chunk) per
 //     CTA or cluster: a loop carried across work items costs registers that the cached row needs.
-//     The one exception is long_row's staged forward (long_row.cuh), which loops over rows to stream
-//     the next row in while it reduces this one. Beyond 2^30 blocks the host launches again from a
-//     later first item.
+//     Beyond 2^30 blocks the host launches again from a later first item.
 //   * Reductions are deterministic: fixed trees, no atomics; every thread (and every CTA of a
 //     cluster) ends with bitwise the same row statistics.
 //   * torch semantics for non-finite rows: padding and masked lanes hold -inf (forward) or 0
@@ -483,19 +481,24 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, i
 
 constexpr int kMaxDevices = 64;
 
-// Lets kKernel run in clusters larger than 8 (non-portable), once per device.
-template <auto kKernel>
-cudaError_t allow_large_clusters() {
+// Sets kKernel's attribute kAttr to kValue on the current device, once per device (the attribute
+// belongs to the device's context).
+template <auto kKernel, cudaFuncAttribute kAttr, int kValue>
+cudaError_t kernel_attribute_once() {
   static std::once_flag once[kMaxDevices];
   static cudaError_t result[kMaxDevices];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  std::call_once(once[device], [device] {
-    result[device] = cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  });
+  std::call_once(once[device], [device] { result[device] = cudaFuncSetAttribute(kKernel, kAttr, kValue); });
   return result[device];
+}
+
+// Lets kKernel run in clusters larger than 8 (non-portable), once per device.
+template <auto kKernel>
+cudaError_t allow_large_clusters() {
+  return kernel_attribute_once<kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1>();
 }
 
 // Makes `config` launch clusters of `cluster` CTAs along x; `attr` holds the attribute.
