@@ -324,6 +324,25 @@ def test_long_row_shared_memory_plan(dtype, d, direction, layout, smem):
         assert m and int(m.group(1)) == 64 and int(m.group(2)) == (32 if dtype.itemsize == 4 else 64), s
 
 
+@pytest.mark.parametrize(
+    "dtype,d,columns,threads,cluster",
+    [
+        (torch.bfloat16, 512, 4, 256, 1),  # half a line (64 bytes) where a whole one would fit a CTA
+        (torch.float16, 4096, 4, 256, 8),  # half a line, 256-thread CTAs first
+        (torch.float32, 512, 8, 512, 1),  # float keeps whole lines
+    ],
+)
+def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
+    """dispatch.h kStridedRawClusterThreads: the strided forward of raw 16-bit rows takes half a line
+    and the smallest clustered CTAs; float keeps whole lines."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    x = make_tensor((2, d, 2048), dtype, "cuda")
+    s = fastact.explain("softmax", x, 1)
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), cached", s)
+    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (columns, threads, cluster), s
+
+
 _CLUSTER_CAP_SCRIPT = """
 import torch, fastact
 x = torch.randn(4, 262144, device="cuda")

@@ -269,6 +269,13 @@ constexpr int kStridedClusterAbove = 512;
 // so the half line stays. Only where clusters exist (sm_90), the case measured: without them a tile
 // that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
+// strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: always half a line,
+// and clusters of the smallest CTAs first (kStridedRawClusterThreads). Why (H100, bf16 [*, D, 2048]
+// dim 1, forced shapes, fraction of torch's copy in one process; bench/NOTES.md tenth session): D = 256:
+// 256 x 8 x 1 0.884 -> 128 x 4 x 1 0.908; 512: 512 x 8 x 1 0.842 -> 256 x 4 x 1 0.885; 2048:
+// 512 x 8 x 4 0.743 -> 256 x 4 x 4 0.800; 4096: 512 x 8 x 8 0.705 -> 256 x 4 x 8 0.767 (512 x 4 x 4
+// 0.738). float keeps whole lines where they fit (D = 256: 0.965 against 0.928 at half a line).
+constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
 
@@ -564,8 +571,11 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
-  if (c * g_needed > single_cap && (c / 2) * s.vec * load_bytes >= kStridedMinRowBytes &&
-      (c / 2) * g_needed <= kStridedClusterAbove)
+  const int64_t c_line = c;
+  // Raw 16-bit rows with clusters: half a line everywhere (kStridedRawClusterThreads).
+  const bool raw_half = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
+  if ((c / 2) * s.vec * load_bytes >= kStridedMinRowBytes &&
+      (raw_half || (c * g_needed > single_cap && (c / 2) * g_needed <= kStridedClusterAbove)))
     c /= 2;  // half a line in one CTA rather than a cluster (kStridedMinRowBytes)
   if (c * g_needed <= single_cap) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
@@ -579,7 +589,8 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     return s;
   }
   if (clusters_available(p)) {
-    for (int t : {kStridedClusterAbove, kStridedMaxThreads}) {
+    for (int t : kStridedRawClusterThreads) {
+      if (!raw_half && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
       const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
       if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
@@ -591,8 +602,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       return s;
     }
   }
-  s.columns = int(c);
-  s.threads = int(threads_for(c, ceil_div(kStridedStreamThreads, c)));
+  // Streaming: whole lines (the half-line measurements above were all of cached tiles).
+  s.columns = int(c_line);
+  s.threads = int(threads_for(c_line, ceil_div(kStridedStreamThreads, c_line)));
   s.cluster = 1;
   s.streaming = true;
   return s;
