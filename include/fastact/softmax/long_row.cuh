@@ -1,9 +1,9 @@
 // Variant `long_row`: inner == 1, rows too long for one block's registers (tens of thousands to
 // millions of elements); never three passes over HBM.
-//   sm_90, the row fits a cluster (<= 16 CTAs x 512 threads x 64 elements forward, x 1024 x 32 where
-//     the forward keeps the slice in registers only, and in the backward): the row is split over a
-//     thread-block cluster, each CTA caching its slice; the max and the sum are combined through
-//     distributed shared memory. HBM is read once.
+//   sm_90, the row fits a cluster (at most 16 CTAs; in the forward with 128-bit accesses and float
+//     arithmetic 512 threads x 64 elements, part or all of them in shared memory; otherwise 1024
+//     threads x the register cache): the row is split over a thread-block cluster, each CTA caching
+//     its slice; the max and the sum are combined through distributed shared memory. HBM is read once.
 //       forward, 128-bit path, float arithmetic: softmax_cluster_smem_fwd_kernel below, part of the
 //       slice in shared memory; otherwise (the backward, element accesses, float64, and the forward's
 //       256-thread clusters that fit in registers): block.cuh's kernels. One row per cluster.
@@ -75,6 +75,17 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
+  // f(unit j of the slice, its values as A) for each shared-memory unit inside the row.
+  const auto for_smem_units = [&](auto&& f) {
+#pragma unroll
+    for (int j = 0; j < kSmemVecs; ++j) {
+      if (kRegVecs + j < s.nvalid) {
+        A w[kVec];
+        to_acc(slot[j * nthreads], w);
+        f(kRegVecs + j, w);
+      }
+    }
+  };
   A m = neg_inf<A>();
 #pragma unroll
   for (int j = 0; j < kRegVecs; ++j) {
@@ -84,15 +95,10 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
     }
   }
   copy_async_wait<0>();
+  for_smem_units([&](int, const A(&w)[kVec]) {
 #pragma unroll
-  for (int j = 0; j < kSmemVecs; ++j) {
-    if (kRegVecs + j < s.nvalid) {
-      A w[kVec];
-      to_acc(slot[j * nthreads], w);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
-    }
-  }
+    for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
+  });
   const A base = max_base(m);
   A sum = A(0);
 #pragma unroll
@@ -105,15 +111,10 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
       }
     }
   }
+  for_smem_units([&](int, const A(&w)[kVec]) {
 #pragma unroll
-  for (int j = 0; j < kSmemVecs; ++j) {
-    if (kRegVecs + j < s.nvalid) {
-      A w[kVec];
-      to_acc(slot[j * nthreads], w);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
-    }
-  }
+    for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
+  });
   const MaxSum<A> st = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
   const A c = epi.row_constant(st.sum);
   const A f = Cache::factor(m, st.max, c);
@@ -127,16 +128,12 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
       store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
     }
   }
+  for_smem_units([&](int j, const A(&w)[kVec]) {
+    A o[kVec];
 #pragma unroll
-  for (int j = 0; j < kSmemVecs; ++j) {
-    if (kRegVecs + j < s.nvalid) {
-      A o[kVec];
-      to_acc(slot[j * nthreads], o);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, o[k], st.max, c);
-      store_vector<out_t, kVec>(yr + (kRegVecs + j) * s.step, from_acc<out_t>(o));
-    }
-  }
+    for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], st.max, c);
+    store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+  });
 }
 
 namespace detail {
