@@ -137,6 +137,16 @@ constexpr int softmax_stream_unroll(int vec, int value_bytes) {
   return 64 / (vec * value_bytes) > 8 ? 8 : (64 / (vec * value_bytes) > 1 ? 64 / (vec * value_bytes) : 1);
 }
 
+// Whether the warp forward keeps its rows as loaded rather than converted to the accumulation type:
+// 16-bit inputs in 128-bit accesses where a lane reads several vectors (rows of 512 and 1024). Why:
+// half the registers (ptxas: 56 -> 32 at rows of 1024, so 16 blocks of 128 threads fit an SM instead
+// of 9); softmax then computes exp twice per element, as the strided forward does. H100, 256 MB
+// (bench/NOTES.md tenth session): softmax / log_softmax bf16 and f16 at 1024 183.6-183.8 -> 182.3-182.6
+// us, torch.compile 182.2-182.3.
+constexpr bool softmax_warp_raw(int vecs_per_lane, int vec, int in_bytes, int acc_bytes) {
+  return vecs_per_lane > 1 && vec > 1 && in_bytes < acc_bytes && vec * in_bytes == 16;
+}
+
 // The warp kernel: rows up to this many elements. Why: the row lives in one warp's registers, 32
 // accumulation values per lane at 1024 (64 for the backward's two arrays); beyond that a block per row
 // spreads the registers over more threads and keeps more loads in flight per row. float64 halves it

@@ -7,7 +7,8 @@
 // so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). Accesses at or
 // beyond D (kVec divides D when kVec > 1) are skipped: loops are guarded by j < nvalid. Reductions
 // are xor shuffles within the row's lanes; no shared memory, no barriers. Blocks of 4 warps, one
-// block of rows each.
+// block of rows each. The forward of 16-bit rows of 512 and 1024 keeps them as loaded
+// (softmax_warp_raw), the others converted to the accumulation type.
 #pragma once
 
 #include "fastact/softmax/common.cuh"
@@ -27,6 +28,9 @@ struct WarpShape {
   // session), bf16 184.2 -> 182.5; rows of 128, bf16, one access a lane: 184.4 with .cg, 182.9 plain
   // (ninth session; float unchanged either way).
   static constexpr bool kLoadL2 = kVecs > 1;
+  // The forward keeps 16-bit rows as loaded (dispatch.h softmax_warp_raw).
+  template <typename in_t, typename A>
+  static constexpr bool kRaw = softmax_warp_raw(kVecs, kVec, sizeof(in_t), sizeof(A));
 };
 
 // How many of a lane's accesses (j * kTpr + lane) * kVec, j < kVecs, start inside a row of `dim`.
@@ -56,6 +60,50 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
   constexpr int kStep = S::kTpr * kVec;
   const in_t* xr = x + (row < rows ? row : 0) * row_stride + first;
 
+  if constexpr (S::template kRaw<in_t, A>) {
+    // Rows as loaded (half the registers), converted at each use: the max by packed compares
+    // (ElementMax), then the exps against it twice, for the sum and for the outputs (KeepInput).
+    // Loads cached in L2 only, as below (a lane reads several vectors).
+    using Raw = KeepInput<Epi>;
+    AlignedVector<in_t, kVec> r[S::kVecs];
+#pragma unroll
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) r[j] = load_vector_l2<in_t, kVec>(xr + j * kStep);
+    }
+    A mv[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
+    ElementMax<in_t>::into(r, nvalid, mv);
+    A m = mv[0];
+#pragma unroll
+    for (int k = 1; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
+    m = warp_reduce<S::kTpr>(m, MaxOp<A>());
+    const A base = max_base(m);
+    A s = A(0);
+#pragma unroll
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
+        A w[kVec];
+        to_acc(r[j], w);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) s += Raw::term(w[k], base);
+      }
+    }
+    s = warp_reduce<S::kTpr>(s, SumOp<A>());
+    const A c = epi.row_constant(s);
+    out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+#pragma unroll
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
+        A o[kVec];
+        to_acc(r[j], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, o[k], m, c);
+        store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
+      }
+    }
+    return;
+  }
   A v[S::kVecs][kVec];
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
