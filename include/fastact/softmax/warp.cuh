@@ -102,45 +102,45 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
         store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
       }
     }
-    return;
-  }
-  A v[S::kVecs][kVec];
+  } else {
+    A v[S::kVecs][kVec];
 #pragma unroll
-  for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
-      to_acc(S::kLoadL2 ? load_vector_l2<in_t, kVec>(xr + j * kStep) : load_vector<in_t, kVec>(xr + j * kStep), v[j]);
-    }
-  }
-  A m = neg_inf<A>();
-#pragma unroll
-  for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
-    }
-  }
-  m = warp_reduce<S::kTpr>(m, MaxOp<A>());
-  A s = A(0);
-#pragma unroll
-  for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[j][k] = Cache::keep(v[j][k], m);
-        s += Cache::term(v[j][k], m);
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
+        to_acc(S::kLoadL2 ? load_vector_l2<in_t, kVec>(xr + j * kStep) : load_vector<in_t, kVec>(xr + j * kStep), v[j]);
       }
     }
-  }
-  s = warp_reduce<S::kTpr>(s, SumOp<A>());
-  const A c = epi.row_constant(s);
-  out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+    A m = neg_inf<A>();
 #pragma unroll
-  for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
-      A o[kVec];
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
-      store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
+        for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+      }
+    }
+    m = warp_reduce<S::kTpr>(m, MaxOp<A>());
+    A s = A(0);
+#pragma unroll
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          v[j][k] = Cache::keep(v[j][k], m);
+          s += Cache::term(v[j][k], m);
+        }
+      }
+    }
+    s = warp_reduce<S::kTpr>(s, SumOp<A>());
+    const A c = epi.row_constant(s);
+    out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+#pragma unroll
+    for (int j = 0; j < S::kVecs; ++j) {
+      if (j < nvalid) {
+        A o[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
+        store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
+      }
     }
   }
 }
