@@ -227,6 +227,11 @@ constexpr int softmax_cluster_smem_reg_elems(int in_bytes, int acc_bytes) {
 }
 // ... and in shared memory.
 constexpr int softmax_cluster_smem_elems(int in_bytes) { return kClusterSmemBytes / in_bytes; }
+// Which forwards that kernel takes: accesses whose input moves in 16-byte units (cp.async), float
+// arithmetic.
+constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_bytes) {
+  return vec > 1 && vec * in_bytes == 16 && acc_bytes == 4;
+}
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
 constexpr int kMaxPortableCluster = 8;
@@ -438,10 +443,9 @@ inline int log2_ceil(int64_t a) {
 }
 inline bool clusters_available(const SoftmaxProblem& p) { return p.cc_major >= 9 && p.max_cluster >= 2; }
 
-// The long_row forward may keep part of the slice in shared memory (kClusterSmemBytes): 128-bit
-// accesses whose input moves in 16-byte units (cp.async), float arithmetic.
+// The long_row forward may keep part of the slice in shared memory (kClusterSmemBytes).
 inline bool softmax_cluster_smem_eligible(const SoftmaxProblem& p, int vec) {
-  return !p.backward && vec > 1 && vec * p.in_bytes == 16 && p.acc_bytes == 4;
+  return !p.backward && softmax_cluster_smem_supported(vec, p.in_bytes, p.acc_bytes);
 }
 
 // One block per row, the row in registers (vec, scalar).

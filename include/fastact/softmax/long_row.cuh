@@ -27,7 +27,7 @@ struct ClusterSmemShape {
   static constexpr int kVecs = kRegVecs + kSmemVecs;
   // 64 registers (two 512-thread CTAs an SM) with a register part, 40 without (three).
   static constexpr int kMinBlocks = kRegVecs > 0 ? 2 : 3;
-  static constexpr bool kSupported = kVec * sizeof(in_t) == 16 && sizeof(acc_t<out_t>) == 4;
+  static constexpr bool kSupported = softmax_cluster_smem_supported(kVec, sizeof(in_t), sizeof(acc_t<out_t>));
 };
 
 FASTACT_DEVICE unsigned char* cluster_smem_bytes() {
