@@ -60,12 +60,32 @@ FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
   return s;
 }
 
-// The forward of one cached row, given this thread's units v (j < s.nvalid) as A: its max, its kept
-// values and their sum -> one all-reduce of the (max, sum) pairs over the row (OnlineOp) -> the
-// outputs at yr + j * step (yr: this thread's unit 0), rescaled to the row's max (ForwardCache::factor).
-template <typename Epi, int kVec, int kVecs, typename A, typename out_t>
-FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s, out_t* __restrict__ yr,
-                                     const Epi& epi, RowScratch<MaxSum<A>>& scratch, int& round, int cluster) {
+// resident_forward's Extra when all of the thread's slice is in v (block.cuh's kernels): hooks that do
+// nothing. An Extra holds the rest of the slice, kept elsewhere (long_row.cuh's SharedUnits: in shared
+// memory, as loaded), and resident_forward calls its hooks after the matching loops over v: fold_max(m)
+// folds its values into the thread's max m; add_terms(sum, base) adds their terms exp(x - base) to the
+// thread's sum; store(epi, M, c) writes their outputs KeepInput<Epi>::out(epi, x, M, c) to
+// yr + j * s.step (unit j of the slice): M the row's max, c = epi.row_constant(row sum) (not f, which
+// rescales the values kept in v).
+struct NoExtraUnits {
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& /*m*/, const ResidentSlice& /*s*/) const {}
+  template <typename A>
+  FASTACT_DEVICE void add_terms(A& /*sum*/, A /*base*/, const ResidentSlice& /*s*/) const {}
+  template <typename Epi, typename A, typename out_t>
+  FASTACT_DEVICE void store(const Epi& /*epi*/, A /*row_max*/, A /*c*/, out_t* /*yr*/,
+                            const ResidentSlice& /*s*/) const {}
+};
+
+// The forward of one cached row, given this thread's units v (j < s.nvalid, j < kVecs) as A and the
+// rest of its slice, if any, through `extra`: its max, its kept values and their sum -> one all-reduce
+// of the (max, sum) pairs over the row (OnlineOp) -> the outputs at yr + j * step (yr: this thread's
+// unit 0), rescaled to the row's max (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when
+// `extra` holds the whole slice.
+template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename A, typename out_t>
+FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const ResidentSlice& s,
+                                     out_t* __restrict__ yr, const Epi& epi, RowScratch<MaxSum<A>>& scratch,
+                                     int& round, int cluster, const Extra& extra = Extra()) {
   using Cache = ForwardCache<Epi>;
   A m = neg_inf<A>();
 #pragma unroll
@@ -75,6 +95,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s
       for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
     }
   }
+  extra.fold_max(m, s);
   const A base = max_base(m);
   A sum = A(0);
 #pragma unroll
@@ -87,8 +108,10 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s
       }
     }
   }
+  extra.add_terms(sum, base, s);
   const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
-  const A f = Cache::factor(m, row_stats.max, epi.row_constant(row_stats.sum));
+  const A c = epi.row_constant(row_stats.sum);
+  const A f = Cache::factor(m, row_stats.max, c);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
@@ -98,6 +121,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs][kVec], const ResidentSlice& s
       store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
     }
   }
+  extra.store(epi, row_stats.max, c, yr, s);
 }
 
 // The backward of one cached row, given this thread's units of grad_output and output as loaded:

@@ -35,23 +35,72 @@ FASTACT_DEVICE unsigned char* cluster_smem_bytes() {
   return cluster_smem;
 }
 
+// resident_forward's Extra in the kernel below: the thread's units kFirst + j (j < kUnits) of its
+// slice, held as loaded in its own shared-memory slots slot[j * T] (copy_async_16), and processed
+// through the epilogue itself (KeepInput: the input is kept, so softmax computes those exps twice).
+// fold_max first waits for the thread's copies, so that they were in flight during the register loads
+// and the register part of the max.
+template <typename Epi, typename in_t, int kVec, int kFirst, int kUnits>
+struct SharedUnits {
+  using Raw = KeepInput<Epi>;
+  using Unit = AlignedVector<in_t, kVec>;
+  const Unit* slot;  // this thread's unit kFirst + j at slot[j * nthreads]
+  int nthreads;
+
+  // f(unit j of the slice, its values as A) for each of these units inside the row.
+  template <typename A, typename F>
+  FASTACT_DEVICE void for_each(const ResidentSlice& s, F&& f) const {
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      if (kFirst + j < s.nvalid) {
+        A w[kVec];
+        to_acc(slot[j * nthreads], w);
+        f(kFirst + j, w);
+      }
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& s) const {
+    copy_async_wait<0>();
+    for_each<A>(s, [&](int, const A(&w)[kVec]) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
+    });
+  }
+  template <typename A>
+  FASTACT_DEVICE void add_terms(A& sum, A base, const ResidentSlice& s) const {
+    for_each<A>(s, [&](int, const A(&w)[kVec]) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
+    });
+  }
+  template <typename A, typename out_t>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* __restrict__ yr, const ResidentSlice& s) const {
+    for_each<A>(s, [&](int j, const A(&w)[kVec]) {
+      A o[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], row_max, c);
+      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+    });
+  }
+};
+
 // Forward of the cluster mode, 128-bit path, float arithmetic: a row per cluster, the slice of thread
 // t in CTA rank r the units r * T * kVecs + j * T + t (j < kVecs, as block.cuh's layout), of which
 // j < kRegVecs go to registers and the rest to the thread's own shared-memory slots
 // slot[(j - kRegVecs) * T + t] (a warp's slots consecutive: conflict-free; each thread reads only its
 // own: no barrier). The copies into shared memory are issued first (cp.async, no registers held), so
-// they are in flight with the register loads. Then: the thread's max over both parts; its kept values
-// (registers: ForwardCache, exp once) and the sum of exp over both parts; one (max, sum) all-reduce
-// over the cluster; the outputs, from the registers as block.cuh's kernel writes them and from shared
-// memory through the epilogue itself (KeepInput: softmax computes those exps twice).
+// they are in flight with the register loads. Then block.cuh's resident_forward, with the
+// shared-memory units as its extra units (SharedUnits): the thread's max over both parts; its kept
+// values (registers: ForwardCache, exp once) and the sum of exp over both parts; one (max, sum)
+// all-reduce over the cluster; the outputs, from the registers as block.cuh's kernel writes them and
+// from shared memory through the epilogue itself (KeepInput: softmax computes those exps twice).
 template <typename in_t, typename out_t, typename Epi, int kVec>
 __global__ __launch_bounds__(kClusterSmemMaxThreads, (ClusterSmemShape<in_t, out_t, kVec>::kMinBlocks)) void
 softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride,
                                 int cluster, Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
   using Shape = ClusterSmemShape<in_t, out_t, kVec>;
-  using Cache = ForwardCache<Epi>;
-  using Raw = KeepInput<Epi>;
   using Unit = AlignedVector<in_t, kVec>;
   constexpr int kRegVecs = Shape::kRegVecs;
   constexpr int kSmemVecs = Shape::kSmemVecs;
@@ -75,65 +124,8 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
-  // f(unit j of the slice, its values as A) for each shared-memory unit inside the row.
-  const auto for_smem_units = [&](auto&& f) {
-#pragma unroll
-    for (int j = 0; j < kSmemVecs; ++j) {
-      if (kRegVecs + j < s.nvalid) {
-        A w[kVec];
-        to_acc(slot[j * nthreads], w);
-        f(kRegVecs + j, w);
-      }
-    }
-  };
-  A m = neg_inf<A>();
-#pragma unroll
-  for (int j = 0; j < kRegVecs; ++j) {
-    if (j < s.nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
-    }
-  }
-  copy_async_wait<0>();
-  for_smem_units([&](int, const A(&w)[kVec]) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
-  });
-  const A base = max_base(m);
-  A sum = A(0);
-#pragma unroll
-  for (int j = 0; j < kRegVecs; ++j) {
-    if (j < s.nvalid) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[j][k] = Cache::keep(v[j][k], base);
-        sum += Cache::term(v[j][k], base);
-      }
-    }
-  }
-  for_smem_units([&](int, const A(&w)[kVec]) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
-  });
-  const MaxSum<A> st = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
-  const A c = epi.row_constant(st.sum);
-  const A f = Cache::factor(m, st.max, c);
-  out_t* yr = y + row * dim + s.first;
-#pragma unroll
-  for (int j = 0; j < kRegVecs; ++j) {
-    if (j < s.nvalid) {
-      A o[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], st.max, f);
-      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
-    }
-  }
-  for_smem_units([&](int j, const A(&w)[kVec]) {
-    A o[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], st.max, c);
-    store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
-  });
+  resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
+                                        SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{slot, nthreads});
 }
 
 namespace detail {
