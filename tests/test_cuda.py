@@ -327,14 +327,15 @@ def test_long_row_shared_memory_plan(dtype, d, direction, layout, smem):
 @pytest.mark.parametrize(
     "dtype,d,columns,threads,cluster",
     [
-        (torch.bfloat16, 512, 4, 256, 1),  # half a line (64 bytes) where a whole one would fit a CTA
-        (torch.float16, 4096, 4, 256, 8),  # half a line, 256-thread CTAs first
-        (torch.float32, 512, 8, 512, 1),  # float keeps whole lines
+        (torch.bfloat16, 256, 8, 256, 1),  # a whole line (128 bytes) in one CTA of 256 threads
+        (torch.bfloat16, 512, 8, 256, 2),  # not one CTA of 512: 256-thread CTAs in a cluster
+        (torch.float16, 1024, 8, 256, 4),
+        (torch.float32, 512, 8, 512, 1),  # float keeps whole lines in CTAs of up to 512 threads
     ],
 )
 def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
-    """dispatch.h kStridedRawClusterThreads: the strided forward of raw 16-bit rows takes half a line
-    and the smallest clustered CTAs; float keeps whole lines."""
+    """dispatch.h kStridedRawCtaThreads / kStridedRawClusterThreads: the strided forward of raw 16-bit
+    rows takes whole lines in CTAs of at most 256 threads, clusters beyond; float keeps its rule."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     x = make_tensor((2, d, 2048), dtype, "cuda")

@@ -118,6 +118,14 @@ constexpr bool softmax_strided_raw(bool backward, int vec, int in_bytes, int acc
   return !backward && vec > 1 && in_bytes < acc_bytes;
 }
 
+// Bytes of one value of the strided kernel's column all-reduce (ColumnScratch): (max, sum) pairs in
+// the forward's streaming mode and with raw rows (one exchange of pairs, strided.cuh), else one
+// accumulation value.
+constexpr int softmax_strided_value_bytes(bool backward, bool streaming, int vec, int in_bytes, int acc_bytes) {
+  return !backward && (streaming || softmax_strided_raw(backward, vec, in_bytes, acc_bytes)) ? 2 * acc_bytes
+                                                                                             : acc_bytes;
+}
+
 // D-rows a thread of the strided kernel caches: the resident elements over the access width (raw
 // 16-bit rows: kResidentRegBytes of loaded vectors); with element accesses half of them. Why: one-
 // element loads down a column each need their own 64-bit address, and 32 of them do not fit the 64
@@ -284,12 +292,16 @@ constexpr int kStridedClusterAbove = 512;
 // so the half line stays. Only where clusters exist (sm_90), the case measured: without them a tile
 // that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
-// strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: always half a line,
-// and clusters of the smallest CTAs first (kStridedRawClusterThreads). Why (H100, bf16 [*, D, 2048]
-// dim 1, forced shapes, fraction of torch's copy in one process; bench/NOTES.md tenth session): D = 256:
-// 256 x 8 x 1 0.884 -> 128 x 4 x 1 0.908; 512: 512 x 8 x 1 0.842 -> 256 x 4 x 1 0.885; 2048:
-// 512 x 8 x 4 0.743 -> 256 x 4 x 4 0.800; 4096: 512 x 8 x 8 0.705 -> 256 x 4 x 8 0.767 (512 x 4 x 4
-// 0.738). float keeps whole lines where they fit (D = 256: 0.965 against 0.928 at half a line).
+// strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: whole lines, CTAs of
+// at most kStridedRawCtaThreads threads, and clusters of the smallest CTAs first
+// (kStridedRawClusterThreads). Why (H100, bf16 [*, D, 2048] dim 1, the one-exchange raw forward of the
+// eleventh session, forced shapes, fraction of torch's copy in one process; bench/NOTES.md): D = 256:
+// 128 x 4 x 1 0.940 -> 256 x 8 x 1 0.965; 512: 256 x 4 x 1 0.938, 512 x 8 x 1 0.953 -> 256 x 8 x 2
+// 0.965; 1024: 512 x 4 x 1 0.915, 512 x 8 x 2 0.938 -> 256 x 8 x 4 0.956; 2048: 256 x 4 x 4 0.903 ->
+// 256 x 8 x 8 0.938; 4096: 256 x 4 x 8 0.883, 256 x 8 x 16 0.878 (log_softmax 0.902). With the
+// earlier kernel (a max exchange, then a sum exchange) half lines had won at every D (tenth session).
+// float keeps the half-line rule above (kStridedMinRowBytes).
+constexpr int kStridedRawCtaThreads = 256;
 constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
@@ -580,18 +592,18 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int64_t d = p.dim_size;
   const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
   auto smem_ok = [&](int64_t threads, int64_t cols, int64_t cluster, bool streaming) {
-    const int64_t value_bytes = (!p.backward && streaming) ? 2 * p.acc_bytes : p.acc_bytes;
+    const int value_bytes = softmax_strided_value_bytes(p.backward, streaming, s.vec, p.in_bytes, p.acc_bytes);
     return softmax_strided_smem_bytes(threads, cols, s.vec, cluster, value_bytes) <= kStridedMaxSmem;
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
   const int64_t c_line = c;
-  // Raw 16-bit rows with clusters: half a line everywhere (kStridedRawClusterThreads).
-  const bool raw_half = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
-  if ((c / 2) * s.vec * load_bytes >= kStridedMinRowBytes &&
-      (raw_half || (c * g_needed > single_cap && (c / 2) * g_needed <= kStridedClusterAbove)))
+  // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
+  const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
+  if (!raw && (c / 2) * s.vec * load_bytes >= kStridedMinRowBytes && c * g_needed > single_cap &&
+      (c / 2) * g_needed <= kStridedClusterAbove)
     c /= 2;  // half a line in one CTA rather than a cluster (kStridedMinRowBytes)
-  if (c * g_needed <= single_cap) {
+  if (c * g_needed <= (raw ? kStridedRawCtaThreads : single_cap)) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
            smem_ok(threads_for(c * 2, g_needed), c * 2, 1, false))
@@ -604,7 +616,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   }
   if (clusters_available(p)) {
     for (int t : kStridedRawClusterThreads) {
-      if (!raw_half && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
+      if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
       const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
       if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));

@@ -267,6 +267,18 @@ struct OnlineOp {
   static FASTACT_HOST_DEVICE MaxSum<A> identity() { return {neg_inf<A>(), A(0)}; }
 };
 
+// Combine of (max, sum) partials whose max is never -inf (the raw strided forward starts its maxes at
+// the lowest finite float, so a thread without finite values holds (lowest, 0), or a NaN sum): no
+// max_base select, the cached kernels' exp (ex2.approx), and the two products and their sum each
+// rounded on its own (no FMA contraction), so that op(a, b) and op(b, a) agree bit for bit
+// (butterflies give every lane the same value). A +inf max gives exp(inf - inf) = NaN, as torch.
+struct FiniteMaxSumOp {
+  FASTACT_DEVICE MaxSum<float> operator()(MaxSum<float> a, MaxSum<float> b) const {
+    const float m = fmaxf(a.max, b.max);
+    return {m, __fadd_rn(__fmul_rn(a.sum, cached_exp(a.max - m)), __fmul_rn(b.sum, cached_exp(b.max - m)))};
+  }
+};
+
 // Folds N values into a running (max, sum): one exp per value plus one rescale per batch. Masked
 // values are -inf and add exp(-inf) = 0.
 template <typename A, int N>
@@ -386,8 +398,9 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 //
 // Dynamic shared memory (ColumnScratch): two mbarriers (kColumnBarrierBytes), then V values
 // red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L], where R, the representatives per column,
-// is one per warp when C < 32 (the warp first reduces its own D-groups by shuffles) and one per
-// D-group when C >= 32; red's rows are padded by one value so that the folding lanes below spread over
+// is one per warp when C < 32 (the warp first reduces its own D-groups by shuffles, column_warp_levels:
+// a reduce-scatter, so that each of its C * L values is folded by one lane and written from there)
+// and one per D-group when C >= 32; red's rows are padded by one value so that the folding lanes below spread over
 // the banks (at most 2-way conflicts for 4-byte values, where P lanes of each of 32 / P values read).
 // Size: softmax_strided_smem_bytes (dispatch.h). Buffers alternate by round as in RowScratch (each
 // round has two block barriers). In a cluster, each CTA pushes its block's C * L values into slots
@@ -428,6 +441,32 @@ FASTACT_DEVICE void fold_partials(int n, int values, Op op, Load load, Store sto
   }
 }
 
+// The in-warp levels of column_allreduce (C < 32): level q pairs lanes l and l ^ (C << q), while
+// C << q < 32. kLen: the values a lane still holds at level kLevel (L halved per level, at least 1).
+template <int L, int kLevel, typename V, typename Op>
+FASTACT_DEVICE void column_warp_levels(V (&vals)[L], Op op, int C, int lane, int& off) {
+  if constexpr (kLevel < 5) {
+    constexpr int kLen = (L >> kLevel) > 0 ? (L >> kLevel) : 1;
+    const int mask = C << kLevel;
+    if (mask < kWarpSize) {
+      if constexpr (kLen > 1) {
+        constexpr int h = kLen / 2;
+        const bool up = (lane & mask) != 0;
+#pragma unroll
+        for (int i = 0; i < h; ++i) {
+          const V keep = up ? vals[i + h] : vals[i];
+          const V send = up ? vals[i] : vals[i + h];
+          vals[i] = op(keep, shfl_xor(send, mask, kWarpSize));
+        }
+        off += up ? h : 0;
+      } else {
+        vals[0] = op(vals[0], shfl_xor(vals[0], mask, kWarpSize));
+      }
+      column_warp_levels<L, kLevel + 1>(vals, op, C, lane, off);
+    }
+  }
+}
+
 template <int L, typename V, typename Op>
 FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, int& round, int columns,
                                      int cluster) {
@@ -445,15 +484,27 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, i
   V* res = sm.values + 2 * R * stride + ring * CL;           // [C][L]
   V* cta = sm.values + 2 * R * stride + 2 * CL + ring * cluster * CL;  // [cluster][C * L]
   const int c = tid & (C - 1);
-  if (C < kWarpSize) {
-    for (int mask = C; mask < kWarpSize; mask *= 2) {
-#pragma unroll
-      for (int k = 0; k < L; ++k) vals[k] = op(vals[k], shfl_xor(vals[k], mask, kWarpSize));
-    }
-  }
-  const bool rep = C < kWarpSize ? lane < C : true;
   const int j = C < kWarpSize ? tid / kWarpSize : tid >> log_c;
-  if (rep) {
+  if (C < kWarpSize) {
+    // Lanes l and l ^ mask (mask = C, 2C, ..., 16) hold the same column. Reduce-scatter while a lane
+    // holds more than one value: it keeps half of its values (the upper half where lane & mask) and
+    // folds in its partner's copy of that half, so each level moves and combines half as many values
+    // as the level before (L/2 + L/4 + ... in all, not L per level). Then, with one value left, the
+    // butterfly. The lane ends with values [off, off + len) of its column's L; each is folded by
+    // exactly one lane (and, after a butterfly, held by its partners alike).
+    int off = 0;
+    column_warp_levels<L, 0>(vals, op, C, lane, off);
+    // Lanes write their values of the warp's row of red; after butterfly levels (the masks from C * L
+    // up), only the lanes with those bits clear.
+    const int len = C * L >= kWarpSize ? C * L / kWarpSize : 1;
+    const int butterfly_bits = C * L >= kWarpSize ? 0 : (kWarpSize - 1) & ~(C * L - 1);
+    if ((lane & butterfly_bits) == 0) {
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        if (k < len) red[j * stride + c * L + off + k] = vals[k];
+      }
+    }
+  } else {
 #pragma unroll
     for (int k = 0; k < L; ++k) red[j * stride + c * L + k] = vals[k];
   }

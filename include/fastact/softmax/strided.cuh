@@ -13,12 +13,14 @@
 //     128-bit accesses, 16-bit inputs stay as loaded there, so kRows doubles (StridedRows,
 //     softmax_strided_raw). Max and sum are reduced per (column, lane) over the D-groups (shuffles
 //     within a warp, shared memory across warps, partials pushed into every CTA of a cluster), as in
-//     the row kernels.
+//     the row kernels: raw rows in one exchange of (max, sum) pairs (strided_raw_forward), converted
+//     rows a max and then a sum (strided_cached_forward).
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
 //     pass down the column, then the write pass: two reads.
 // One tile per CTA (or per cluster).
 #pragma once
 
+#include <limits>
 #include <type_traits>
 
 #include "fastact/softmax/common.cuh"
@@ -114,7 +116,6 @@ struct StridedRows<true, in_t, A, kVec, kRows> {
   FASTACT_DEVICE void take(int j, const AlignedVector<in_t, kVec>& loaded) { r[j] = loaded; }
   FASTACT_DEVICE void max_into(int n, A (&m)[kVec]) const { ElementMax<in_t>::into(r, n, m); }
   FASTACT_DEVICE void get(int j, A (&w)[kVec]) const { to_acc(r[j], w); }
-  FASTACT_DEVICE void set(int, const A (&)[kVec]) {}
 };
 
 // The cached forward of one tile, once this thread's D-rows j < nrows are in `rows`: the column max,
@@ -158,16 +159,69 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
   }
 }
 
-// The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (softmax_strided_raw),
-// else converted to the accumulation type.
+// The forward of one tile from raw rows (16-bit inputs kept as loaded, softmax_strided_raw), once this
+// thread's D-rows j < nrows are in `rows`: one exchange. The thread's max per lane (from the lowest
+// finite float, so never -inf: FiniteMaxSumOp) and its sum of exp(x - max); the (max, sum) pairs
+// reduced over the column; the outputs epi.forward(x, M, row_constant(S)) at yc + j * step (softmax
+// computes exp twice per element, as KeepInput). Why one exchange rather than a max and then a sum
+// (strided_cached_forward): each exchange is a block barrier (and a cluster wait) that the whole CTA
+// waits at, with its rows in registers and no loads in flight; the H100 diag at [32, 1024, 2048] dim 1
+// (bf16): 512 x 8 x 2 119.2 -> 103.8 us, the best shape 108.2 -> 103.8 (bench/NOTES.md, eleventh
+// session). Float rows keep the two exchanges: their cache holds exp(x - M), which needs M first.
+template <typename Epi, int kVec, int kRows, typename Rows, typename out_t>
+FASTACT_DEVICE void strided_raw_forward(const Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step,
+                                        const Epi& epi, ColumnScratch<MaxSum<float>> smem, int& round, int columns,
+                                        int cluster) {
+  using A = float;
+  using Cache = KeepInput<Epi>;
+  MaxSum<A> st[kVec];
+  {
+    A m[kVec], s[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      m[k] = -std::numeric_limits<A>::max();
+      s[k] = A(0);
+    }
+    rows.max_into(nrows, m);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        A w[kVec];
+        rows.get(j, w);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) s[k] += Cache::term(w[k], m[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) st[k] = {m[k], s[k]};
+  }
+  column_allreduce(st, FiniteMaxSumOp(), smem, round, columns, cluster);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) st[k].sum = epi.row_constant(st[k].sum);
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      A o[kVec];
+      rows.get(j, o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], st[k].max, st[k].sum);
+      store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
+    }
+  }
+}
+
+// The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (kRaw,
+// softmax_strided_raw: strided_raw_forward), else converted to the accumulation type
+// (strided_cached_forward with ForwardCache).
 template <typename in_t, typename out_t, typename Epi, int kVec>
 struct StridedForwardCache {
   using A = acc_t<out_t>;
   static constexpr bool kRaw = softmax_strided_raw(false, kVec, sizeof(in_t), sizeof(A));
   static constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
-  using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
-  static_assert(!kRaw || std::is_base_of_v<KeepInputTerms, Cache>, "raw rows need keep() = identity");
+  static_assert(!kRaw || std::is_same_v<A, float>, "raw rows: 16-bit inputs, float arithmetic");
   using Rows = StridedRows<kRaw, in_t, A, kVec, kRows>;
+  // Bytes of one value of the column all-reduce (pairs with raw rows).
+  static constexpr int kValueBytes = softmax_strided_value_bytes(false, false, kVec, sizeof(in_t), sizeof(A));
 };
 
 template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
@@ -196,8 +250,13 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
-    strided_cached_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
-                                                           column_scratch<A>(smem_raw), round, t.C, cluster);
+    if constexpr (F::kRaw) {
+      strided_raw_forward<Epi, kVec, kRows>(rows, nrows, yc + first, step, epi, column_scratch<P>(smem_raw), round,
+                                            t.C, cluster);
+    } else {
+      strided_cached_forward<ForwardCache<Epi>, kVec, kRows>(rows, nrows, yc + first, step, epi,
+                                                             column_scratch<A>(smem_raw), round, t.C, cluster);
+    }
   } else {
     // Streaming: D-rows g, g + G, ... in batches of kU; masked rows are -inf (exp(-inf) adds 0).
     const int64_t step = int64_t(t.G) * inner;
@@ -377,10 +436,11 @@ template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
                             int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
-  constexpr int kRows = StridedForwardCache<in_t, out_t, Epi, kVec>::kRows;
+  using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
+  constexpr int kRows = F::kRows;
   if (streaming) cluster = 1;
   const auto smem =
-      size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, streaming ? sizeof(MaxSum<A>) : sizeof(A)));
+      size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, streaming ? sizeof(MaxSum<A>) : F::kValueBytes));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
