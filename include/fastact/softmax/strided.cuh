@@ -118,6 +118,23 @@ struct StridedRows<true, in_t, A, kVec, kRows> {
   FASTACT_DEVICE void get(int j, A (&w)[kVec]) const { to_acc(r[j], w); }
 };
 
+// The outputs of a tile from this thread's cached D-rows j < nrows: Cache::out(epi, x, M[k], c[k]) per
+// lane k, at yc + j * step.
+template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t>
+FASTACT_DEVICE void strided_store_rows(const Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step,
+                                       const Epi& epi, const A (&M)[kVec], const A (&c)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      A o[kVec];
+      rows.get(j, o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], M[k], c[k]);
+      store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
+    }
+  }
+}
+
 // The cached forward of one tile, once this thread's D-rows j < nrows are in `rows`: the column max,
 // the kept values and their column sum, and the outputs at yc + j * step. Every thread of the CTA
 // (cluster) calls it, nrows = 0 included.
@@ -147,16 +164,7 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
   column_allreduce(s, SumOp<A>(), smem, round, columns, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-      A o[kVec];
-      rows.get(j, o);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], m[k], s[k]);
-      store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
-    }
-  }
+  strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, m, s);
 }
 
 // The forward of one tile from raw rows (16-bit inputs kept as loaded, softmax_strided_raw), once this
@@ -198,16 +206,13 @@ FASTACT_DEVICE void strided_raw_forward(const Rows& rows, int nrows, out_t* __re
   column_allreduce(st, FiniteMaxSumOp(), smem, round, columns, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) st[k].sum = epi.row_constant(st[k].sum);
+  A m[kVec], c[kVec];
 #pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-      A o[kVec];
-      rows.get(j, o);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, o[k], st[k].max, st[k].sum);
-      store_vector<out_t, kVec>(yc + j * step, from_acc<out_t>(o));
-    }
+  for (int k = 0; k < kVec; ++k) {
+    m[k] = st[k].max;
+    c[k] = st[k].sum;
   }
+  strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, m, c);
 }
 
 // The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (kRaw,
