@@ -617,7 +617,8 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   if (clusters_available(p)) {
     for (int t : kStridedRawClusterThreads) {
       if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
-      const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));  // >= 2: c * g_needed > single_cap
+      // >= 2 at the first size tried: c * g_needed exceeds the single-CTA cap above
+      const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));
       if (cl > cluster_cap(p, t, false)) continue;
       const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
       if (!smem_ok(threads, c, cl, false)) continue;
