@@ -11,6 +11,8 @@
 // (softmax_warp_raw), the others converted to the accumulation type.
 #pragma once
 
+#include <type_traits>
+
 #include "fastact/softmax/common.cuh"
 
 namespace fastact::softmax_impl {
@@ -42,86 +44,45 @@ FASTACT_DEVICE int warp_valid(int lane_in_row, int dim) {
   return n < kVecs ? n : kVecs;
 }
 
-// x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Rows
-// (first_block + blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr.
-template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
-__global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x,
-                                                                             out_t* __restrict__ y, int64_t rows,
-                                                                             int dim, int64_t row_stride, Epi epi,
-                                                                             int64_t first_block) {
-  using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec>;
+// A lane's slice of a row in the forward: kVecs accesses of kVec elements, of which the first nvalid
+// hold data. Two ways to keep it, with the same interface, so that one kernel body runs either:
+//   load<kL2>(p, step, nvalid)  accesses j < nvalid from p + j * step (kL2: load_vector_l2)
+//   lane_max(nvalid)            the max of the lane's values
+//   keep_and_sum(m, nvalid)     the sum of the lane's terms exp(x - m) (m the row's max)
+//   out(epi, j, m, c, o)        access j's outputs, c = epi.row_constant(row sum)
+// WarpConvertedRow holds the values as A, ForwardCache<Epi>'s kept values after keep_and_sum (for
+// softmax exp(x - m): one exp an element). WarpRawRow holds them as loaded (half the registers for
+// 16-bit inputs; softmax_warp_raw) and converts at each use: the max by packed compares
+// (ElementMax), the exps twice, for the sum and for the outputs (KeepInput<Epi>).
+template <typename in_t, typename A, typename Epi, int kVec, int kVecs>
+struct WarpConvertedRow {
   using Cache = ForwardCache<Epi>;
-  const int lane_in_row = threadIdx.x % S::kTpr;
-  const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
-  // Rows past the end still take part in the shuffles, with nothing valid.
-  const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
-  const int first = lane_in_row * kVec;
-  constexpr int kStep = S::kTpr * kVec;
-  const in_t* xr = x + (row < rows ? row : 0) * row_stride + first;
+  A v[kVecs][kVec];
 
-  if constexpr (S::template kRaw<in_t, A>) {
-    // Rows as loaded (half the registers), converted at each use: the max by packed compares
-    // (ElementMax), then the exps against it twice, for the sum and for the outputs (KeepInput).
-    // Loads cached in L2 only, as below (a lane reads several vectors).
-    using Raw = KeepInput<Epi>;
-    AlignedVector<in_t, kVec> r[S::kVecs];
+  template <bool kL2>
+  FASTACT_DEVICE void load(const in_t* p, int step, int nvalid) {
 #pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
-      if (j < nvalid) r[j] = load_vector_l2<in_t, kVec>(xr + j * kStep);
-    }
-    A mv[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
-    ElementMax<in_t>::into(r, nvalid, mv);
-    A m = mv[0];
-#pragma unroll
-    for (int k = 1; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
-    m = warp_reduce<S::kTpr>(m, MaxOp<A>());
-    const A base = max_base(m);
-    A s = A(0);
-#pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
+    for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
-        A w[kVec];
-        to_acc(r[j], w);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) s += Raw::term(w[k], base);
+        to_acc(kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step), v[j]);
       }
     }
-    s = warp_reduce<S::kTpr>(s, SumOp<A>());
-    const A c = epi.row_constant(s);
-    out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
-#pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
-      if (j < nvalid) {
-        A o[kVec];
-        to_acc(r[j], o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, o[k], m, c);
-        store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
-      }
-    }
-  } else {
-    A v[S::kVecs][kVec];
-#pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
-      if (j < nvalid) {
-        to_acc(S::kLoadL2 ? load_vector_l2<in_t, kVec>(xr + j * kStep) : load_vector<in_t, kVec>(xr + j * kStep), v[j]);
-      }
-    }
+  }
+  FASTACT_DEVICE A lane_max(int nvalid) const {
     A m = neg_inf<A>();
 #pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
+    for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
       }
     }
-    m = warp_reduce<S::kTpr>(m, MaxOp<A>());
+    return m;
+  }
+  FASTACT_DEVICE A keep_and_sum(A m, int nvalid) {
     A s = A(0);
 #pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
+    for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
@@ -130,17 +91,87 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
         }
       }
     }
-    s = warp_reduce<S::kTpr>(s, SumOp<A>());
-    const A c = epi.row_constant(s);
-    out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+    return s;
+  }
+  FASTACT_DEVICE void out(const Epi& epi, int j, A m, A c, A (&o)[kVec]) const {
 #pragma unroll
-    for (int j = 0; j < S::kVecs; ++j) {
+    for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
+  }
+};
+
+template <typename in_t, typename A, typename Epi, int kVec, int kVecs>
+struct WarpRawRow {
+  using Raw = KeepInput<Epi>;
+  AlignedVector<in_t, kVec> r[kVecs];
+
+  template <bool kL2>
+  FASTACT_DEVICE void load(const in_t* p, int step, int nvalid) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (j < nvalid) r[j] = kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step);
+    }
+  }
+  FASTACT_DEVICE A lane_max(int nvalid) const {
+    A mv[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
+    ElementMax<in_t>::into(r, nvalid, mv);
+    A m = mv[0];
+#pragma unroll
+    for (int k = 1; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
+    return m;
+  }
+  FASTACT_DEVICE A keep_and_sum(A m, int nvalid) const {
+    const A base = max_base(m);
+    A s = A(0);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
-        A o[kVec];
+        A w[kVec];
+        to_acc(r[j], w);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], m, c);
-        store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
+        for (int k = 0; k < kVec; ++k) s += Raw::term(w[k], base);
       }
+    }
+    return s;
+  }
+  FASTACT_DEVICE void out(const Epi& epi, int j, A m, A c, A (&o)[kVec]) const {
+    to_acc(r[j], o);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, o[k], m, c);
+  }
+};
+
+// x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Rows
+// (first_block + blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr. The row's max, then its sum, each
+// by shuffles over the row's lanes, then the outputs; the lane's slice kept as WarpShape::kRaw says.
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+__global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x,
+                                                                             out_t* __restrict__ y, int64_t rows,
+                                                                             int dim, int64_t row_stride, Epi epi,
+                                                                             int64_t first_block) {
+  using A = acc_t<out_t>;
+  using S = WarpShape<kLog2, kVec>;
+  using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs>,
+                                 WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs>>;
+  const int lane_in_row = threadIdx.x % S::kTpr;
+  const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
+  // Rows past the end still take part in the shuffles, with nothing valid.
+  const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
+  const int first = lane_in_row * kVec;
+  constexpr int kStep = S::kTpr * kVec;
+  Row slice;
+  slice.template load<S::kLoadL2>(x + (row < rows ? row : 0) * row_stride + first, kStep, nvalid);
+  const A m = warp_reduce<S::kTpr>(slice.lane_max(nvalid), MaxOp<A>());
+  const A s = warp_reduce<S::kTpr>(slice.keep_and_sum(m, nvalid), SumOp<A>());
+  const A c = epi.row_constant(s);
+  out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+#pragma unroll
+  for (int j = 0; j < S::kVecs; ++j) {
+    if (j < nvalid) {
+      A o[kVec];
+      slice.out(epi, j, m, c, o);
+      store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
     }
   }
 }
