@@ -154,8 +154,8 @@ def test_sigmoid_backward_op(device, dtype, layouts, shape):
         ((3, 5, 64), "sliced_last", "contiguous", "transposed"),
         ((2048, 31), "contiguous", "contiguous", "contiguous"),
         ((10007, 7), "contiguous", "contiguous", "contiguous"),  # the bias gradient over many rows and threads
-        # 128-bit path, several interleaved row groups whose last band is short: one column tile, and
-        # (4104 = 4096 + 8) several column tiles, the last one partly past the row's end
+        # 128-bit path, several row groups, the last one short: one column strip, and (4104 = 4096 + 8)
+        # several column strips, the last one partly past the row's end
         ((1000, 256), "contiguous", "contiguous", "contiguous"),
         ((300, 4104), "contiguous", "contiguous", "contiguous"),
         ((3, 4099, 33), "offset", "strided", "contiguous"),

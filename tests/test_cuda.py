@@ -673,16 +673,44 @@ def test_backward_ops_allocate_only_their_gradients():
 
 
 def test_bias_gelu_backward_workspace_is_small():
-    """dx and dbias, plus at most a small workspace: per-block partial sums of the bias gradient
-    (a few blocks per SM x D floats: 132 SMs x 4 x 4096 x 4 B = 8.25 MiB on an H100). 16 MiB is far
-    below what a materialised x + bias or a float32 dx (128 MiB here) would take, so the bound
-    still proves the backward is fused."""
+    """dx and dbias, plus at most a small workspace: per-tile partial sums of the bias gradient (one
+    row of H floats per 32 rows: 256 x 4096 x 4 B = 4 MiB here; include/fastact/elementwise.cuh,
+    BiasGeluPlan). 16 MiB is far below what a materialised x + bias or a float32 dx (128 MiB here)
+    would take, so the bound still proves the backward is fused."""
     x = make_tensor((8192, 4096), torch.float16, "cuda")
     b = bias_for(x)
     g = make_tensor((8192, 4096), torch.float16, "cuda")
     (dx, db), extra = _extra_peak(lambda: ops.bias_gelu_backward(g, x, b, "tanh"))
     workspace = extra - _bytes(dx, db)
     assert workspace <= 16 * 2**20, f"bias_gelu_backward used a {workspace / 2**20:.1f} MiB workspace"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # Past kMaxRowGroups (2048) tiles of rows, so that a block takes several batches one after
+        # another (BiasGeluPlan::steps = 2), the last group's last batch short. 256 columns: the
+        # 128-bit path (32 rows a batch in every dtype); 33: the element path (120 rows a batch).
+        (2048 * 32 + 40, 256),
+        (2048 * 120 + 40, 33),
+    ],
+    ids=str,
+)
+def test_bias_gelu_backward_tall(dtype, shape):
+    x = make_tensor(shape, dtype, "cuda", scale=2.0)
+    b = bias_for(x)
+    g = make_tensor(shape, dtype, "cuda")
+    explain = fastact.explain("bias_gelu_backward", x)
+    assert "2 batches a block" in explain, explain
+    poison_allocator("cuda", x.numel() * dtype.itemsize, b.numel() * dtype.itemsize)
+    dx, db = ops.bias_gelu_backward.default(g, x, b, "tanh")
+    z64 = x.double() + b.double()
+    dx_ref = torch.ops.aten.gelu_backward(g.double(), z64, approximate="tanh")
+    dx_pt = torch.ops.aten.gelu_backward(g, x + b, approximate="tanh")
+    msg = f"bias_gelu_backward x: {describe(x)}"
+    assert_close(dx, dx_ref, torch_actual=dx_pt, msg=msg + ": dx")
+    assert_close(db, dx_ref.sum(0), torch_actual=dx_pt.sum(0), msg=msg + ": dbias")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,8 +32,6 @@ cuda_type<scalar_t>* out_ptr(at::Tensor& t) {
   return reinterpret_cast<cuda_type<scalar_t>*>(t.mutable_data_ptr<scalar_t>());
 }
 
-int sm_count(const at::Tensor& t) { return device_info(t.device().index()).sm_count; }
-
 // Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
 // returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
 // are read in that same memory order: a dense t in place, anything else copied into it once.
@@ -150,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
     const T* xp = in_ptr<scalar_t>(xc);
     const T* bp = in_ptr<scalar_t>(bc);
     T* dxp = out_ptr<scalar_t>(dx);
-    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, gp, xp, bp, dxp), sm_count(x));
+    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, gp, xp, bp, dxp));
     at::Tensor workspace;  // [row_groups, H] in acc_t; none when one group writes dbias directly
     A* wp = nullptr;
     if (const int64_t n = plan.workspace_elems(H); n > 0) {
@@ -186,7 +184,6 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const int esize = static_cast<int>(x.element_size());
   const int width = kVecBytes / esize;  // elements per 128-bit access
   const std::string dtype = dtype_name(x.scalar_type());
-  const int sms = sm_count(x);
   std::ostringstream s;
 
   if (bias) {
@@ -218,13 +215,12 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
         << " blocks; each access reads its bias vector too (L1/L2-resident)";
       return s.str();
     }
-    const auto p = elementwise::plan_bias_gelu(rows, H, vec, sms);
-    const int rows_a_step = elementwise::bias_gelu_backward_rows(esize, vec > 1);
+    const auto p = elementwise::plan_bias_gelu(rows, H, vec);
     s << "; block " << p.tx << " accesses along a row x " << p.ty << " rows (" << p.threads()
-      << " threads, bias in registers), " << rows_a_step << " row" << (rows_a_step == 1 ? "" : "s")
-      << " a step, plain loads; grid " << p.col_tiles << " column tile" << (p.col_tiles == 1 ? "" : "s") << " x "
-      << p.row_groups << " interleaved row group" << (p.row_groups == 1 ? "" : "s") << " of up to "
-      << p.rows_per_block << " rows (" << sms << " SMs x " << elementwise::kBlocksPerSm << " blocks)";
+      << " threads, bias in registers), " << p.rows_per_thread << " rows a thread loaded at once"
+      << (p.steps > 1 ? ", " + std::to_string(p.steps) + " batches a block" : std::string()) << "; grid "
+      << p.col_tiles << " column strip" << (p.col_tiles == 1 ? "" : "s") << " x " << p.row_groups << " row group"
+      << (p.row_groups == 1 ? "" : "s") << " of up to " << p.rows_per_block() << " rows";
     if (p.row_groups > 1) {
       s << "; dbias: per-group column sums in a [" << p.row_groups << ", " << H << "] "
         << (esize == 8 ? "float64" : "float32")

@@ -6,7 +6,7 @@
 //   bias_gelu_forward_kernel   y = gelu(x + bias) over a contiguous [rows, H] array, bias [H]
 //                        broadcast over rows, in memory order like elementwise_kernel.
 //   bias_gelu_backward_kernel  dx = dy * gelu'(x + bias), and the sums of dx over the rows of its
-//                        block into per-block column partials.
+//                        tile into per-tile column partials.
 //   bias_grad_reduce_kernel   dbias[h] = sum of the partials of column h, in a fixed order.
 //
 // Element types: float, double, __half, __nv_bfloat16 (csrc maps at::Half / at::BFloat16 onto the
@@ -14,9 +14,9 @@
 //
 // Memory-bound by design: vector accesses (AlignedVector) when every pointer is 16-byte aligned, 128
 // bits wide except where elementwise_shape measured 64 better (the two-operand backwards), with 64-bit
-// indices: the elementwise and bias_gelu forward kernels as one tile per block over a grid of
-// ceil(n / tile) blocks, bias_gelu_backward_kernel as one wave of persistent blocks, each over a
-// group of rows (a block's column sums need its rows). No atomics, no host synchronisation, no
+// indices: every kernel as one tile per block over a grid of ceil(n / tile) blocks (bias_gelu's
+// backward: tiles of whole column strips over 32 rows, so a block's column sums cover its rows). No
+// atomics, no host synchronisation, no
 // state: every launcher only enqueues on `stream`, so all of this is CUDA-graph capturable and
 // deterministic.
 #pragma once
@@ -38,15 +38,21 @@ namespace elementwise {
 
 // ---- launch shape: one place for the launchers and for explain() ----------------------------------
 
-// bias_gelu_backward_kernel: 8 warps, enough threads per block to cover a row of 256 accesses (2048
-// bf16) in one pass.
+// bias_gelu_backward_kernel: 8 warps; a block is kBiasGeluTx accesses along a row (a warp: 512 bytes
+// of each row with 16-byte accesses) times kThreads / kBiasGeluTx rows side by side, where rows are
+// that wide (BiasGeluPlan).
 constexpr int kThreads = 256;
-// Blocks the register cap must allow on one SM (__launch_bounds__ min blocks): 5 x 256 = 1280
-// threads, at most 48 registers a thread. The grid is sm_count * kBlocksPerSm blocks: one wave. Why 5
-// (H100, a diag sweep of this kernel, 16384 x 4096, erf, plain loads, one row a step; bench/NOTES.md,
-// eighth session): bf16 164.0 us against 178.5 at 6 (40 registers, more spills) and 168.4 with 8-byte
-// accesses at 8 (32 registers); float 283.4 against 295.4 at 6.
-constexpr int kBlocksPerSm = 5;
+constexpr int kBiasGeluTx = 32;
+// Blocks the register cap must allow on one SM (__launch_bounds__ min blocks): 3 x 256 threads, at
+// most 85 registers a thread: every row of a thread's tile is loaded before any arithmetic (x and dy,
+// 4 rows: 32 registers in 16-bit), plus its bias and column sums (2 x 8 floats).
+// Why (H100, 16384 x 4096 and 8192 x 8192, tanh, a diag sweep of tile shapes in one process;
+// bench/NOTES.md, twelfth session): 32 x 8 threads x 4 rows at 3 blocks: bf16 145.6 / 145.0 us, f32
+// 275.0, against the persistent one-wave kernel of sessions 8-11 at 151.8 / 151.6 and 290.4 (and the
+// elementwise gelu backward on the same bytes without dbias at 133.8 / 261.6). Uncapped (107
+// registers) 147.5 / 146.6; 8-byte accesses 152.8-191.2; 64 accesses along a row 159.6-181.7 (bf16);
+// 2 rows a thread 149.9-174.5.
+constexpr int kBiasGeluMinBlocks = 3;
 // ---- elementwise_kernel: one tile per block ---------------------------------------------------------
 // Each thread makes one or two independent loads an operand (elementwise_shape below), issued before
 // any arithmetic; a block does one tile and exits, so the grid is ceil(n / tile) blocks and the SMs
@@ -111,20 +117,18 @@ constexpr int bias_gelu_forward_unroll(int elem_bytes, bool vectorised) {
   return loads / 2 < 1 ? 1 : loads / 2;
 }
 
-// bias_gelu backward: rows a thread loads per step (x and dy of each), plain loads into registers.
-// Vector path: one. A thread also keeps its bias and column sums in registers (2 x 8 floats for
-// 16-bit), so every further row costs registers the 48-register cap does not have: on the H100 two
-// rows a step at 64 registers (4 blocks an SM) ran bf16 at 201.6 us against 164.0, and a cp.async
-// ring two steps of two rows deep (the kernel of sessions 4-7) at 169.6. Scalar path: the element
-// loads above, shared by x and dy.
-constexpr int bias_gelu_backward_rows(int elem_bytes, bool vectorised) {
-  return vectorised ? 1 : bias_gelu_forward_unroll(elem_bytes, false);
-}
+// bias_gelu backward: rows a thread loads at once (x and dy of each, plain loads into registers,
+// all issued before any arithmetic). Vector path: 4 (kBiasGeluMinBlocks says why); scalar path: 8,
+// element loads being cheap in registers. A tile of 8 x 4 rows makes the workspace of per-tile column
+// sums 1/32 of dx's elements (4 bytes each: 1/16 of a 16-bit dx's bytes), written once and read once
+// by bias_grad_reduce_kernel.
+constexpr int bias_gelu_backward_rows(bool vectorised) { return vectorised ? 4 : 8; }
 
-// bias_gelu: rows each thread handles at the least, so that a block's rows are not so few that the
-// per-block partial sums of the backward (a [row_groups, H] workspace) grow past a small fraction of
-// the data: with >= 8 rows a thread, the workspace has at most 1/8 of dy's rows.
-constexpr int kMinRowsPerThread = 8;
+// bias_gelu backward: at most this many row groups (tiles along the rows); a taller tensor's blocks
+// take several tiles' rows one after another (BiasGeluPlan::steps). Why: it bounds the workspace at
+// kMaxRowGroups x H floats (32 MiB at H = 4096) however many rows there are, and only tensors of more
+// than 64K rows (at 32 rows a tile) pay for it.
+constexpr int64_t kMaxRowGroups = 2048;
 // bias_grad_reduce_kernel: a block reduces 32 columns (one coalesced 128-byte row segment of float
 // partials per warp) with 32 lanes along the group dim (1024 threads).
 constexpr int kReduceCols = 32;
@@ -298,50 +302,42 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op
 
 // ---- bias_gelu --------------------------------------------------------------------------------------
 
-// How a [rows, H] bias_gelu splits over the GPU. A row is H / vec accesses; a block is tx x ty
-// threads: tx consecutive accesses of a row (a column tile) times ty rows side by side, so a thread
-// owns one access column and loads its bias once. grid = (col_tiles, row_groups): block (cx, cy)
-// takes column tile cx of the rows r with (r / ty) % row_groups == cy, i.e. of row bands cy,
-// cy + row_groups, ... of ty rows each; thread (lx, ly) row ly of each band. The groups interleave
-// so that the blocks of a wave read one contiguous band of the tensor at a time rather than ~500
-// separate stretches (a contiguous chunk of rows per block): on the H100 the bf16 backward went from
-// 166.5 to 162.7 us with that alone (bench/NOTES.md, eighth session).
-// With tx = H / vec <= kThreads a block covers whole rows; wider rows split into equal column tiles
-// of a multiple of 32 accesses.
+// How a [rows, H] bias_gelu backward splits over the GPU. A row is H / vec accesses; a block is
+// tx x ty threads: tx consecutive accesses of a row (a column strip) times ty rows side by side, so a
+// thread owns one access column and loads its bias once. Rows are taken ty * rows_per_thread at a
+// time (a batch): thread (lx, ly) takes rows ly, ly + ty, ... of each batch, so at each of its
+// loads the block reads ty consecutive rows. Block b is column strip b % col_tiles of row group
+// b / col_tiles, the rows [group * rows_per_block(), ...): `steps` batches, one after another. Rows of
+// at most kBiasGeluTx accesses are one strip (tx = H / vec, ty = kThreads / tx); wider rows split
+// into col_tiles equal strips of at most kBiasGeluTx accesses.
 struct BiasGeluPlan {
-  int vec = 1;                 // elements per access: vec_width<T>() or 1
-  int tx = 1;                  // threads along a row, <= kThreads
-  int ty = 1;                  // rows a block handles side by side: kThreads / tx
-  int64_t col_tiles = 1;       // gridDim.x: ceil(H / vec / tx)
-  int64_t row_groups = 1;      // gridDim.y (<= sm_count * kBlocksPerSm, far below 65535)
-  int64_t rows_per_block = 0;  // at the most (ceil(rows / row_groups)); some blocks take ty fewer
+  int vec = 1;              // elements per access: vec_width<T>() or 1
+  int tx = 1;               // threads along a row, <= kBiasGeluTx
+  int ty = 1;               // rows a block handles side by side: kThreads / tx
+  int rows_per_thread = 1;  // rows of a batch a thread loads at once: bias_gelu_backward_rows
+  int64_t steps = 1;        // batches a block takes, one after another
+  int64_t col_tiles = 1;    // column strips: ceil(H / vec / tx)
+  int64_t row_groups = 1;   // row groups: ceil(rows / rows_per_block()), <= kMaxRowGroups
+  int64_t rows_per_block() const { return int64_t{ty} * rows_per_thread * steps; }
+  int64_t blocks() const { return col_tiles * row_groups; }  // a 1-D grid (the launcher checks <= INT32_MAX)
   // acc_t elements of the backward's workspace of per-group column sums, [row_groups, H]; 0 when a
   // single group writes dbias directly.
   int64_t workspace_elems(int64_t H) const { return row_groups > 1 ? row_groups * H : 0; }
   int threads() const { return tx * ty; }
 };
 
-// rows >= 1, H >= 1, vec divides H. Fills the GPU with at most one wave of sm_count * kBlocksPerSm
-// blocks where the tensor is large enough, keeping >= kMinRowsPerThread rows per thread.
-inline BiasGeluPlan plan_bias_gelu(int64_t rows, int64_t H, int vec, int sm_count) {
+// rows >= 1, H >= 1, vec divides H.
+inline BiasGeluPlan plan_bias_gelu(int64_t rows, int64_t H, int vec) {
   BiasGeluPlan p;
   p.vec = vec;
   const int64_t accesses = H / vec;  // per row
-  if (accesses <= kThreads) {
-    p.tx = static_cast<int>(accesses);
-    p.col_tiles = 1;
-  } else {
-    p.col_tiles = ceil_div(accesses, kThreads);
-    p.tx = static_cast<int>(ceil_div(ceil_div(accesses, p.col_tiles), 32) * 32);  // <= kThreads
-  }
+  p.col_tiles = ceil_div(accesses, kBiasGeluTx);
+  p.tx = static_cast<int>(ceil_div(accesses, p.col_tiles));  // equal strips, <= kBiasGeluTx
   p.ty = kThreads / p.tx;
-  const int64_t target_blocks = int64_t{sm_count} * kBlocksPerSm;
-  const int64_t max_groups = std::max<int64_t>(1, rows / (int64_t{p.ty} * kMinRowsPerThread));
-  // Rounded down: col_tiles * row_groups must not pass one wave, or the blocks past it run every
-  // row of theirs after the wave ends (f32 8192 x 8192, 8 column tiles: 83 groups = 664 blocks on
-  // 660 slots ran in 357 us; 82 groups in 283).
-  p.row_groups = std::min(std::max<int64_t>(1, target_blocks / p.col_tiles), max_groups);
-  p.rows_per_block = ceil_div(rows, p.row_groups);
+  p.rows_per_thread = bias_gelu_backward_rows(vec > 1);
+  const int64_t batch = int64_t{p.ty} * p.rows_per_thread;
+  p.steps = ceil_div(ceil_div(rows, batch), kMaxRowGroups);
+  p.row_groups = ceil_div(rows, p.rows_per_block());
   return p;
 }
 
@@ -363,89 +359,100 @@ FASTACT_DEVICE AlignedVector<T, kVec> bias_gelu_apply(const AlignedVector<T, kVe
   return o;
 }
 
-// kUnroll_ rows of one access column with plain loads: row u at element offset `offset + u * row_step`
-// (row_step = ty * H); kGuard: only rows u < valid. The scalar path and each thread's last rows use it.
-template <int kVec, int kUnroll_, bool kGuard, typename T, typename Gelu>
-FASTACT_DEVICE void bias_gelu_rows(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                                   int64_t offset, int64_t row_step, int valid, const acc_t<T> (&b)[kVec],
-                                   acc_t<T> (&dsum)[kVec], const Gelu& gelu) {
+// One batch of a thread: rows u < valid (<= kRows) of one access column, row u at x + u * stride (dy,
+// out likewise): every load first, then dx and the column sums in row order.
+template <int kVec, int kRows, typename T, typename Gelu>
+FASTACT_DEVICE void bias_gelu_batch(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                                    int64_t stride, int valid, const acc_t<T> (&b)[kVec], acc_t<T> (&dsum)[kVec],
+                                    const Gelu& gelu) {
   using Vec = AlignedVector<T, kVec>;
-  Vec xv[kUnroll_];
-  Vec gv[kUnroll_];
+  Vec xv[kRows];
+  Vec gv[kRows];
 #pragma unroll
-  for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || u < valid) {
-      xv[u] = load_vector<T, kVec>(x + offset + u * row_step);
-      gv[u] = load_vector<T, kVec>(dy + offset + u * row_step);
+  for (int u = 0; u < kRows; ++u) {
+    if (u < valid) {
+      xv[u] = load_vector<T, kVec>(x + u * stride);
+      gv[u] = load_vector<T, kVec>(dy + u * stride);
     }
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll_; ++u) {
-    if (!kGuard || u < valid) {
-      store_vector<T, kVec>(out + offset + u * row_step, bias_gelu_apply(xv[u], gv[u], b, dsum, gelu));
-    }
+  for (int u = 0; u < kRows; ++u) {
+    if (u < valid) store_vector<T, kVec>(out + u * stride, bias_gelu_apply(xv[u], gv[u], b, dsum, gelu));
   }
 }
 
-// bias_gelu backward: out = dx = dy * gelu'(x + bias); then the block sums its rows' dx per column (thread sums in
-// row order, then the ty threads of a column in ly order: a fixed order) and writes them to
-// partial[blockIdx.y, col] (in acc_t), or straight to dbias[col] when there is a single row group.
-// x, dy, out: [rows, H] contiguous; bias, dbias: [H]; partial: [gridDim.y, H]. kVec > 1 needs
-// H % kVec == 0 and 16-byte aligned pointers. blockDim.x = tx * ty (see BiasGeluPlan).
-template <int kVec, int kUnroll_, typename T, typename Gelu>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+// bias_gelu backward: out = dx = dy * gelu'(x + bias) over the block's tile (BiasGeluPlan); then the
+// block sums its rows' dx per column (thread sums in row order, then the ty threads of a column in ly
+// order: a fixed order) and writes them to partial[group, col] (in acc_t), or straight to dbias[col]
+// when there is a single row group. x, dy, out: [rows, H] contiguous; bias, dbias: [H]; partial:
+// [row_groups, H]. kVec > 1 needs H % kVec == 0 and 16-byte aligned pointers. blockDim.x = tx * ty.
+// kSteps: a block may take several batches (steps > 1). A separate instantiation because the loop's
+// state costs registers: with it the bf16 kernel spills ~90 bytes at the 80-register cap, without
+// it none.
+template <int kVec, int kRows, bool kSteps, typename T, typename Gelu>
+__global__ void __launch_bounds__(kThreads, kBiasGeluMinBlocks)
     bias_gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ dy,
-                     T* __restrict__ out, acc_t<T>* __restrict__ partial, T* __restrict__ dbias, int64_t rows,
-                     int64_t H, int tx, Gelu gelu) {
+                              T* __restrict__ out, acc_t<T>* __restrict__ partial, T* __restrict__ dbias,
+                              int64_t rows, int64_t H, int tx, int col_tiles, int64_t steps, Gelu gelu) {
   using A = acc_t<T>;
   using Vec = AlignedVector<T, kVec>;
   const int ty = blockDim.x / tx;
   const int lx = threadIdx.x % tx;
   const int ly = threadIdx.x / tx;
-  const int64_t col = (int64_t{blockIdx.x} * tx + lx) * kVec;  // this thread's first column
+  const int64_t strip = blockIdx.x % static_cast<unsigned>(col_tiles);
+  const int64_t group = blockIdx.x / static_cast<unsigned>(col_tiles);
+  const int64_t col = (strip * tx + lx) * kVec;  // this thread's first column
 
   A dsum[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) dsum[j] = A(0);
 
-  if (col < H) {  // threads past the row's end (last column tile only) just join the reduction
+  if (col < H) {  // threads past the row's end (last strip only) just join the reduction
     A b[kVec];
     {
       const Vec bv = load_vector<T, kVec>(bias + col);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) b[j] = Convert<T>::to_acc(bv.val[j]);
     }
-    // This thread's rows: r0, r0 + band, r0 + 2 band, ... < rows, a band being the ty rows of each of
-    // the gridDim.y row groups (BiasGeluPlan).
-    const int64_t band = int64_t{ty} * gridDim.y;
-    const int64_t row_step = band * H;
-    const int64_t r0 = int64_t{blockIdx.y} * ty + ly;
-    const int64_t my_rows = r0 < rows ? ceil_div(rows - r0, band) : 0;
-    const int64_t steps = my_rows / kUnroll_;  // steps of kUnroll_ rows
-    const int64_t step = kUnroll_ * row_step;  // elements from one step to the next
-    int64_t offset = r0 * H + col;             // of row r0 + k * kUnroll_ * band at step k
-    const int64_t steps_end = offset + steps * step;
-    for (; offset < steps_end; offset += step) {
-      bias_gelu_rows<kVec, kUnroll_, false>(x, dy, out, offset, row_step, kUnroll_, b, dsum, gelu);
+    const int64_t batch = int64_t{ty} * kRows;
+    const int64_t first = group * batch * steps + ly;  // this thread's first row
+    const int64_t end = first - ly + batch * steps < rows ? first - ly + batch * steps : rows;
+    const int64_t stride = int64_t{ty} * H;  // elements from one of a thread's rows to the next
+    const int64_t offset = first * H + col;
+    const T* xp = x + offset;
+    const T* gp = dy + offset;
+    T* op = out + offset;
+    // Rows first, first + ty, ... below end: kRows a batch but in the group's last (< kRows * ty left).
+    const auto valid = [&](int64_t left) {
+      return left >= batch ? kRows : (static_cast<int>(left) + ty - 1) / ty;
+    };
+    if constexpr (kSteps) {
+      for (int64_t left = end - first; left > 0; left -= batch) {
+        bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, valid(left), b, dsum, gelu);
+        xp += kRows * stride;
+        gp += kRows * stride;
+        op += kRows * stride;
+      }
+    } else if (end > first) {
+      bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, valid(end - first), b, dsum, gelu);
     }
-    const int rest = static_cast<int>(my_rows - steps * kUnroll_);  // < kUnroll_ rows left
-    if (rest > 0) bias_gelu_rows<kVec, kUnroll_, true>(x, dy, out, offset, row_step, rest, b, dsum, gelu);
   }
 
-  // [ty][tx * kVec]: thread (lx, ly)'s sums at row ly, columns lx * kVec ...; i.e. at threadIdx.x * kVec.
-  __shared__ A sums[kThreads * kVec];
+  // [ty][tx * kVec + 1]: thread (lx, ly)'s sums at row ly, columns lx * kVec ... (the + 1 spreads the
+  // column-wise reads below over the banks).
+  __shared__ A sums[kThreads * kVec + kThreads];
+  const int width = tx * kVec;  // columns of this strip
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) sums[threadIdx.x * kVec + j] = dsum[j];
+  for (int j = 0; j < kVec; ++j) sums[ly * (width + 1) + lx * kVec + j] = dsum[j];
   __syncthreads();
-  const int width = tx * kVec;  // columns of this tile
-  const int64_t col0 = int64_t{blockIdx.x} * width;
+  const int64_t col0 = strip * width;
   for (int e = threadIdx.x; e < width && col0 + e < H; e += blockDim.x) {
     A s = A(0);
-    for (int k = 0; k < ty; ++k) s += sums[k * width + e];
-    if (gridDim.y == 1) {
+    for (int k = 0; k < ty; ++k) s += sums[k * (width + 1) + e];
+    if (gridDim.x == static_cast<unsigned>(col_tiles)) {  // one row group
       dbias[col0 + e] = Convert<T>::from_acc(s);
     } else {
-      partial[int64_t{blockIdx.y} * H + col0 + e] = s;
+      partial[group * H + col0 + e] = s;
     }
   }
 }
@@ -551,10 +558,12 @@ template <int kVec, typename T, typename Gelu>
 cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, const T* bias, T* dx, acc_t<T>* partial, T* dbias,
                                          int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu,
                                          cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.col_tiles), static_cast<unsigned>(p.row_groups));
-  constexpr int kU = bias_gelu_backward_rows(sizeof(T), kVec > 1);
-  bias_gelu_backward_kernel<kVec, kU><<<grid, p.threads(), 0, stream>>>(x, bias, dy, dx, partial, dbias, rows, H,
-                                                                         p.tx, gelu);
+  constexpr int kRows = bias_gelu_backward_rows(kVec > 1);
+  if (p.vec != kVec || p.rows_per_thread != kRows || p.blocks() > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const auto kernel = p.steps > 1 ? bias_gelu_backward_kernel<kVec, kRows, true, T, Gelu>
+                                  : bias_gelu_backward_kernel<kVec, kRows, false, T, Gelu>;
+  kernel<<<static_cast<unsigned>(p.blocks()), p.threads(), 0, stream>>>(x, bias, dy, dx, partial, dbias, rows, H, p.tx,
+                                                                       static_cast<int>(p.col_tiles), p.steps, gelu);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.row_groups == 1) return err;
   const auto reduce_grid = static_cast<unsigned>(ceil_div(H, kReduceCols));
