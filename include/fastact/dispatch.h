@@ -119,11 +119,10 @@ constexpr bool softmax_strided_raw(bool backward, int vec, int in_bytes, int acc
 }
 
 // Bytes of one value of the strided kernel's column all-reduce (ColumnScratch): (max, sum) pairs in
-// the forward's streaming mode and with raw rows (one exchange of pairs, strided.cuh), else one
-// accumulation value.
-constexpr int softmax_strided_value_bytes(bool backward, bool streaming, int vec, int in_bytes, int acc_bytes) {
-  return !backward && (streaming || softmax_strided_raw(backward, vec, in_bytes, acc_bytes)) ? 2 * acc_bytes
-                                                                                             : acc_bytes;
+// the forward's streaming mode and in every float forward (one exchange of pairs, strided.cuh), else one
+// accumulation value (the backward's sums; the float64 cached forward's max and then sum).
+constexpr int softmax_strided_value_bytes(bool backward, bool streaming, int acc_bytes) {
+  return !backward && (streaming || acc_bytes == 4) ? 2 * acc_bytes : acc_bytes;
 }
 
 // D-rows a thread of the strided kernel caches: the resident elements over the access width (raw
@@ -592,7 +591,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int64_t d = p.dim_size;
   const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
   auto smem_ok = [&](int64_t threads, int64_t cols, int64_t cluster, bool streaming) {
-    const int value_bytes = softmax_strided_value_bytes(p.backward, streaming, s.vec, p.in_bytes, p.acc_bytes);
+    const int value_bytes = softmax_strided_value_bytes(p.backward, streaming, p.acc_bytes);
     return softmax_strided_smem_bytes(threads, cols, s.vec, cluster, value_bytes) <= kStridedMaxSmem;
   };
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };

@@ -191,6 +191,7 @@ FASTACT_DEVICE double cached_exp(double d) { return math::exp_(d); }
 // exp(x - m), write epi.forward(x, M, c). ForwardCache<Softmax> keeps exp(x - m) instead, so exp runs
 // once per element; out = kept * f, SoftmaxEpilogue::forward's formula when m = M.
 struct KeepInputTerms {
+  static constexpr bool kKeepsInput = true;  // keep() is the identity: a cache of the input stays as it is
   template <typename A>
   static FASTACT_DEVICE A keep(A x, A /*max*/) {
     return x;
@@ -227,6 +228,7 @@ struct ForwardCache : KeepInput<Epi> {};
 
 template <>
 struct ForwardCache<math::SoftmaxEpilogue> {
+  static constexpr bool kKeepsInput = false;
   template <typename A>
   static FASTACT_DEVICE A keep(A x, A max) {
     return cached_exp(x - max);

@@ -13,8 +13,8 @@
 //     128-bit accesses, 16-bit inputs stay as loaded there, so kRows doubles (StridedRows,
 //     softmax_strided_raw). Max and sum are reduced per (column, lane) over the D-groups (shuffles
 //     within a warp, shared memory across warps, partials pushed into every CTA of a cluster), as in
-//     the row kernels: raw rows in one exchange of (max, sum) pairs (strided_raw_forward), converted
-//     rows a max and then a sum (strided_cached_forward).
+//     the row kernels: in float one exchange of (max, sum) pairs (strided_pair_forward), in float64 a
+//     max and then a sum (strided_cached_forward).
 //   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
 //     pass down the column, then the write pass: two reads.
 // One tile per CTA (or per cluster).
@@ -135,9 +135,9 @@ FASTACT_DEVICE void strided_store_rows(const Rows& rows, int nrows, out_t* __res
   }
 }
 
-// The cached forward of one tile, once this thread's D-rows j < nrows are in `rows`: the column max,
-// the kept values and their column sum, and the outputs at yc + j * step. Every thread of the CTA
-// (cluster) calls it, nrows = 0 included.
+// The cached forward of one tile in float64 (float runs strided_pair_forward), once this thread's
+// D-rows j < nrows are in `rows`: the column max, the kept values and their column sum, and the
+// outputs at yc + j * step. Every thread of the CTA (cluster) calls it, nrows = 0 included.
 template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t>
 FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
                                            ColumnScratch<A> smem, int& round, int columns, int cluster) {
@@ -167,24 +167,25 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
   strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, m, s);
 }
 
-// The forward of one tile from raw rows (16-bit inputs kept as loaded, softmax_strided_raw), once this
-// thread's D-rows j < nrows are in `rows`: one exchange. The thread's max per lane (from the lowest
-// finite float, so never -inf: FiniteMaxSumOp) and its sum of exp(x - max); the (max, sum) pairs
-// reduced over the column; the outputs epi.forward(x, M, row_constant(S)) at yc + j * step (softmax
-// computes exp twice per element, as KeepInput). Why one exchange rather than a max and then a sum
-// (strided_cached_forward): each exchange is a block barrier (and a cluster wait) that the whole CTA
-// waits at, with its rows in registers and no loads in flight; the H100 diag at [32, 1024, 2048] dim 1
-// (bf16): 512 x 8 x 2 119.2 -> 103.8 us, the best shape 108.2 -> 103.8 (bench/NOTES.md, eleventh
-// session). Float rows keep the two exchanges: their cache holds exp(x - M), which needs M first.
-template <typename Epi, int kVec, int kRows, typename Rows, typename out_t>
-FASTACT_DEVICE void strided_raw_forward(const Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step,
-                                        const Epi& epi, ColumnScratch<MaxSum<float>> smem, int& round, int columns,
-                                        int cluster) {
+// The forward of one tile in float, once this thread's D-rows j < nrows are in `rows`: one exchange.
+// The thread's max per lane m (from the lowest finite float, so never -inf: FiniteMaxSumOp), its kept
+// values Cache::keep(x, m) and their sum; the (max, sum) pairs reduced over the column to (M, S); the
+// outputs Cache::out(epi, kept, M, f), f = Cache::factor(m, M, row_constant(S)), at yc + j * step.
+// Cache: KeepInput<Epi> for raw rows (16-bit inputs kept as loaded: softmax computes exp twice per
+// element) and for log_softmax; ForwardCache<SoftmaxEpilogue> for converted softmax rows, which keep
+// exp(x - m) and rescale by exp(m - M) at the store, as block.cuh's resident_forward does. Why one
+// exchange rather than a max and then a sum (strided_cached_forward): each exchange is a block barrier
+// (and a cluster wait) that the whole CTA waits at, with its rows in registers and no loads in flight;
+// the H100 diag at [32, 1024, 2048] dim 1 (bf16): 512 x 8 x 2 119.2 -> 103.8 us, the best shape
+// 108.2 -> 103.8 (bench/NOTES.md, eleventh session); float: twelfth session.
+template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename out_t>
+FASTACT_DEVICE void strided_pair_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
+                                         ColumnScratch<MaxSum<float>> smem, int& round, int columns, int cluster) {
   using A = float;
-  using Cache = KeepInput<Epi>;
   MaxSum<A> st[kVec];
+  A m[kVec];
   {
-    A m[kVec], s[kVec];
+    A s[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       m[k] = -std::numeric_limits<A>::max();
@@ -197,27 +198,30 @@ FASTACT_DEVICE void strided_raw_forward(const Rows& rows, int nrows, out_t* __re
         A w[kVec];
         rows.get(j, w);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) s[k] += Cache::term(w[k], m[k]);
+        for (int k = 0; k < kVec; ++k) {
+          w[k] = Cache::keep(w[k], m[k]);
+          s[k] += Cache::term(w[k], m[k]);
+        }
+        if constexpr (!Cache::kKeepsInput) rows.set(j, w);
       }
     }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = {m[k], s[k]};
   }
   column_allreduce(st, FiniteMaxSumOp(), smem, round, columns, cluster);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) st[k].sum = epi.row_constant(st[k].sum);
-  A m[kVec], c[kVec];
+  A M[kVec], f[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
-    m[k] = st[k].max;
-    c[k] = st[k].sum;
+    M[k] = st[k].max;
+    f[k] = Cache::factor(m[k], M[k], epi.row_constant(st[k].sum));
   }
-  strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, m, c);
+  strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, M, f);
 }
 
 // The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (kRaw,
-// softmax_strided_raw: strided_raw_forward), else converted to the accumulation type
-// (strided_cached_forward with ForwardCache).
+// softmax_strided_raw), else converted to the accumulation type. In float both run
+// strided_pair_forward (Cache: KeepInput for raw rows, else ForwardCache); float64 rows
+// strided_cached_forward.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 struct StridedForwardCache {
   using A = acc_t<out_t>;
@@ -225,8 +229,9 @@ struct StridedForwardCache {
   static constexpr int kRows = softmax_strided_rows(false, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   static_assert(!kRaw || std::is_same_v<A, float>, "raw rows: 16-bit inputs, float arithmetic");
   using Rows = StridedRows<kRaw, in_t, A, kVec, kRows>;
-  // Bytes of one value of the column all-reduce (pairs with raw rows).
-  static constexpr int kValueBytes = softmax_strided_value_bytes(false, false, kVec, sizeof(in_t), sizeof(A));
+  using Cache = std::conditional_t<kRaw, KeepInput<Epi>, ForwardCache<Epi>>;
+  // Bytes of one value of the column all-reduce ((max, sum) pairs in float).
+  static constexpr int kValueBytes = softmax_strided_value_bytes(false, false, sizeof(A));
 };
 
 template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
@@ -255,9 +260,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
-    if constexpr (F::kRaw) {
-      strided_raw_forward<Epi, kVec, kRows>(rows, nrows, yc + first, step, epi, column_scratch<P>(smem_raw), round,
-                                            t.C, cluster);
+    if constexpr (std::is_same_v<A, float>) {
+      strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
+                                                           column_scratch<P>(smem_raw), round, t.C, cluster);
     } else {
       strided_cached_forward<ForwardCache<Epi>, kVec, kRows>(rows, nrows, yc + first, step, epi,
                                                              column_scratch<A>(smem_raw), round, t.C, cluster);
