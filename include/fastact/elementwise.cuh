@@ -16,9 +16,8 @@
 // bits wide except where elementwise_shape measured 64 better (the two-operand backwards), with 64-bit
 // indices: every kernel as one tile per block over a grid of ceil(n / tile) blocks (bias_gelu's
 // backward: tiles of whole column strips over 32 rows, so a block's column sums cover its rows). No
-// atomics, no host synchronisation, no
-// state: every launcher only enqueues on `stream`, so all of this is CUDA-graph capturable and
-// deterministic.
+// atomics, no host synchronisation, no state: every launcher only enqueues on `stream`, so all of this
+// is CUDA-graph capturable and deterministic.
 #pragma once
 
 #include <cuda_bf16.h>
