@@ -105,8 +105,10 @@ def must_accept(variant, cls, d, dtype):
     aligned = cls in ("rows", "row_padded", "transposed")
     if variant == "warp":  # the row in one warp's registers: 1024 values (512 doubles)
         return inner1 and d <= (512 if dtype == torch.float64 else 1024)
-    if variant == "vec":  # aligned rows that fit one block's registers (4096 is far below that)
-        return inner1 and aligned and d % _vec_width(dtype) == 0 and d <= 4096
+    if variant == "vec":  # aligned rows that fit one block's registers (4096 is far below that); a D that
+        # the vector width does not divide too (every row of these classes starts at the same offset
+        # from the alignment in x and y: the head and tail elements move one at a time)
+        return inner1 and aligned and d <= 4096
     if variant in ("scalar", "long_row", "split"):  # any rows: any alignment, D, row stride
         return inner1
     if variant == "strided":
@@ -286,6 +288,8 @@ def _variant(explanation):
         ("warp", (4096, 512), -1, "contiguous"),
         ("warp", (4096, 33), -1, "contiguous"),
         ("vec", (1024, 4096), -1, "contiguous"),
+        ("vec", (1024, 4097), -1, "contiguous"),  # odd D, aligned base: 128-bit body, head and tail elements
+        ("long_row", (16, 50257), -1, "contiguous"),  # a vocabulary's row: clusters, head and tail elements
         ("scalar", (1024, 4097), -1, "sliced_last"),  # x[..., 1:]: misaligned, odd D
         ("long_row", (4, 262144), -1, "contiguous"),
         ("strided", (64, 1024, 64), 1, "contiguous"),
@@ -298,6 +302,22 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
     assert _variant(s) == expected, s
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("d", [1025, 4097, 30522, 50257])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_rows_off_alignment_take_vectors(dtype, d, direction):
+    """Rows whose length the 128-bit width does not divide (vocabulary sizes) run the resident kernels
+    with 128-bit bodies and head/tail elements when every row starts at one offset in every tensor;
+    a view whose rows start elsewhere in x than in y (x[..., 1:]) keeps element accesses."""
+    op = "softmax" if direction == "fwd" else "softmax_backward"
+    s = fastact.explain(op, make_tensor((8, d), dtype, "cuda"))
+    edges = d % _vec_width(dtype) != 0  # 30522 is a whole number of float64 vectors
+    assert _variant(s) in ("vec", "long_row") and ("head and tail" in s) == edges and "128-bit" in s, s
+    if direction == "fwd":
+        s = fastact.explain(op, make_tensor((8, d), dtype, "cuda", "sliced_last"))
+        assert "head and tail" not in s and "element accesses" in s, s
+
+
 @pytest.mark.parametrize(
     "dtype,d,direction,layout,smem",
     [
@@ -307,6 +327,7 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
         (torch.float32, 65536, "fwd", "contiguous", False),  # 8 x 256 in registers
         (torch.float64, 262144, "fwd", "contiguous", False),  # double arithmetic: registers only
         (torch.float32, 262144, "fwd", "sliced_last", False),  # element accesses
+        (torch.bfloat16, 262143, "fwd", "contiguous", False),  # rows off the alignment: registers only
         (torch.float32, 262144, "bwd", "contiguous", False),
     ],
 )

@@ -327,7 +327,7 @@ def test_softmax_invariants(device, dtype, shape, dim):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("n,dim", [(1, -1), (7, -1), (33, -1), (1025, -1), (4099, -1), (7, 0), (300, 0)])
+@pytest.mark.parametrize("n,dim", [(1, -1), (7, -1), (33, -1), (1025, -1), (4099, -1), (50257, -1), (7, 0), (300, 0)])
 def test_softmax_special_values(device, dtype, op, n, dim):
     """Rows of all -inf give NaN (as torch), a +inf or a NaN in a row makes it NaN, a partly -inf
     (masked) row is finite with zeros (or -inf for log_softmax) where masked, gradients included."""

@@ -13,7 +13,9 @@
 //             row; several rows per warp for tiny rows; the row in registers with compile-time
 //             indexing (templated on log2 of the padded row); shuffle reductions. 16-byte accesses
 //             when aligned, element accesses otherwise. One HBM read.
-//   vec       inner == 1, 16-byte aligned pointers, D and row_stride multiples of the vector width,
+//   vec       inner == 1, 16-byte aligned pointers, D and row_stride multiples of the vector width
+//             (or D any length, the row stride equal to D modulo the width: each row's few elements
+//             before its first and after its last aligned vector move one at a time, "edges"),
 //             D <= one block's register cache (1024 threads x softmax_resident_elems: 32 forward
 //             (16 float64); backward 16 float32, 32 16-bit, 8 float64). A block per row, 128-bit
 //             loads/stores, the row in registers. One HBM read.
@@ -23,7 +25,8 @@
 //             (online max+sum, then write).
 //   long_row  inner == 1, any D. sm_90 with clusters: the row split over a thread-block cluster
 //             (2..16 CTAs), each CTA caching its slice in registers, the max and sum combined through
-//             distributed shared memory: one HBM read. Forwards with 128-bit accesses and float
+//             distributed shared memory: one HBM read. Rows with edges as `vec`. Forwards with
+//             128-bit accesses (no edges) and float
 //             arithmetic also keep part of each thread's slice in shared memory, as loaded, so a CTA
 //             holds twice the elements and long rows run at two or more CTAs per SM
 //             (softmax/long_row.cuh). Without clusters, or beyond what a cluster can cache: the split
@@ -363,6 +366,7 @@ struct SoftmaxPlan {
   int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
+  bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // resident long_row forward: of elems_per_thread, those kept in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -375,6 +379,19 @@ inline bool softmax_rows_vectorizable(const SoftmaxProblem& p) {
   const int w = softmax_vec_width(p);
   return p.aligned && p.inner == 1 && p.dim_size % w == 0 && (p.row_stride % w == 0 || p.outer == 1);
 }
+// Rows (inner == 1) whose D is not a multiple of the vector width can still move in 128-bit accesses
+// once each row's head (the elements before its first aligned vector) and tail (after its last) are
+// taken apart, if row r of every tensor starts at the same offset from the alignment: every base
+// pointer aligned and the input's row stride equal to D modulo the width (the outputs are dense), so
+// row r starts (r * D) % width elements past an aligned address in each. Why: element accesses ran at
+// 0.48-0.65 of the limit on bf16 rows of 30522 and 50257 (vocabulary sizes) on the H100, up to 1.5x
+// slower than torch (bench/NOTES.md, thirteenth session). The resident kernels (vec, long_row's
+// clusters) take such rows (block.cuh's RowEdges); warp and split keep element accesses.
+inline bool softmax_rows_edge_vectorizable(const SoftmaxProblem& p) {
+  const int w = softmax_vec_width(p);
+  return p.aligned && p.inner == 1 && p.dim_size % w != 0 && (p.outer == 1 || (p.row_stride - p.dim_size) % w == 0);
+}
+
 // Columns (inner > 1) can move in 128-bit accesses along inner.
 inline bool softmax_columns_vectorizable(const SoftmaxProblem& p) {
   return p.aligned && p.inner > 1 && p.inner % softmax_vec_width(p) == 0;
@@ -460,11 +477,12 @@ inline bool softmax_cluster_smem_eligible(const SoftmaxProblem& p, int vec) {
 }
 
 // One block per row, the row in registers (vec, scalar).
-inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec) {
+inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool edges = false) {
   SoftmaxPlan s;
   s.variant = v;
   s.mode = SoftmaxMode::kResident;
   s.vec = vec;
+  s.edges = edges;
   s.elems_per_thread = softmax_resident_elems(p, vec);
   s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
   s.cluster = 1;
@@ -490,10 +508,11 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
 // fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules. Where
 // the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
-// threads) come right after the register-only 256-thread ones and replace the larger ones.
-inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
+// threads) come right after the register-only 256-thread ones and replace the larger ones. Rows with
+// edges (block.cuh's RowEdges) take only the register-only CTAs.
+inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
-  const bool with_smem = softmax_cluster_smem_eligible(p, vec);
+  const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
   const int reg_e = softmax_resident_elems(p, vec);
   const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
   const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
@@ -524,6 +543,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, SoftmaxPlan* out) {
       plan.variant = SoftmaxVariant::kLongRow;
       plan.mode = SoftmaxMode::kResident;
       plan.vec = vec;
+      plan.edges = edges;
       plan.elems_per_thread = e;
       plan.smem_elems = shapes[i].smem ? smem_e : 0;
       plan.cluster = int(s);
@@ -651,9 +671,10 @@ inline const char* softmax_variant_rejects(SoftmaxVariant v, const SoftmaxProble
       return nullptr;
     case SoftmaxVariant::kVec:
       if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
-      if (!softmax_rows_vectorizable(p))
-        return "it needs 16-byte aligned pointers and a row length and row stride that are multiples of "
-               "the 128-bit vector width ('scalar' takes any layout)";
+      if (!softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p))
+        return "it needs 16-byte aligned pointers and an input row stride equal to the row length modulo the "
+               "128-bit vector width, so that every tensor's rows start at the same offset from that alignment "
+               "('scalar' takes any layout)";
       if (p.dim_size > softmax_block_capacity(p, softmax_vec_width(p)))
         return "the row does not fit one block's registers (1024 threads x 32 elements forward, x 8-32 "
                "backward); 'long_row' takes it";
@@ -677,6 +698,7 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
   using namespace softmax_detail;
   const int w = softmax_vec_width(p);
   const int row_vec = softmax_rows_vectorizable(p) ? w : 1;
+  const bool edges = row_vec == 1 && softmax_rows_edge_vectorizable(p);  // resident kernels only
   switch (v) {
     case SoftmaxVariant::kWarp: {
       SoftmaxPlan s;
@@ -689,13 +711,13 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       return s;
     }
     case SoftmaxVariant::kVec:
-      return plan_block(p, v, w);
+      return plan_block(p, v, w, edges);
     case SoftmaxVariant::kScalar:
       if (p.dim_size <= softmax_block_capacity(p, 1)) return plan_block(p, v, 1);
       return plan_split(p, v, 1, /*one_block_per_row=*/true);
     case SoftmaxVariant::kLongRow: {
       SoftmaxPlan s;
-      if (plan_cluster(p, row_vec, &s)) return s;
+      if (plan_cluster(p, edges ? w : row_vec, edges, &s)) return s;
       return plan_split(p, v, row_vec, false);
     }
     case SoftmaxVariant::kSplit:
@@ -724,13 +746,15 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     s.why = "short rows: a warp (or part of one) per row, the row in registers";
     return s;
   }
-  const bool vectorizable = softmax_rows_vectorizable(p);
+  const bool vectorizable = softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p);
   const int block_threads = clusters_available(p) ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
   const int64_t block_cap = int64_t(block_threads) * softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
   if (p.dim_size <= block_cap) {
     if (vectorizable) {
       s = plan_softmax(SoftmaxVariant::kVec, p);
-      s.why = "the row fits one block's registers; aligned: 128-bit accesses";
+      s.why = s.edges ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
+                        "accesses, each row's head and tail elements one at a time"
+                      : "the row fits one block's registers; aligned: 128-bit accesses";
     } else {
       s = plan_softmax(SoftmaxVariant::kScalar, p);
       s.why = "the row fits one block's registers; not 16-byte aligned (or D / row stride not a multiple "
@@ -753,7 +777,9 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
 // "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
 inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   char buf[512];
-  const char* access = s.vec > 1 ? "128-bit accesses" : "element accesses";
+  const char* access = s.vec == 1 ? "element accesses"
+                       : s.edges  ? "128-bit accesses, head and tail elements one at a time"
+                                  : "128-bit accesses";
   int n = std::snprintf(buf, sizeof(buf), "variant=%s: D=%lld, outer=%lld, inner=%lld", softmax_variant_name(s.variant),
                         static_cast<long long>(p.dim_size), static_cast<long long>(p.outer),
                         static_cast<long long>(p.inner));

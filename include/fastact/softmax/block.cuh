@@ -3,6 +3,9 @@
 // `cluster` CTAs of a thread-block cluster (sm_90), read from HBM once, reduced, and written.
 //
 // Layout: the row is cut into units of kVec elements (kVec = 128-bit width when aligned, else 1).
+// Rows off the alignment (kEdges, plan.edges: D not a multiple of kVec, every tensor's rows at the
+// same offset from it) are cut into a head, a body and a tail (RowEdges below): the units are those of
+// the body, laid out as here; the head and tail elements belong to two threads of the last CTA.
 // CTA of cluster rank r caches units [r * T * kVecs, (r + 1) * T * kVecs), T = blockDim.x; thread t
 // holds units  r * T * kVecs + j * T + t,  j < kVecs, so for each j the block reads T consecutive
 // units (coalesced). Units at or beyond D / kVec are skipped (kVec divides D when kVec > 1): every
@@ -77,6 +80,137 @@ struct NoExtraUnits {
                             const ResidentSlice& /*s*/) const {}
 };
 
+// A row that starts off the 128-bit alignment (kEdges): row r of every tensor starts (r * D) % kVec
+// elements past an aligned address, since the host takes such rows only when every base pointer is
+// aligned and the input's row stride equals D modulo kVec (dispatch.h: softmax_rows_edge_vectorizable).
+// Its first `head` elements (up to the next aligned address) and its last `tail` elements (after the
+// last whole unit) move one at a time; the `body` between them moves in aligned units. The last two
+// threads of the cluster's last CTA own the head and the tail (their slices end the row, so they hold
+// the fewest units): `offset` and `count` are this thread's edge elements within the row.
+struct RowEdges {
+  int head;    // elements before the body (< kVec; all of D when D is shorter)
+  int body;    // elements in whole units (a multiple of kVec)
+  int offset;  // this thread's edge: elements [offset, offset + count) of the row
+  int count;   // 0 for every thread but the two owners (< kVec)
+};
+
+// 32-bit in-row arithmetic: the host caps a cached row at 16 x 1024 x 32 elements.
+template <int kVec>
+FASTACT_DEVICE RowEdges row_edges(int64_t row, int64_t dim, int cluster) {
+  const int d = static_cast<int>(dim);
+  const int phase = static_cast<int>((row % kVec) * (dim % kVec) % kVec);  // (row * D) % kVec, no overflow
+  const int head = phase == 0 ? 0 : (kVec - phase < d ? kVec - phase : d);
+  const int tail = (d - head) % kVec;
+  RowEdges e{head, d - head - tail, 0, 0};
+  if (cluster_rank(cluster) == cluster - 1) {
+    if (threadIdx.x == blockDim.x - 1) {
+      e.count = head;
+    } else if (threadIdx.x == blockDim.x - 2) {
+      e.offset = d - tail;
+      e.count = tail;
+    }
+  }
+  return e;
+}
+
+// This thread's edge elements (RowEdges::count of them, fewer than kVec) of one row of T at `row`, as
+// loaded: element loads issued with the body's vector loads, so that their latency overlaps.
+template <typename T, int kVec>
+struct EdgeElements {
+  static constexpr int kMax = kVec - 1 > 0 ? kVec - 1 : 1;
+  T e[kMax];
+  int count;
+  FASTACT_DEVICE EdgeElements(const T* __restrict__ row, const RowEdges& ed) : count(ed.count) {
+#pragma unroll
+    for (int k = 0; k < kMax; ++k) {
+      if (k < count) e[k] = row[ed.offset + k];
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE A value(int k) const {
+    AlignedVector<T, 1> v{{e[k]}};
+    A a[1];
+    to_acc(v, a);
+    return a[0];
+  }
+};
+
+template <typename T, typename A>
+FASTACT_DEVICE void store_element(T* p, A value) {
+  const A a[1] = {value};
+  store_vector<T, 1>(p, from_acc<T>(a));
+}
+
+// resident_forward's Extra for a row with edges: this thread's edge elements of x, processed through
+// the epilogue itself (KeepInput, as long_row.cuh's SharedUnits), written to yrow[offset + k].
+template <typename Epi, typename in_t, typename out_t, int kVec>
+struct ForwardEdges {
+  using Raw = KeepInput<Epi>;
+  EdgeElements<in_t, kVec> x;
+  out_t* yrow;
+  int offset;
+  FASTACT_DEVICE ForwardEdges(const in_t* __restrict__ xrow, out_t* yrow_, const RowEdges& ed)
+      : x(xrow, ed), yrow(yrow_), offset(ed.offset) {}
+
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& /*s*/) const {
+#pragma unroll
+    for (int k = 0; k < x.kMax; ++k) {
+      if (k < x.count) m = MaxOp<A>()(m, x.template value<A>(k));
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE void add_terms(A& sum, A base, const ResidentSlice& /*s*/) const {
+#pragma unroll
+    for (int k = 0; k < x.kMax; ++k) {
+      if (k < x.count) sum += Raw::term(x.template value<A>(k), base);
+    }
+  }
+  template <typename A, typename T>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, T* /*yr*/, const ResidentSlice& /*s*/) const {
+#pragma unroll
+    for (int k = 0; k < x.kMax; ++k) {
+      if (k < x.count) store_element(yrow + offset + k, Raw::out(epi, x.template value<A>(k), row_max, c));
+    }
+  }
+};
+
+// resident_backward's Extra: hooks that do nothing (the whole slice is in its arrays).
+struct NoExtraGrads {
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void add_terms(const Epi& /*epi*/, A& /*dot*/) const {}
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void store(const Epi& /*epi*/, A /*dot*/) const {}
+};
+
+// resident_backward's Extra for a row with edges: this thread's edge elements of grad_output and
+// output; add_terms adds their backward terms to the dot, store writes dxrow[offset + k].
+template <typename out_t, typename in_t, int kVec>
+struct BackwardEdges {
+  EdgeElements<out_t, kVec> dy, y;
+  in_t* dxrow;
+  int offset;
+  FASTACT_DEVICE BackwardEdges(const out_t* __restrict__ dyrow, const out_t* __restrict__ yrow, in_t* dxrow_,
+                               const RowEdges& ed)
+      : dy(dyrow, ed), y(yrow, ed), dxrow(dxrow_), offset(ed.offset) {}
+
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
+#pragma unroll
+    for (int k = 0; k < dy.kMax; ++k) {
+      if (k < dy.count) dot += epi.backward_term(dy.template value<A>(k), y.template value<A>(k));
+    }
+  }
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void store(const Epi& epi, A dot) const {
+#pragma unroll
+    for (int k = 0; k < dy.kMax; ++k) {
+      if (k < dy.count)
+        store_element(dxrow + offset + k, epi.backward(dy.template value<A>(k), y.template value<A>(k), dot));
+    }
+  }
+};
+
 // The forward of one cached row, given this thread's units v (j < s.nvalid, j < kVecs) as A and the
 // rest of its slice, if any, through `extra`: its max, its kept values and their sum -> one all-reduce
 // of the (max, sum) pairs over the row (OnlineOp) -> the outputs at yr + j * step (yr: this thread's
@@ -127,11 +261,12 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
 // The backward of one cached row, given this thread's units of grad_output and output as loaded:
 // the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
 // dxr + j * step (dxr: this thread's unit 0).
-template <typename Epi, int kVec, int kVecs, typename A, typename out_t, typename in_t>
+// `extra` as resident_forward's: the rest of the thread's part of the row (NoExtraGrads: none).
+template <typename Epi, int kVec, int kVecs, typename A, typename Extra = NoExtraGrads, typename out_t, typename in_t>
 FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVecs],
                                       const AlignedVector<out_t, kVec> (&yv)[kVecs], const ResidentSlice& s,
                                       in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch, int& round,
-                                      int cluster) {
+                                      int cluster, const Extra& extra = Extra()) {
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -143,6 +278,7 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
       for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
     }
   }
+  extra.add_terms(epi, dot);
   dot = row_allreduce(dot, SumOp<A>(), scratch, round, cluster);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -155,11 +291,12 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
       store_vector<in_t, kVec>(dxr + j * s.step, from_acc<in_t>(g));
     }
   }
+  extra.store(epi, dot);
 }
 
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Row first_row +
-// blockIdx.x / cluster.
-template <typename in_t, typename out_t, typename Epi, int kVec>
+// blockIdx.x / cluster. kEdges: rows off the alignment (RowEdges), the body in units.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kernel(const in_t* __restrict__ x,
                                                                                    out_t* __restrict__ y, int64_t dim,
                                                                                    int64_t row_stride, int cluster,
@@ -168,23 +305,31 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
   constexpr int kElems = block_fwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
+  static_assert(!kEdges || kVec > 1, "edges only around 128-bit units");
   __shared__ RowScratch<MaxSum<A>> scratch;
   exchange_init(scratch.bar, cluster);
-  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
+  RowEdges ed{0, 0, 0, 0};
+  if constexpr (kEdges) ed = row_edges<kVec>(first_row + blockIdx.x / cluster, dim, cluster);
+  const ResidentSlice s = resident_slice<kVec, kVecs>(kEdges ? ed.body : dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
-  const in_t* xr = x + row * row_stride + s.first;
+  const in_t* xr = x + row * row_stride + (ed.head + s.first);
   int round = 0;
   A v[kVecs][kVec];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
-  resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster);
+  if constexpr (kEdges) {
+    resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + (ed.head + s.first), epi, scratch, round, cluster,
+                                       ForwardEdges<Epi, in_t, out_t, kVec>(x + row * row_stride, y + row * dim, ed));
+  } else {
+    resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster);
+  }
 }
 
 // grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). Caches
-// grad_output and output as loaded (raw element type) and converts on use.
-template <typename in_t, typename out_t, typename Epi, int kVec>
+// grad_output and output as loaded (raw element type) and converts on use. kEdges as the forward's.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
     int64_t dim, int cluster, Epi epi, int64_t first_row) {
@@ -192,11 +337,14 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   constexpr int kElems = block_bwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
+  static_assert(!kEdges || kVec > 1, "edges only around 128-bit units");
   __shared__ RowScratch<A> scratch;
   exchange_init(scratch.bar, cluster);
-  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, cluster);
+  RowEdges ed{0, 0, 0, 0};
+  if constexpr (kEdges) ed = row_edges<kVec>(first_row + blockIdx.x / cluster, dim, cluster);
+  const ResidentSlice s = resident_slice<kVec, kVecs>(kEdges ? ed.body : dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
-  const int64_t offset = row * dim + s.first;
+  const int64_t offset = row * dim + (ed.head + s.first);
   int round = 0;
   AlignedVector<out_t, kVec> dy[kVecs], yv[kVecs];
 #pragma unroll
@@ -206,28 +354,51 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
       yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
     }
   }
-  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster);
+  if constexpr (kEdges) {
+    const int64_t r0 = row * dim;
+    resident_backward<Epi, kVec, kVecs, A>(
+        dy, yv, s, grad_input + offset, epi, scratch, round, cluster,
+        BackwardEdges<out_t, in_t, kVec>(grad_output + r0, output + r0, grad_input + r0, ed));
+  } else {
+    resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster);
+  }
 }
 
 namespace detail {
 
 // One row per CTA (cluster == 1) or per cluster; `threads` and `cluster` from the plan.
+// `edges`: rows off the alignment (RowEdges; the caller checked the pointers and the row stride).
+// Two threads of the last CTA own the edges, so a block has at least two.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
-                          int cluster, cudaStream_t stream) {
+                          int cluster, bool edges, cudaStream_t stream) {
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_fwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
+  if (edges) {
+    if constexpr (kVec > 1) {
+      return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec, true>>(rows, threads, 0, cluster, stream, x,
+                                                                                  y, dim, row_stride, cluster, Epi{});
+    }
+    return cudaErrorInvalidConfiguration;
+  }
   return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec>>(rows, threads, 0, cluster, stream, x, y, dim,
                                                                         row_stride, cluster, Epi{});
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim, int threads,
-                           int cluster, cudaStream_t stream) {
+                           int cluster, bool edges, cudaStream_t stream) {
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_bwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
+  if (edges) {
+    if constexpr (kVec > 1) {
+      return launch_items<softmax_block_bwd_kernel<in_t, out_t, Epi, kVec, true>>(rows, threads, 0, cluster, stream,
+                                                                                  dy, y, dx, dim, cluster, Epi{});
+    }
+    return cudaErrorInvalidConfiguration;
+  }
   return launch_items<softmax_block_bwd_kernel<in_t, out_t, Epi, kVec>>(rows, threads, 0, cluster, stream, dy, y, dx,
                                                                         dim, cluster, Epi{});
 }

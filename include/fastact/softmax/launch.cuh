@@ -152,7 +152,14 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                                                      plan.cluster, plan.streaming, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
-  if (vec && (dim % kW != 0 || (outer > 1 && row_stride % kW != 0))) return cudaErrorMisalignedAddress;
+  if (plan.edges) {  // rows off the alignment: the resident kernels, every row at one offset in x and y
+    if (!vec || plan.mode != SoftmaxMode::kResident ||
+        (plan.variant != SoftmaxVariant::kVec && plan.variant != SoftmaxVariant::kLongRow))
+      return cudaErrorInvalidValue;
+    if (outer > 1 && (row_stride - dim) % kW != 0) return cudaErrorMisalignedAddress;
+  } else if (vec && (dim % kW != 0 || (outer > 1 && row_stride % kW != 0))) {
+    return cudaErrorMisalignedAddress;
+  }
   switch (plan.variant) {
     case SoftmaxVariant::kWarp:
       if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))
@@ -204,7 +211,13 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
                                                       plan.cluster, plan.streaming, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
-  if (vec && dim % kW != 0) return cudaErrorMisalignedAddress;
+  if (plan.edges) {  // rows off the alignment (all three tensors dense): the resident kernels
+    if (!vec || plan.mode != SoftmaxMode::kResident ||
+        (plan.variant != SoftmaxVariant::kVec && plan.variant != SoftmaxVariant::kLongRow))
+      return cudaErrorInvalidValue;
+  } else if (vec && dim % kW != 0) {
+    return cudaErrorMisalignedAddress;
+  }
   switch (plan.variant) {
     case SoftmaxVariant::kWarp:
       if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))

@@ -6,7 +6,8 @@
 //     its slice; the max and the sum are combined through distributed shared memory. HBM is read once.
 //       forward, 128-bit path, float arithmetic: softmax_cluster_smem_fwd_kernel below, part of the
 //       slice in shared memory; otherwise (the backward, element accesses, float64, and the forward's
-//       256-thread clusters that fit in registers): block.cuh's kernels. One row per cluster.
+//       256-thread clusters that fit in registers, rows off the 128-bit alignment: plan.edges):
+//       block.cuh's kernels. One row per cluster.
 //   otherwise (no clusters, or longer rows): variant `split` (split.cuh): an online max+sum pass per
 //     chunk, then one write pass, several CTAs per row when rows are few, L2-sized row groups.
 // 128-bit accesses when aligned, element accesses otherwise, in both modes.
@@ -135,13 +136,14 @@ template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             const SoftmaxPlan& plan, cudaStream_t stream) {
   if (plan.smem_elems == 0)
-    return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, stream);
+    return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, plan.edges,
+                                                 stream);
   using Shape = ClusterSmemShape<in_t, out_t, kVec>;
   if constexpr (Shape::kSupported) {
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 ||
+    if (plan.edges || plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 ||
         threads > kClusterSmemMaxThreads || threads % kWarpSize != 0 || plan.cluster < 2 ||
         plan.cluster > kMaxCluster || int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
       return cudaErrorInvalidConfiguration;
@@ -165,7 +167,7 @@ template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t long_row_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                               const SoftmaxPlan& plan, cudaStream_t stream) {
   if (plan.mode == SoftmaxMode::kResident)
-    return block_backward<in_t, out_t, Epi, kVec>(dy, y, dx, rows, dim, plan.threads, plan.cluster, stream);
+    return block_backward<in_t, out_t, Epi, kVec>(dy, y, dx, rows, dim, plan.threads, plan.cluster, plan.edges, stream);
   return split_backward<in_t, out_t, Epi, kVec>(dy, y, dx, rows, dim, plan.chunks, plan.group_rows, stream);
 }
 

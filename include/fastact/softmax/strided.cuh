@@ -135,6 +135,25 @@ FASTACT_DEVICE void strided_store_rows(const Rows& rows, int nrows, out_t* __res
   }
 }
 
+// The kept values of this thread's cached D-rows j < nrows, Cache::keep(x, m[k]) per lane k (stored back
+// unless keep is the identity), and s[k] += their terms Cache::term(kept, m[k]).
+template <typename Cache, int kVec, int kRows, typename Rows, typename A>
+FASTACT_DEVICE void strided_keep_and_sum(Rows& rows, int nrows, const A (&m)[kVec], A (&s)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      A w[kVec];
+      rows.get(j, w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        w[k] = Cache::keep(w[k], m[k]);
+        s[k] += Cache::term(w[k], m[k]);
+      }
+      if constexpr (!Cache::kKeepsInput) rows.set(j, w);
+    }
+  }
+}
+
 // The cached forward of one tile in float64 (float runs strided_pair_forward), once this thread's
 // D-rows j < nrows are in `rows`: the column max, the kept values and their column sum, and the
 // outputs at yc + j * step. Every thread of the CTA (cluster) calls it, nrows = 0 included.
@@ -148,19 +167,7 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
   column_allreduce(m, MaxOp<A>(), smem, round, columns, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = A(0);
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-      A w[kVec];
-      rows.get(j, w);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        w[k] = Cache::keep(w[k], m[k]);
-        s[k] += Cache::term(w[k], m[k]);
-      }
-      rows.set(j, w);
-    }
-  }
+  strided_keep_and_sum<Cache, kVec, kRows>(rows, nrows, m, s);
   column_allreduce(s, SumOp<A>(), smem, round, columns, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
@@ -192,19 +199,7 @@ FASTACT_DEVICE void strided_pair_forward(Rows& rows, int nrows, out_t* __restric
       s[k] = A(0);
     }
     rows.max_into(nrows, m);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      if (j < nrows) {
-        A w[kVec];
-        rows.get(j, w);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          w[k] = Cache::keep(w[k], m[k]);
-          s[k] += Cache::term(w[k], m[k]);
-        }
-        if constexpr (!Cache::kKeepsInput) rows.set(j, w);
-      }
-    }
+    strided_keep_and_sum<Cache, kVec, kRows>(rows, nrows, m, s);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = {m[k], s[k]};
   }
