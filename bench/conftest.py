@@ -2,6 +2,7 @@
 
     pytest bench/ --benchmark-only                       # the device's default grid
     pytest bench/ --benchmark-only --fastact-grid quick --fastact-no-compile -k softmax
+    pytest bench/ --benchmark-only --fastact-shapes irregular   # odd row lengths, a sliced view
 
 One benchmark group per (op, direction, dtype, shape); its rows are ``fastact`` (fastact's own
 dispatch), ``fastact[<variant>]`` for every forced softmax variant that takes the input (CUDA only;
@@ -42,6 +43,8 @@ def pytest_addoption(parser):
                 help="device to benchmark (default: cuda if available, else cpu)")
     g.addoption("--fastact-grid", choices=("quick", "full"), default=None,
                 help="case grid of fastact.bench (default: full on CUDA, quick on CPU)")
+    g.addoption("--fastact-shapes", choices=fb.GRIDS, default="bar",
+                help="bar: the performance bar's shapes (default); irregular: odd row lengths and a sliced view; all")
     g.addoption("--fastact-no-compile", action="store_true", help="no torch.compile rows")
     g.addoption("--fastact-compile-budget", type=float, default=None, metavar="S",
                 help="stop compiling after S seconds of compilation in all; later cases skip torch.compile")
@@ -73,7 +76,7 @@ def pytest_generate_tests(metafunc):
         variants = not metafunc.config.getoption("--fastact-no-variants")
         # Case-major order: the rows of one case run one after another, on the same inputs.
         params = [pytest.param((c, n), id=f"{c.name}-{n}")
-                  for c in fb.cases(grid, device) if c.op in ops
+                  for c in fb.cases(grid, device, metafunc.config.getoption("--fastact-shapes")) if c.op in ops
                   for n in fb.impl_names(c, device, compile=compile_, variants=variants)]
         metafunc.parametrize("case_impl", params)
     if "overhead_impl" in metafunc.fixturenames:

@@ -56,6 +56,11 @@ MiB = 1 << 20
 FULL_CLASS_BYTES = 256 * MiB
 QUICK_CLASS_BYTES = {"cuda": 128 * MiB, "cpu": 64 * MiB}
 ROW_LENGTHS = {"full": (128, 1024, 4096, 16384, 65536, 262144), "quick": (128, 4096, 65536)}
+# The irregular grid (``--grid irregular``): row lengths that models use and that no 128-bit vector
+# divides — ViT-B/16's attention rows (197 tokens), ImageNet's 1000 classes, BERT's and GPT-2's
+# vocabularies (30522, 50257) — and a strided-rows view, D = 4096 read from rows of 4097.
+IRREGULAR_ROWS = {"full": (197, 1000, 30522, 50257), "quick": (197, 50257)}
+VIEW_ROW = 4096
 OVERHEAD_SHAPE = (8, 1024)  # small enough that the call, not the data, is what costs
 OVERHEAD_CALLS = 1000  # back-to-back calls per timed round
 
@@ -99,6 +104,9 @@ class Case:
     shape: tuple
     dim: int = -1
     out_dtype: torch.dtype | None = None
+    # Softmax forward only: x is the view ``base[..., 1:]`` of a [rows, D + 1] tensor (row stride
+    # D + 1, every row's start off its 16-byte alignment), the layout of a sliced activation.
+    sliced: bool = False
 
     @property
     def numel(self):
@@ -133,6 +141,8 @@ class Case:
     @property
     def shape_name(self):
         s = "x".join(map(str, self.shape))
+        if self.sliced:
+            return f"{s} of {self.shape[-1] + 1}"
         return s if self.op not in SOFTMAX_OPS or self.last_dim else f"{s} dim{self.dim % len(self.shape)}"
 
     @property
@@ -166,7 +176,8 @@ class Case:
     def to_json(self):
         return {"name": self.name, "op": self.op, "direction": self.direction, "dtype": DTYPE_NAMES[self.dtype],
                 "out_dtype": DTYPE_NAMES.get(self.out_dtype), "shape": list(self.shape),
-                "dim": self.dim % len(self.shape), "row": self.row, "kind": self.kind, "bytes": self.nbytes}
+                "dim": self.dim % len(self.shape), "row": self.row, "kind": self.kind, "bytes": self.nbytes,
+                "sliced": self.sliced}
 
 
 def _rows(class_bytes, row, itemsize):
@@ -177,14 +188,19 @@ def class_bytes(mode, device_type):
     return FULL_CLASS_BYTES if mode == "full" else QUICK_CLASS_BYTES.get(device_type, QUICK_CLASS_BYTES["cpu"])
 
 
-def cases(mode="full", device_type="cuda"):
-    """The bandwidth grid, in report order.
+def cases(mode="full", device_type="cuda", grid="bar"):
+    """The bandwidth grid, in report order: ``grid`` "bar" (the performance bar's grid, below),
+    "irregular" (irregular_cases) or "all" (both).
 
     full (the performance bar's grid): softmax and log_softmax, fwd and bwd, rows of 128 … 262144
     elements in f32/bf16/f16 on 256 MB-class tensors (rows = 256 MB / (D·size)); the fused
     bf16 > f32 cast at D = 4096; softmax over dim 1 of [32, 1024, 2048] in f32 and bf16; gelu (erf,
     tanh) and sigmoid on 256 MB-class [rows, 4096] tensors; bias_gelu on [16384, 4096] and
     [8192, 8192] in f32 and bf16. quick: fewer row lengths and dtypes on smaller tensors."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; choose from {GRIDS}")
+    if grid != "bar":
+        return (cases(mode, device_type) if grid == "all" else []) + irregular_cases(mode, device_type)
     full = mode == "full"
     cb = class_bytes(mode, device_type)
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
@@ -207,6 +223,25 @@ def cases(mode="full", device_type="cuda"):
     return out
 
 
+GRIDS = ("bar", "irregular", "all")
+
+
+def irregular_cases(mode="full", device_type="cuda"):
+    """Shapes off the powers of two: softmax and log_softmax, fwd and bwd, f32 and bf16, on rows of
+    IRREGULAR_ROWS elements (no 128-bit vector divides them, so every row starts at another
+    alignment), 256 MB-class tensors; and the softmax forward of a sliced view (``Case.sliced``)."""
+    cb = class_bytes(mode, device_type)
+    f32, bf16 = torch.float32, torch.bfloat16
+    out = []
+    for op in SOFTMAX_OPS:
+        for d in DIRECTIONS:
+            for dt in (f32, bf16):
+                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in IRREGULAR_ROWS[mode]]
+    for dt in (f32, bf16):
+        out.append(Case("softmax", "fwd", dt, (_rows(cb, VIEW_ROW + 1, dt.itemsize), VIEW_ROW), sliced=True))
+    return out
+
+
 def overhead_cases():
     """Per-call overhead: every op, forward, on a small float32 tensor."""
     return [Case(op, "fwd", torch.float32, OVERHEAD_SHAPE) for op in OPS]
@@ -226,8 +261,12 @@ def make_inputs(case, device, seed=0):
     def randn(shape, dtype):
         return torch.randn(shape, generator=g, device=device, dtype=dtype)
 
-    x = randn(case.shape, case.dtype)
     fwd = case.direction == "fwd"
+    if case.sliced:
+        if not (fwd and case.op in SOFTMAX_OPS and case.last_dim):
+            raise ValueError(f"{case.name}: only the softmax family's last-dim forward takes a sliced input")
+        return {"x": randn((*case.shape[:-1], case.shape[-1] + 1), case.dtype)[..., 1:]}
+    x = randn(case.shape, case.dtype)
     if case.op in SOFTMAX_OPS:
         if fwd:
             return {"x": x}
@@ -818,6 +857,9 @@ def main(argv=None):
                         "CUDA, no bound otherwise); later cases get no torch.compile row")
     p.add_argument("--no-variants", action="store_true", help="CUDA: no forced softmax variant rows")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--grid", choices=GRIDS, default="bar",
+                   help="bar: the performance bar's grid (default); irregular: row lengths no 128-bit vector "
+                        "divides (197, 1000, 30522, 50257) and a sliced view; all: both")
     p.add_argument("--check", action="store_true",
                    help="mark each case against the performance bar, print the misses, exit 1 if any")
     p.add_argument("--default-malloc", action="store_true",
@@ -854,7 +896,7 @@ def main(argv=None):
           f"{limit['bytes'] // MiB} MiB float32, read + write)", flush=True)
 
     compiler = None if args.no_compile else Compiler(budget)
-    grid = [c for c in cases(mode, dev_type) if c.op in ops]
+    grid = [c for c in cases(mode, dev_type, args.grid) if c.op in ops]
     results = []
     for i, case in enumerate(grid, 1):
         r = summarise(bench_case(case, device, compiler, variants=not args.no_variants, timing=timing),
@@ -884,7 +926,7 @@ def main(argv=None):
     misses = [m for r in results for m in r["misses"]]
     report = {
         "meta": {"fastact": fastact.__version__, "torch": torch.__version__, "device": name, "device_type": dev_type,
-                 "mode": mode, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
+                 "mode": mode, "grid": args.grid, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
                  "date": datetime.datetime.now().isoformat(timespec="seconds"),
                  "timing": dataclasses.asdict(timing), "cpu_malloc_kept": malloc_kept,
                  "compile": None if compiler is None else {"seconds": compiler.spent_s, "budget_s": compiler.budget_s,
