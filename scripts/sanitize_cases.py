@@ -55,7 +55,12 @@ def softmax_cases(dtype):
                             continue
                         raise
                     check(f"{'log_' if log else ''}softmax {v} {shape} {dtype}", y, want, dtype)
-                    dx = bwd(dy, y, dim, dtype, variant=v)
+                    try:  # the backward caches two arrays: vec can take a forward row whose backward it cannot
+                        dx = bwd(dy, y, dim, dtype, variant=v)
+                    except RuntimeError as e:
+                        if "cannot take" in str(e):
+                            continue
+                        raise
                     check(f"{'log_' if log else ''}softmax_backward {v} {shape} {dtype}", dx,
                           softmax_backward_reference(dy, want, dim, log), dtype)
 
