@@ -698,7 +698,7 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
   using namespace softmax_detail;
   const int w = softmax_vec_width(p);
   const int row_vec = softmax_rows_vectorizable(p) ? w : 1;
-  const bool edges = row_vec == 1 && softmax_rows_edge_vectorizable(p);  // resident kernels only
+  const bool edges = softmax_rows_edge_vectorizable(p);  // D % w != 0, so row_vec == 1; resident kernels only
   switch (v) {
     case SoftmaxVariant::kWarp: {
       SoftmaxPlan s;

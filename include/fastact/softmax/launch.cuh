@@ -130,6 +130,17 @@ SoftmaxProblem softmax_backward_problem(const out_t* grad_output, const out_t* o
 // ------------------------------------------------------------------------------------------------
 // Launchers taking a plan (from choose_softmax / plan_softmax in dispatch.h).
 
+namespace softmax_impl::detail {
+
+// Rows off the alignment (plan.edges) run only in the resident kernels of vec and long_row, with
+// 128-bit units (block.cuh's RowEdges).
+inline bool edges_plan_valid(const SoftmaxPlan& plan, bool vec) {
+  return vec && plan.mode == SoftmaxMode::kResident &&
+         (plan.variant == SoftmaxVariant::kVec || plan.variant == SoftmaxVariant::kLongRow);
+}
+
+}  // namespace softmax_impl::detail
+
 template <typename in_t, typename out_t, typename Epilogue>
 cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int64_t row_stride,
                             const SoftmaxPlan& plan, cudaStream_t stream) {
@@ -152,10 +163,8 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                                                      plan.cluster, plan.streaming, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
-  if (plan.edges) {  // rows off the alignment: the resident kernels, every row at one offset in x and y
-    if (!vec || plan.mode != SoftmaxMode::kResident ||
-        (plan.variant != SoftmaxVariant::kVec && plan.variant != SoftmaxVariant::kLongRow))
-      return cudaErrorInvalidValue;
+  if (plan.edges) {  // every row at one offset from the alignment in x and y
+    if (!edges_plan_valid(plan, vec)) return cudaErrorInvalidValue;
     if (outer > 1 && (row_stride - dim) % kW != 0) return cudaErrorMisalignedAddress;
   } else if (vec && (dim % kW != 0 || (outer > 1 && row_stride % kW != 0))) {
     return cudaErrorMisalignedAddress;
@@ -211,10 +220,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
                                                       plan.cluster, plan.streaming, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
-  if (plan.edges) {  // rows off the alignment (all three tensors dense): the resident kernels
-    if (!vec || plan.mode != SoftmaxMode::kResident ||
-        (plan.variant != SoftmaxVariant::kVec && plan.variant != SoftmaxVariant::kLongRow))
-      return cudaErrorInvalidValue;
+  if (plan.edges) {  // all three tensors dense: every row at one offset from the alignment
+    if (!edges_plan_valid(plan, vec)) return cudaErrorInvalidValue;
   } else if (vec && dim % kW != 0) {
     return cudaErrorMisalignedAddress;
   }

@@ -143,8 +143,8 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.edges || plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 ||
-        threads > kClusterSmemMaxThreads || threads % kWarpSize != 0 || plan.cluster < 2 ||
+    if (plan.edges || plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec ||
+        threads <= 0 || threads > kClusterSmemMaxThreads || threads % kWarpSize != 0 || plan.cluster < 2 ||
         plan.cluster > kMaxCluster || int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
       return cudaErrorInvalidConfiguration;
     const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
