@@ -1,6 +1,7 @@
 """A two-process DistributedDataParallel training step with fastact ops matches the same step with
 torch ops: gloo on the CPU, NCCL on two GPUs (skipped with fewer)."""
 
+import faulthandler
 import os
 import tempfile
 
@@ -39,6 +40,12 @@ class Net(torch.nn.Module):
 
 
 def _worker(rank, world, init_file, backend, out_dir):
+    # A worker that dies by a signal leaves no traceback for mp.spawn to report: print every thread's
+    # Python stack instead (a CI run once saw both workers abort, "terminate called without an active
+    # exception", with nothing else to go on).
+    faulthandler.enable(all_threads=True)
+    if backend == "gloo":  # the loopback interface, whatever the host name resolves to: one machine
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
@@ -58,7 +65,11 @@ def _worker(rank, world, init_file, backend, out_dir):
                 F.nll_loss(ddp(x), target).backward()
                 opt.step()
             results[use_fastact] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            # DDP's reducer holds the process group and hooks on the parameters: free it before the
+            # group is destroyed, not after (the last model's would otherwise live until return).
+            del ddp, opt
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # neither rank tears its connections down while the other may still use them
     finally:
         dist.destroy_process_group()
 
