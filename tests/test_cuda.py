@@ -319,30 +319,42 @@ def test_rows_off_alignment_take_vectors(dtype, d, direction):
 
 
 @pytest.mark.parametrize(
-    "dtype,d,direction,layout,smem",
+    "dtype,d,direction,layout,cache",
     [
-        (torch.float32, 262144, "fwd", "contiguous", True),
-        (torch.bfloat16, 262144, "fwd", "contiguous", True),
-        (torch.float16, 262144, "fwd", "contiguous", True),
-        (torch.float32, 65536, "fwd", "contiguous", False),  # 8 x 256 in registers
-        (torch.float64, 262144, "fwd", "contiguous", False),  # double arithmetic: registers only
-        (torch.float32, 262144, "fwd", "sliced_last", False),  # element accesses
-        (torch.bfloat16, 262143, "fwd", "contiguous", False),  # rows off the alignment: registers only
-        (torch.float32, 262144, "bwd", "contiguous", False),
+        (torch.float32, 262144, "fwd", "contiguous", "shared"),  # 32 in registers, 32 in shared memory
+        (torch.bfloat16, 262144, "fwd", "contiguous", "shared"),  # all 64 in shared memory, as loaded
+        (torch.float16, 262144, "fwd", "contiguous", "shared"),
+        (torch.float32, 65536, "fwd", "contiguous", "registers"),  # 8 x 256 in registers
+        (torch.float64, 262144, "fwd", "contiguous", "registers"),  # double arithmetic: registers only
+        (torch.float32, 262144, "fwd", "sliced_last", "registers"),  # element accesses
+        (torch.float32, 50257, "fwd", "contiguous", "registers"),  # float: the converted cache
+        (torch.float32, 262144, "bwd", "contiguous", "registers"),
+        (torch.bfloat16, 50257, "bwd", "contiguous", "registers"),  # raw is a forward cache only
+        (torch.bfloat16, 50257, "fwd", "sliced_last", "registers"),  # element accesses
+        (torch.bfloat16, 30522, "fwd", "contiguous", "raw"),  # a vocabulary's row: head and tail too
+        (torch.float16, 50257, "fwd", "contiguous", "raw"),
+        (torch.bfloat16, 65536, "fwd", "contiguous", "raw"),
+        (torch.bfloat16, 131072, "fwd", "contiguous", "raw"),  # 8 x 256 x 64: the last portable cluster
+        (torch.bfloat16, 262143, "fwd", "contiguous", "raw"),  # rows off the alignment: registers only
     ],
 )
-def test_long_row_shared_memory_plan(dtype, d, direction, layout, smem):
-    """The long_row forward keeps part of each slice in shared memory exactly where dispatch.h says:
-    128-bit accesses, float arithmetic, rows beyond 8 x 256 x 32 elements; never in the backward."""
+def test_long_row_cache_plan(dtype, d, direction, layout, cache):
+    """Where the long_row cluster kernels keep a slice, exactly as dispatch.h says: part of it in shared
+    memory in forwards with 128-bit accesses and float arithmetic, rows beyond 8 x 256 x 32 elements
+    (16-bit: beyond 8 x 256 x 64); registers as loaded in 16-bit forwards with 128-bit accesses
+    (softmax_resident_raw, 64 elements a thread); converted registers otherwise, and in every backward."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("clusters need sm_90")
     x = make_tensor((2, d), dtype, "cuda", layout)
     s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
     assert _variant(s) == "long_row", s
-    assert ("in shared memory" in s) == smem, s
-    if smem:  # 64 elements a thread: 32 in registers and 32 in shared memory (32-bit), all 64 there (16-bit)
+    assert ("in shared memory" in s) == (cache == "shared"), s
+    assert ("kept as loaded" in s) == (cache == "raw"), s
+    if cache == "shared":  # 64 elements a thread: 32 in registers, 32 in shared memory (32-bit); 64 there (16-bit)
         m = re.search(r"x (\d+) elements per row \((\d+) in shared memory\)", s)
         assert m and int(m.group(1)) == 64 and int(m.group(2)) == (32 if dtype.itemsize == 4 else 64), s
+    if cache == "raw":
+        assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s
 
 
 @pytest.mark.parametrize(

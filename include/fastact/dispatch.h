@@ -25,12 +25,12 @@
 //             (online max+sum, then write).
 //   long_row  inner == 1, any D. sm_90 with clusters: the row split over a thread-block cluster
 //             (2..16 CTAs), each CTA caching its slice in registers, the max and sum combined through
-//             distributed shared memory: one HBM read. Rows with edges as `vec`. Forwards with
-//             128-bit accesses (no edges) and float
-//             arithmetic also keep part of each thread's slice in shared memory, as loaded, so a CTA
-//             holds twice the elements and long rows run at two or more CTAs per SM
-//             (softmax/long_row.cuh). Without clusters, or beyond what a cluster can cache: the split
-//             scheme below.
+//             distributed shared memory: one HBM read. Rows with edges as `vec`. 16-bit forwards
+//             keep the register cache as loaded (64 elements a thread). Forwards with 128-bit
+//             accesses (no edges) and float arithmetic may instead keep part of each thread's slice
+//             in shared memory, as loaded, so a CTA holds twice the elements and long rows run at
+//             two or more CTAs per SM (softmax/long_row.cuh). Without clusters, or beyond what a
+//             cluster can cache: the split scheme below.
 //   split     inner == 1, any D (added variant; long_row's fallback, forceable for tests). Online
 //             max+sum per chunk of a row, then one write pass: two reads, one write, never three.
 //             Several CTAs per row when rows are few (two kernels; the per-chunk partials are parked
@@ -111,6 +111,19 @@ constexpr int softmax_resident_elems(bool backward, int vec, int out_bytes, int 
   return backward ? kResidentRegBytes / (2 * (vec > 1 ? out_bytes : (out_bytes > 4 ? out_bytes : 4)))
                   : kResidentRegBytes / acc_bytes;
 }
+
+// Whether the long_row cluster forward keeps its register cache as loaded rather than converted to
+// the accumulation type: 16-bit inputs in 128-bit accesses, float arithmetic. Why: the float cache
+// holds 32 elements a thread, so a 16-bit CTA has half the bytes in flight that a float one has at the
+// same registers, and its bandwidth follows the bytes in flight (H100, bench/NOTES.md thirteenth
+// session: bf16 rows of 20000-65536 at 0.83-0.95 of the limit where float ran at 0.98). Kept as
+// loaded, a thread caches 64 elements in the same 32 registers; softmax then computes exp twice per
+// element (sum, then output), log_softmax nothing extra, as the warp and strided raw forwards.
+constexpr bool softmax_resident_raw(bool backward, int vec, int in_bytes, int acc_bytes) {
+  return !backward && vec > 1 && vec * in_bytes == 16 && in_bytes < acc_bytes;
+}
+// Elements a thread of that forward caches: kResidentRegBytes of loaded vectors.
+constexpr int softmax_resident_raw_elems(int in_bytes) { return kResidentRegBytes / in_bytes; }
 
 // Whether the strided forward caches its D-rows as loaded (16-bit inputs in 128-bit accesses) rather
 // than converted to the accumulation type. Why: a raw 16-bit row takes half the registers, so a thread
@@ -367,6 +380,7 @@ struct SoftmaxPlan {
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
+  bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // resident long_row forward: of elems_per_thread, those kept in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -509,11 +523,13 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
 // fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules. Where
 // the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
 // threads) come right after the register-only 256-thread ones and replace the larger ones. Rows with
-// edges (block.cuh's RowEdges) take only the register-only CTAs.
+// edges (block.cuh's RowEdges) take only the register-only CTAs. 16-bit forwards keep the register
+// cache as loaded (softmax_resident_raw: twice the elements a thread).
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
-  const int reg_e = softmax_resident_elems(p, vec);
+  const bool raw = softmax_resident_raw(p.backward, vec, p.in_bytes, p.acc_bytes);
+  const int reg_e = raw ? softmax_resident_raw_elems(p.in_bytes) : softmax_resident_elems(p, vec);
   const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
   const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
   // (threads, whether part of the slice is in shared memory), in the order tried.
@@ -539,11 +555,16 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
       if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
       if (s > cluster_cap(p, t, last_resort)) continue;
+      // Raw 16-bit register CTAs stop at portable clusters (8 x 256 x 64 = 131072 elements) where the
+      // shared-memory CTAs can take the row: those keep as many elements a thread at 40 registers
+      // (three 512-thread CTAs an SM), the plan of the 262144 bar cells (0.92-0.93, tenth session).
+      if (raw && with_smem && !shapes[i].smem && s > kMaxPortableCluster) continue;
       SoftmaxPlan plan;
       plan.variant = SoftmaxVariant::kLongRow;
       plan.mode = SoftmaxMode::kResident;
       plan.vec = vec;
       plan.edges = edges;
+      plan.raw = raw && !shapes[i].smem;
       plan.elems_per_thread = e;
       plan.smem_elems = shapes[i].smem ? smem_e : 0;
       plan.cluster = int(s);
@@ -798,8 +819,8 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
         n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s]",
                           s.cluster, s.threads, s.elems_per_thread, s.smem_elems, access);
       } else {
-        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row, %s]", s.cluster,
-                          s.threads, s.elems_per_thread, access);
+        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s]", s.cluster,
+                          s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access);
       }
       break;
     case SoftmaxMode::kSplit:

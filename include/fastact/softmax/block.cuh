@@ -12,12 +12,13 @@
 // loop is guarded by j < nvalid rather than padding with -inf / 0, which would cost registers. The
 // host guarantees cluster * T * kVecs * kVec >= D (so in-row offsets fit in int).
 //
-// Forward: each thread's max, its kept values (exp(x - max) for softmax, x for log_softmax) and their
-// sum -> one all-reduce of the (max, sum) pairs (block, then cluster) -> write, rescaled to the row's
-// max. Backward: sum of the epilogue's backward term -> write. The all-reduce costs one block barrier
-// (in a cluster, plus one exchange of pushed partials: row_allreduce); a max and then a sum would cost
-// two. One row per CTA or cluster; each CTA reads only its own shared memory, so none waits for the
-// others at exit.
+// Forward: each thread's max, its kept values (exp(x - max) for softmax, x for log_softmax; kRaw, the
+// long_row clusters' 16-bit forwards: the loaded vectors themselves, twice the elements in the same
+// registers) and their sum -> one all-reduce of the (max, sum) pairs (block, then cluster) -> write,
+// rescaled to the row's max. Backward: sum of the epilogue's backward term -> write. The all-reduce
+// costs one block barrier (in a cluster, plus one exchange of pushed partials: row_allreduce); a max
+// and then a sum would cost two. One row per CTA or cluster; each CTA reads only its own shared memory,
+// so none waits for the others at exit.
 #pragma once
 
 #include "fastact/softmax/common.cuh"
@@ -78,6 +79,92 @@ struct NoExtraUnits {
   template <typename Epi, typename A, typename out_t>
   FASTACT_DEVICE void store(const Epi& /*epi*/, A /*row_max*/, A /*c*/, out_t* /*yr*/,
                             const ResidentSlice& /*s*/) const {}
+};
+
+// resident_forward's Extra for units of the slice kept as loaded (in_t) rather than as A: units
+// kFirst + j (j < kUnits) of the slice, unit j read as Units::unit(j) (CRTP), processed through the
+// epilogue itself (KeepInput: softmax computes their exps twice, for the sum and for the outputs).
+// Units: RegisterUnits below (registers), long_row.cuh's SharedUnits (shared memory).
+template <typename Units, typename Epi, typename in_t, int kVec, int kFirst, int kUnits>
+struct LoadedUnits {
+  using Raw = KeepInput<Epi>;
+
+  // f(unit index in the slice, its values as A) for each of these units inside the row.
+  template <typename A, typename F>
+  FASTACT_DEVICE void for_each(const ResidentSlice& s, F&& f) const {
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      if (kFirst + j < s.nvalid) {
+        A w[kVec];
+        to_acc(static_cast<const Units*>(this)->unit(j), w);
+        f(kFirst + j, w);
+      }
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& s) const {
+    for_each<A>(s, [&](int, const A(&w)[kVec]) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
+    });
+  }
+  template <typename A>
+  FASTACT_DEVICE void add_terms(A& sum, A base, const ResidentSlice& s) const {
+    for_each<A>(s, [&](int, const A(&w)[kVec]) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
+    });
+  }
+  template <typename A, typename out_t>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* __restrict__ yr, const ResidentSlice& s) const {
+    for_each<A>(s, [&](int j, const A(&w)[kVec]) {
+      A o[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], row_max, c);
+      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+    });
+  }
+};
+
+// The whole slice, kUnits units, in registers as loaded (softmax_block_fwd_kernel with kRaw: 16-bit
+// inputs, dispatch.h softmax_resident_raw): half the registers of the converted cache. The max by
+// packed 16-bit compares where the element type has them (ElementMax).
+template <typename Epi, typename in_t, int kVec, int kUnits>
+struct RegisterUnits : LoadedUnits<RegisterUnits<Epi, in_t, kVec, kUnits>, Epi, in_t, kVec, 0, kUnits> {
+  AlignedVector<in_t, kVec> r[kUnits];
+
+  FASTACT_DEVICE const AlignedVector<in_t, kVec>& unit(int j) const { return r[j]; }
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& s) const {
+    A mv[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
+    ElementMax<in_t>::into(r, s.nvalid, mv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
+  }
+};
+
+// resident_forward's Extra made of two: each hook runs the first's, then the second's.
+template <typename First, typename Second>
+struct BothExtras {
+  First first;
+  Second second;
+  template <typename A>
+  FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& s) const {
+    first.fold_max(m, s);
+    second.fold_max(m, s);
+  }
+  template <typename A>
+  FASTACT_DEVICE void add_terms(A& sum, A base, const ResidentSlice& s) const {
+    first.add_terms(sum, base, s);
+    second.add_terms(sum, base, s);
+  }
+  template <typename Epi, typename A, typename out_t>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* yr, const ResidentSlice& s) const {
+    first.store(epi, row_max, c, yr, s);
+    second.store(epi, row_max, c, yr, s);
+  }
 };
 
 // A row that starts off the 128-bit alignment (kEdges): row r of every tensor starts (r * D) % kVec
@@ -294,36 +381,60 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
   extra.store(epi, dot);
 }
 
+// `extra` with this thread's edge elements (ForwardEdges) added when kEdges: the rest of its slice for
+// resident_forward. xrow, yrow: the row's first element in x and y.
+template <bool kEdges, typename Epi, int kVec, typename Extra, typename in_t, typename out_t>
+FASTACT_DEVICE auto with_edges(const Extra& extra, const in_t* __restrict__ xrow, out_t* yrow, const RowEdges& ed) {
+  if constexpr (kEdges) {
+    using Edges = ForwardEdges<Epi, in_t, out_t, kVec>;
+    return BothExtras<Extra, Edges>{extra, Edges(xrow, yrow, ed)};
+  } else {
+    return extra;
+  }
+}
+
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Row first_row +
-// blockIdx.x / cluster. kEdges: rows off the alignment (RowEdges), the body in units.
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false>
+// blockIdx.x / cluster. kEdges: rows off the alignment (RowEdges), the body in units. kRaw: the slice
+// cached as loaded (RegisterUnits; dispatch.h softmax_resident_raw), else converted to A.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false, bool kRaw = false>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kernel(const in_t* __restrict__ x,
                                                                                    out_t* __restrict__ y, int64_t dim,
                                                                                    int64_t row_stride, int cluster,
                                                                                    Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
-  constexpr int kElems = block_fwd_elems<out_t, kVec>();
+  constexpr int kElems = kRaw ? softmax_resident_raw_elems(sizeof(in_t)) : block_fwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   static_assert(!kEdges || kVec > 1, "edges only around 128-bit units");
+  static_assert(!kRaw || softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(A)), "raw: 16-bit units, float");
   __shared__ RowScratch<MaxSum<A>> scratch;
   exchange_init(scratch.bar, cluster);
   RowEdges ed{0, 0, 0, 0};
   if constexpr (kEdges) ed = row_edges<kVec>(first_row + blockIdx.x / cluster, dim, cluster);
   const ResidentSlice s = resident_slice<kVec, kVecs>(kEdges ? ed.body : dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
-  const in_t* xr = x + row * row_stride + (ed.head + s.first);
+  const in_t* xrow = x + row * row_stride;
+  out_t* yrow = y + row * dim;
+  const in_t* xr = xrow + (ed.head + s.first);
+  out_t* yr = yrow + (ed.head + s.first);
   int round = 0;
-  A v[kVecs][kVec];
+  if constexpr (kRaw) {
+    RegisterUnits<Epi, in_t, kVec, kVecs> units;
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
-  }
-  if constexpr (kEdges) {
-    resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + (ed.head + s.first), epi, scratch, round, cluster,
-                                       ForwardEdges<Epi, in_t, out_t, kVec>(x + row * row_stride, y + row * dim, ed));
+    for (int j = 0; j < kVecs; ++j) {
+      if (j < s.nvalid) units.r[j] = load_vector<in_t, kVec>(xr + j * s.step);
+    }
+    A none[1][kVec];  // no converted units: all of the slice is in `units`
+    resident_forward<Epi, kVec, 0>(none, s, yr, epi, scratch, round, cluster,
+                                   with_edges<kEdges, Epi, kVec>(units, xrow, yrow, ed));
   } else {
-    resident_forward<Epi, kVec, kVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster);
+    A v[kVecs][kVec];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+    }
+    resident_forward<Epi, kVec, kVecs>(v, s, yr, epi, scratch, round, cluster,
+                                       with_edges<kEdges, Epi, kVec>(NoExtraUnits{}, xrow, yrow, ed));
   }
 }
 
@@ -369,21 +480,38 @@ namespace detail {
 // One row per CTA (cluster == 1) or per cluster; `threads` and `cluster` from the plan.
 // `edges`: rows off the alignment (RowEdges; the caller checked the pointers and the row stride).
 // Two threads of the last CTA own the edges, so a block has at least two.
+// The forward kernel for (kEdges, kRaw); combinations its types cannot run are configuration errors
+// (and are not instantiated).
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges, bool kRaw>
+cudaError_t launch_block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
+                                 int cluster, cudaStream_t stream) {
+  if constexpr ((kEdges && kVec == 1) ||
+                (kRaw && !softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(acc_t<out_t>)))) {
+    return cudaErrorInvalidConfiguration;
+  } else {
+    return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec, kEdges, kRaw>>(
+        rows, threads, 0, cluster, stream, x, y, dim, row_stride, cluster, Epi{});
+  }
+}
+
+// `raw`: the slice cached as loaded (long_row's clusters, where dispatch.h's softmax_resident_raw holds).
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
-                          int cluster, bool edges, cudaStream_t stream) {
+                          int cluster, bool edges, bool raw, cudaStream_t stream) {
+  const int elems = raw ? softmax_resident_raw_elems(sizeof(in_t)) : block_fwd_elems<out_t, kVec>();
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
-      cluster > kMaxCluster || int64_t(cluster) * threads * block_fwd_elems<out_t, kVec>() < dim)
+      cluster > kMaxCluster || int64_t(cluster) * threads * elems < dim)
     return cudaErrorInvalidConfiguration;
   if (edges) {
-    if constexpr (kVec > 1) {
-      return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec, true>>(rows, threads, 0, cluster, stream, x,
-                                                                                  y, dim, row_stride, cluster, Epi{});
-    }
-    return cudaErrorInvalidConfiguration;
+    return raw ? launch_block_forward<in_t, out_t, Epi, kVec, true, true>(x, y, rows, dim, row_stride, threads,
+                                                                          cluster, stream)
+               : launch_block_forward<in_t, out_t, Epi, kVec, true, false>(x, y, rows, dim, row_stride, threads,
+                                                                           cluster, stream);
   }
-  return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec>>(rows, threads, 0, cluster, stream, x, y, dim,
-                                                                        row_stride, cluster, Epi{});
+  return raw ? launch_block_forward<in_t, out_t, Epi, kVec, false, true>(x, y, rows, dim, row_stride, threads, cluster,
+                                                                         stream)
+             : launch_block_forward<in_t, out_t, Epi, kVec, false, false>(x, y, rows, dim, row_stride, threads,
+                                                                          cluster, stream);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>

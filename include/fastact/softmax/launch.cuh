@@ -139,6 +139,11 @@ inline bool edges_plan_valid(const SoftmaxPlan& plan, bool vec) {
          (plan.variant == SoftmaxVariant::kVec || plan.variant == SoftmaxVariant::kLongRow);
 }
 
+// A register cache kept as loaded (plan.raw) runs only in long_row's cluster forward, with 128-bit units.
+inline bool raw_plan_valid(const SoftmaxPlan& plan, bool vec) {
+  return vec && plan.mode == SoftmaxMode::kResident && plan.variant == SoftmaxVariant::kLongRow;
+}
+
 }  // namespace softmax_impl::detail
 
 template <typename in_t, typename out_t, typename Epilogue>
@@ -163,6 +168,7 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                                                      plan.cluster, plan.streaming, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
+  if (plan.raw && !raw_plan_valid(plan, vec)) return cudaErrorInvalidValue;
   if (plan.edges) {  // every row at one offset from the alignment in x and y
     if (!edges_plan_valid(plan, vec)) return cudaErrorInvalidValue;
     if (outer > 1 && (row_stride - dim) % kW != 0) return cudaErrorMisalignedAddress;
@@ -219,7 +225,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
     return strided_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, inner, plan.threads, plan.columns,
                                                       plan.cluster, plan.streaming, stream);
   }
-  if (inner != 1) return cudaErrorInvalidValue;
+  if (inner != 1 || plan.raw) return cudaErrorInvalidValue;  // raw: a forward cache only
   if (plan.edges) {  // all three tensors dense: every row at one offset from the alignment
     if (!edges_plan_valid(plan, vec)) return cudaErrorInvalidValue;
   } else if (vec && dim % kW != 0) {

@@ -7,7 +7,8 @@
 //       forward, 128-bit path, float arithmetic: softmax_cluster_smem_fwd_kernel below, part of the
 //       slice in shared memory; otherwise (the backward, element accesses, float64, and the forward's
 //       256-thread clusters that fit in registers, rows off the 128-bit alignment: plan.edges):
-//       block.cuh's kernels. One row per cluster.
+//       block.cuh's kernels, 16-bit forwards with the register slice kept as loaded (plan.raw). One
+//       row per cluster.
 //   otherwise (no clusters, or longer rows): variant `split` (split.cuh): an online max+sum pass per
 //     chunk, then one write pass, several CTAs per row when rows are few, L2-sized row groups.
 // 128-bit accesses when aligned, element accesses otherwise, in both modes.
@@ -38,51 +39,21 @@ FASTACT_DEVICE unsigned char* cluster_smem_bytes() {
 
 // resident_forward's Extra in the kernel below: the thread's units kFirst + j (j < kUnits) of its
 // slice, held as loaded in its own shared-memory slots slot[j * T] (copy_async_16), and processed
-// through the epilogue itself (KeepInput: the input is kept, so softmax computes those exps twice).
-// fold_max first waits for the thread's copies, so that they were in flight during the register loads
-// and the register part of the max.
+// through the epilogue itself (block.cuh's LoadedUnits: the input is kept, so softmax computes those
+// exps twice). fold_max first waits for the thread's copies, so that they were in flight during the
+// register loads and the register part of the max.
 template <typename Epi, typename in_t, int kVec, int kFirst, int kUnits>
-struct SharedUnits {
-  using Raw = KeepInput<Epi>;
+struct SharedUnits : LoadedUnits<SharedUnits<Epi, in_t, kVec, kFirst, kUnits>, Epi, in_t, kVec, kFirst, kUnits> {
+  using Base = LoadedUnits<SharedUnits, Epi, in_t, kVec, kFirst, kUnits>;
   using Unit = AlignedVector<in_t, kVec>;
   const Unit* slot;  // this thread's unit kFirst + j at slot[j * nthreads]
   int nthreads;
 
-  // f(unit j of the slice, its values as A) for each of these units inside the row.
-  template <typename A, typename F>
-  FASTACT_DEVICE void for_each(const ResidentSlice& s, F&& f) const {
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      if (kFirst + j < s.nvalid) {
-        A w[kVec];
-        to_acc(slot[j * nthreads], w);
-        f(kFirst + j, w);
-      }
-    }
-  }
+  FASTACT_DEVICE const Unit& unit(int j) const { return slot[j * nthreads]; }
   template <typename A>
   FASTACT_DEVICE void fold_max(A& m, const ResidentSlice& s) const {
     copy_async_wait<0>();
-    for_each<A>(s, [&](int, const A(&w)[kVec]) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, w[k]);
-    });
-  }
-  template <typename A>
-  FASTACT_DEVICE void add_terms(A& sum, A base, const ResidentSlice& s) const {
-    for_each<A>(s, [&](int, const A(&w)[kVec]) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
-    });
-  }
-  template <typename A, typename out_t>
-  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* __restrict__ yr, const ResidentSlice& s) const {
-    for_each<A>(s, [&](int j, const A(&w)[kVec]) {
-      A o[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], row_max, c);
-      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
-    });
+    Base::fold_max(m, s);
   }
 };
 
@@ -126,7 +97,7 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
   resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
-                                        SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{slot, nthreads});
+                                        SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
 }
 
 namespace detail {
@@ -137,15 +108,16 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
                             const SoftmaxPlan& plan, cudaStream_t stream) {
   if (plan.smem_elems == 0)
     return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, plan.edges,
-                                                 stream);
+                                                 plan.raw, stream);
   using Shape = ClusterSmemShape<in_t, out_t, kVec>;
   if constexpr (Shape::kSupported) {
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.edges || plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec ||
-        threads <= 0 || threads > kClusterSmemMaxThreads || threads % kWarpSize != 0 || plan.cluster < 2 ||
-        plan.cluster > kMaxCluster || int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
+    if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
+        plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 || threads > kClusterSmemMaxThreads ||
+        threads % kWarpSize != 0 || plan.cluster < 2 || plan.cluster > kMaxCluster ||
+        int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
       return cudaErrorInvalidConfiguration;
     const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
     if (err != cudaSuccess) return err;
