@@ -61,6 +61,19 @@ ROW_LENGTHS = {"full": (128, 1024, 4096, 16384, 65536, 262144), "quick": (128, 4
 # vocabularies (30522, 50257) — and a strided-rows view, D = 4096 read from rows of 4097.
 IRREGULAR_ROWS = {"full": (197, 1000, 30522, 50257), "quick": (197, 50257)}
 VIEW_ROW = 4096
+# The wide grid (``--grid wide``): what the other two leave out, f32 and bf16 on 256 MB-class tensors.
+# Row lengths across the range: the powers of two between the bar's, hidden sizes (96, 768, 3072) and
+# the vocabularies of current language models (32000 Llama 2, 128256 Llama 3, 151936 Qwen 2).
+WIDE_ROWS = {"full": (32, 64, 96, 256, 512, 768, 2048, 3072, 8192, 32000, 32768, 128256, 131072, 151936, 524288,
+                      1048576),
+             "quick": (64, 768, 32000)}
+# Softmax over a dim that is not the last, as (D, inner): [outer, D, inner] over dim 1 (outer from the
+# size class), inner 0 meaning [D, rest] over dim 0 (one column block). Channel softmax of an NCHW map
+# (64 channels of 64 x 64), long and short columns, an odd D over odd columns, and dim 0 of a matrix.
+WIDE_STRIDED = {"full": ((64, 4096), (2048, 4096), (16, 1024), (1000, 256), (257, 1023), (16384, 0)),
+                "quick": ((64, 4096), (257, 1023))}
+# Elementwise ops on a chunk view (Case.view), rows of CHUNK_ROW elements out of 2 * CHUNK_ROW.
+CHUNK_ROW = 4096
 OVERHEAD_SHAPE = (8, 1024)  # small enough that the call, not the data, is what costs
 OVERHEAD_CALLS = 1000  # back-to-back calls per timed round
 
@@ -104,9 +117,12 @@ class Case:
     shape: tuple
     dim: int = -1
     out_dtype: torch.dtype | None = None
-    # Softmax forward only: x is the view ``base[..., 1:]`` of a [rows, D + 1] tensor (row stride
-    # D + 1, every row's start off its 16-byte alignment), the layout of a sliced activation.
-    sliced: bool = False
+    # The input is a view that is not dense (make_inputs), None: dense. "sliced" (softmax family's
+    # forward): x = base[..., 1:] of a [rows, D + 1] tensor, every row's start off its 16-byte
+    # alignment, the layout of a sliced activation. "chunk" (gelu, sigmoid, bias_gelu): x =
+    # base[..., H:] of a [rows, 2H] tensor, the second half of ``base.chunk(2, -1)`` as in a GeGLU
+    # block (gelu's and bias_gelu's backwards read x in that layout; dy, and sigmoid's y, are dense).
+    view: str | None = None
 
     @property
     def numel(self):
@@ -141,8 +157,10 @@ class Case:
     @property
     def shape_name(self):
         s = "x".join(map(str, self.shape))
-        if self.sliced:
+        if self.view == "sliced":
             return f"{s} of {self.shape[-1] + 1}"
+        if self.view == "chunk":
+            return f"{s} of {2 * self.shape[-1]}"
         return s if self.op not in SOFTMAX_OPS or self.last_dim else f"{s} dim{self.dim % len(self.shape)}"
 
     @property
@@ -177,7 +195,7 @@ class Case:
         return {"name": self.name, "op": self.op, "direction": self.direction, "dtype": DTYPE_NAMES[self.dtype],
                 "out_dtype": DTYPE_NAMES.get(self.out_dtype), "shape": list(self.shape),
                 "dim": self.dim % len(self.shape), "row": self.row, "kind": self.kind, "bytes": self.nbytes,
-                "sliced": self.sliced}
+                "view": self.view}
 
 
 def _rows(class_bytes, row, itemsize):
@@ -199,8 +217,12 @@ def cases(mode="full", device_type="cuda", grid="bar"):
     [8192, 8192] in f32 and bf16. quick: fewer row lengths and dtypes on smaller tensors."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose from {GRIDS}")
-    if grid != "bar":
-        return (cases(mode, device_type) if grid == "all" else []) + irregular_cases(mode, device_type)
+    if grid == "irregular":
+        return irregular_cases(mode, device_type)
+    if grid == "wide":
+        return wide_cases(mode, device_type)
+    if grid == "all":
+        return cases(mode, device_type) + irregular_cases(mode, device_type) + wide_cases(mode, device_type)
     full = mode == "full"
     cb = class_bytes(mode, device_type)
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
@@ -223,13 +245,13 @@ def cases(mode="full", device_type="cuda", grid="bar"):
     return out
 
 
-GRIDS = ("bar", "irregular", "all")
+GRIDS = ("bar", "irregular", "wide", "all")
 
 
 def irregular_cases(mode="full", device_type="cuda"):
     """Shapes off the powers of two: softmax and log_softmax, fwd and bwd, f32 and bf16, on rows of
     IRREGULAR_ROWS elements (no 128-bit vector divides them, so every row starts at another
-    alignment), 256 MB-class tensors; and the softmax forward of a sliced view (``Case.sliced``)."""
+    alignment), 256 MB-class tensors; and the softmax forward of a sliced view (``Case.view``)."""
     cb = class_bytes(mode, device_type)
     f32, bf16 = torch.float32, torch.bfloat16
     out = []
@@ -238,7 +260,34 @@ def irregular_cases(mode="full", device_type="cuda"):
             for dt in (f32, bf16):
                 out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in IRREGULAR_ROWS[mode]]
     for dt in (f32, bf16):
-        out.append(Case("softmax", "fwd", dt, (_rows(cb, VIEW_ROW + 1, dt.itemsize), VIEW_ROW), sliced=True))
+        out.append(Case("softmax", "fwd", dt, (_rows(cb, VIEW_ROW + 1, dt.itemsize), VIEW_ROW), view="sliced"))
+    return out
+
+
+def wide_cases(mode="full", device_type="cuda"):
+    """Shapes the bar's grid leaves out, f32 and bf16, 256 MB-class tensors: softmax and log_softmax,
+    fwd and bwd, on rows of WIDE_ROWS elements; softmax fwd and bwd over the WIDE_STRIDED dims; gelu
+    (erf, tanh), sigmoid and bias_gelu on chunk views (Case.view), forward and (where the backward
+    reads the view) backward."""
+    cb = class_bytes(mode, device_type)
+    f32, bf16 = torch.float32, torch.bfloat16
+    out = []
+    for op in SOFTMAX_OPS:
+        for d in DIRECTIONS:
+            for dt in (f32, bf16):
+                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in WIDE_ROWS[mode]]
+    for d in DIRECTIONS:
+        for dt in (f32, bf16):
+            for D, inner in WIDE_STRIDED[mode]:
+                if inner == 0:
+                    out.append(Case("softmax", d, dt, (D, _rows(cb, D, dt.itemsize)), dim=0))
+                else:
+                    out.append(Case("softmax", d, dt, (_rows(cb, D * inner, dt.itemsize), D, inner), dim=1))
+    for op in ELEMENTWISE_OPS + ("bias_gelu",):
+        for d in DIRECTIONS:
+            if d == "bwd" and op == "sigmoid":
+                continue  # its backward reads y, the forward's (dense) output
+            out += [Case(op, d, dt, (_rows(cb, CHUNK_ROW, dt.itemsize), CHUNK_ROW), view="chunk") for dt in (f32, bf16)]
     return out
 
 
@@ -262,11 +311,19 @@ def make_inputs(case, device, seed=0):
         return torch.randn(shape, generator=g, device=device, dtype=dtype)
 
     fwd = case.direction == "fwd"
-    if case.sliced:
+    if case.view == "sliced":
         if not (fwd and case.op in SOFTMAX_OPS and case.last_dim):
             raise ValueError(f"{case.name}: only the softmax family's last-dim forward takes a sliced input")
         return {"x": randn((*case.shape[:-1], case.shape[-1] + 1), case.dtype)[..., 1:]}
-    x = randn(case.shape, case.dtype)
+    if case.view == "chunk":
+        if case.op in SOFTMAX_OPS:
+            raise ValueError(f"{case.name}: the softmax family takes no chunk view")
+        h = case.shape[-1]
+        x = randn((*case.shape[:-1], 2 * h), case.dtype)[..., h:]
+    elif case.view is not None:
+        raise ValueError(f"{case.name}: unknown view {case.view!r}")
+    else:
+        x = randn(case.shape, case.dtype)
     if case.op in SOFTMAX_OPS:
         if fwd:
             return {"x": x}
@@ -859,7 +916,8 @@ def main(argv=None):
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--grid", choices=GRIDS, default="bar",
                    help="bar: the performance bar's grid (default); irregular: row lengths no 128-bit vector "
-                        "divides (197, 1000, 30522, 50257) and a sliced view; all: both")
+                        "divides (197, 1000, 30522, 50257) and a sliced view; wide: row lengths across the range "
+                        "and model vocabularies, other softmax dims, elementwise ops on chunk views; all: the three")
     p.add_argument("--check", action="store_true",
                    help="mark each case against the performance bar, print the misses, exit 1 if any")
     p.add_argument("--default-malloc", action="store_true",
