@@ -6,8 +6,9 @@
 // gives anything else dense strides in the input's own dim order (not necessarily contiguous: a
 // sliced transpose stays transposed). A dense input is read in place, in its memory order, whatever
 // its strides; inputs with gaps or overlaps (slices, expands) are first copied into
-// `empty_like(input)` — except the common "rows with a stride" case of a last-dim softmax
-// (e.g. `x[..., 1:]`), which the kernels read in place through a row stride.
+// `empty_like(input)` — except the common "rows with a stride" case (e.g. `x[..., 1:]`, or a chunk
+// of the last dim) of a last-dim softmax and of the elementwise ops, which the kernels read in place
+// through a row stride.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +21,8 @@
 #include <optional>
 #include <string_view>
 #include <vector>
+
+#include "fastact/element_rows.h"
 
 namespace fastact {
 
@@ -231,15 +234,50 @@ inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, 
   return p;
 }
 
-// Elementwise ops read a dense input in place (any memory order) and write an output of the same
-// strides; anything else is first copied into empty_like's layout. Returns the tensor to read.
-// (The name is historical: a non-dense input becomes dense in its own dim order, not contiguous.)
-inline at::Tensor dense_or_contiguous(const at::Tensor& t) { return is_dense(t) ? t : dense_copy(t); }
-
 // A second operand walked in the same memory order as `like` (a copy only when the strides differ).
 inline at::Tensor in_layout_of(const at::Tensor& t, const at::Tensor& like) {
   if (t.strides() == like.strides() || t.numel() <= 1) return t;
   return at::empty_like(like, t.options()).copy_(t);
+}
+
+// The row stride at which an elementwise kernel reads input t beside its output out (dense): out's row
+// length when t is in out's memory order (t is then read at out's offsets), t's row stride when out is
+// contiguous and t a uniformly strided stack of rows; nullopt when t must be copied first.
+inline std::optional<int64_t> element_read_stride(const at::Tensor& out, const at::Tensor& t) {
+  const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+  if (t.strides() == out.strides() || t.numel() <= 1) return cols;
+  if (out.is_contiguous() && t.dim() > 0) return collapsed_row_stride(t, t.dim() - 1);
+  return std::nullopt;
+}
+
+// The inputs of an elementwise op as its kernels read them (ElementRows), given its output `out`
+// (empty_like of its main input, so dense). An input in out's memory order is read at out's offsets;
+// when out is contiguous, an input that is a uniformly strided stack of rows (collapsed_row_stride:
+// x[..., a:b], a chunk of the last dim) is read in place, row by row; anything else is first copied
+// into out's layout (element_read_stride). out.numel() > 0.
+struct ElementOperands {
+  at::Tensor in0, in1;  // what the kernel reads (in1 undefined for a unary op)
+  ElementRows rows;
+};
+
+inline ElementOperands element_operands(const at::Tensor& out, const at::Tensor& in0,
+                                        const at::Tensor& in1 = at::Tensor()) {
+  const int64_t n = out.numel();
+  const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+  ElementRows g{n / cols, cols, cols, cols};
+  const auto place = [&](const at::Tensor& t, int64_t& stride) {
+    if (!t.defined()) return t;
+    if (const auto s = element_read_stride(out, t)) {
+      stride = *s;
+      return t;
+    }
+    return in_layout_of(t, out);
+  };
+  ElementOperands ops;
+  ops.in0 = place(in0, g.stride0);
+  ops.in1 = place(in1, g.stride1);
+  ops.rows = g.is_flat() ? ElementRows::flat(n) : g;
+  return ops;
 }
 
 }  // namespace fastact

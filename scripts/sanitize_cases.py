@@ -99,6 +99,20 @@ def elementwise_cases(dtype):
             y = fastact.sigmoid(x)
             check(f"sigmoid {n}", y, torch.sigmoid(x.double()), dtype)
             check(f"sigmoid_backward {n}", ops.sigmoid_backward(dy, y), dy.double() * y.double() * (1 - y.double()), dtype)
+    # row views read in place (elementwise_rows_kernel): a chunk of the last dim (vector accesses where
+    # the width divides the row) and x[:, 1:] (element accesses); the backward's dy a row view too
+    for rows, cols in ((3, 8), (5, 33), (64, 1024)):
+        for view in ("chunk", "sliced"):
+            base = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)
+            x = base[:, cols:] if view == "chunk" else base[:, 1 : cols + 1]
+            dy = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)[:, :cols]
+            for approx in ("none", "tanh"):
+                xr = x.double().requires_grad_()
+                want = torch.nn.functional.gelu(xr, approximate=approx)
+                check(f"gelu {approx} {view} {rows}x{cols}", fastact.gelu(x, approx), want, dtype)
+                (gx,) = torch.autograd.grad(want, xr, dy.double())
+                check(f"gelu_backward {approx} {view} {rows}x{cols}", ops.gelu_backward(dy, x, approx), gx, dtype)
+            check(f"sigmoid {view} {rows}x{cols}", fastact.sigmoid(x), torch.sigmoid(x.double()), dtype)
     for rows, h in ((3, 8), (5, 33), (64, 1024), (1, 4100)):
         x = torch.randn(rows, h, device=dev, dtype=dtype)
         b = torch.randn(h, device=dev, dtype=dtype)

@@ -275,6 +275,31 @@ def make_tensor(shape, dtype, device, layout="contiguous", *, scale=1.0, gen=Non
     return strided_tensor(shape, dtype, device, scale=scale, gen=gen, **kw)
 
 
+# Strided stacks of rows, which the elementwise ops read in place (ElementRows): row lengths around
+# the 64- and 128-bit access widths, and the views below.
+ROW_VIEW_COLS = (1, 3, 4, 7, 8, 9, 16, 31, 33, 256, 1000, 4096)
+ROW_VIEWS = ("chunk", "padded", "sliced")
+
+
+def row_view(rows, cols, dtype, device, view, *, scale=1.0, values=None):
+    """A [rows, cols] view that is a strided stack of rows: "chunk" base[:, cols:] of [rows, 2 * cols]
+    (a GeGLU block's gate half); "padded" base[:, :cols] of rows padded to a multiple of 16 bytes
+    plus 16 (every row start 16-byte aligned); "sliced" base[:, 1:] of [rows, cols + 1] (row starts
+    off the alignment). Random values, or a copy of `values`."""
+    if view == "chunk":
+        v = make_tensor((rows, 2 * cols), dtype, device, scale=scale)[:, cols:]
+    elif view == "padded":
+        w = 16 // dtype.itemsize
+        v = make_tensor((rows, (cols + w - 1) // w * w + w), dtype, device, scale=scale)[:, :cols]
+    elif view == "sliced":
+        v = make_tensor((rows, cols + 1), dtype, device, scale=scale)[:, 1:]
+    else:
+        raise ValueError(f"unknown row view {view!r}")
+    if values is not None:
+        v.copy_(values)
+    return v
+
+
 def poison_allocator(device, *nbytes):
     """Leaves freed blocks of these sizes filled with 0xFF bytes (NaN in every float dtype) in the
     allocator's cache, so that an output the op allocates next from that cache and then fails to

@@ -8,6 +8,8 @@ import fastact
 from fastact_testing import (
     ALL_OPS,
     FLOAT_DTYPES,
+    ROW_VIEW_COLS,
+    ROW_VIEWS,
     assert_close,
     bias_for,
     coarsest,
@@ -16,6 +18,7 @@ from fastact_testing import (
     dtype_id,
     make_tensor,
     poison_allocator,
+    row_view,
     softmax_backward_ref,
     softmax_backward_torch,
 )
@@ -125,6 +128,29 @@ def test_gelu_backward_op(device, dtype, approximate, layouts, shape):
     ref = torch.ops.aten.gelu_backward(g.double(), x.double(), approximate=approximate)
     pt = torch.ops.aten.gelu_backward(g, x, approximate=approximate)
     assert_close(dx, ref, torch_actual=pt, msg=f"gelu_backward {approximate} x: {describe(x)} g: {describe(g)}")
+
+
+@pytest.mark.parametrize("view", ROW_VIEWS)
+@pytest.mark.parametrize("cols", ROW_VIEW_COLS)
+def test_elementwise_backward_row_views(device, dtype, cols, view):
+    """gelu_backward and sigmoid_backward with grad_output and the saved tensor both row views
+    (fastact_testing.row_view), read in place."""
+    x = row_view(67, cols, dtype, device, view, scale=3.0)
+    g = row_view(67, cols, dtype, device, view)
+    y = row_view(67, cols, dtype, device, view, values=torch.sigmoid(x))
+    msg = f"x: {describe(x)} g: {describe(g)}"
+    for approximate in ("none", "tanh"):
+        poison_allocator(device, x.numel() * dtype.itemsize)
+        dx = ops.gelu_backward.default(g, x, approximate)
+        assert dx.stride() == torch.empty_like(x).stride(), msg
+        ref = torch.ops.aten.gelu_backward(g.double(), x.double(), approximate=approximate)
+        pt = torch.ops.aten.gelu_backward(g, x, approximate=approximate)
+        assert_close(dx, ref, torch_actual=pt, msg=f"gelu_backward {approximate} {msg}")
+    poison_allocator(device, x.numel() * dtype.itemsize)
+    dx = ops.sigmoid_backward.default(g, y)
+    assert dx.stride() == torch.empty_like(y).stride(), msg
+    ref = torch.ops.aten.sigmoid_backward(g.double(), y.double())
+    assert_close(dx, ref, torch_actual=torch.ops.aten.sigmoid_backward(g, y), msg=f"sigmoid_backward {msg}")
 
 
 @pytest.mark.parametrize("shape,layouts", ELEMENTWISE_BWD_CASES)

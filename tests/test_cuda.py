@@ -835,6 +835,34 @@ def test_huge_softmax_strided(variant):
 
 
 @pytest.mark.huge
+def test_huge_elementwise_row_views():
+    """Row views past 2^31 accesses (float16, element accesses: no row starts aligned). x[:, 1:] of a
+    [2^21 + 1, 1025] tensor is 2^31 + 1024 elements: the rows kernel in two launches, the second
+    from row 2^21 - 1 (rows_per_launch = (2^31 - 1) // 1024). x[:, 1:] of [2, 2^31 + 9]: rows of
+    2^31 + 8 elements, each its own flat launch. Sampled rows against float64."""
+    _need_huge_gpu()
+    base = torch.randn((1 << 21) + 1, 1025, dtype=torch.float16, device="cuda")
+    x = base[:, 1:]
+    assert "elementwise_rows_scalar" in fastact.explain("sigmoid", x)
+    rows = torch.cat([torch.arange(0, 64), torch.arange((1 << 21) - 66, (1 << 21) + 1)]).cuda()
+    y = fastact.sigmoid(x)
+    assert_close(y[rows], torch.sigmoid(x[rows].double()), torch_actual=torch.sigmoid(x[rows]), msg="sigmoid, two launches")
+    del y
+    g = torch.randn(x.shape, dtype=torch.float16, device="cuda")
+    dx = ops.gelu_backward(g, x, "none")
+    ref = torch.ops.aten.gelu_backward(g[rows].double(), x[rows].double())
+    assert_close(dx[rows], ref, torch_actual=torch.ops.aten.gelu_backward(g[rows], x[rows]), msg="gelu_backward, two launches")
+    del base, x, g, dx
+    base = torch.randn(2, (1 << 31) + 9, dtype=torch.float16, device="cuda")
+    x = base[:, 1:]
+    y = fastact.gelu(x, "tanh")
+    for r in range(2):
+        for c in (slice(0, 1 << 20), slice((1 << 31) - (1 << 20), (1 << 31) + 8)):
+            want = torch.nn.functional.gelu(x[r, c].double(), approximate="tanh")
+            assert_close(y[r, c], want, torch_actual=torch.nn.functional.gelu(x[r, c], approximate="tanh"), msg=f"gelu, row {r} {c}")
+
+
+@pytest.mark.huge
 def test_huge_elementwise():
     _need_huge_gpu()
     x = torch.randn(HUGE, dtype=torch.float16, device="cuda")

@@ -14,6 +14,8 @@ from fastact_testing import (
     ELEMENTWISE_OPS,
     FLOAT_DTYPES,
     LAYOUTS,
+    ROW_VIEW_COLS,
+    ROW_VIEWS,
     SOFTMAX_OPS,
     bias_for,
     check_op,
@@ -21,6 +23,7 @@ from fastact_testing import (
     is_dense,
     layout_applies,
     make_tensor,
+    row_view,
     strided_tensor,
 )
 
@@ -109,6 +112,26 @@ def test_softmax_boundary_sizes(device, dtype, op, n, layout):
 def test_unary_boundary_sizes(device, dtype, op, n, layout):
     # 1-d tensors of n elements: the vector body and the scalar tail of the elementwise kernel
     check_op(op, make_tensor((n,), dtype, device, layout))
+
+
+# Elementwise ops on strided stacks of rows (fastact_testing.row_view), read in place: forward and
+# backward through autograd, and the kernel explain() reports (CUDA: vector accesses where the row
+# starts and length allow them). The backward ops with both inputs row views: test_backward.py.
+@pytest.mark.parametrize("view", ROW_VIEWS)
+@pytest.mark.parametrize("cols", ROW_VIEW_COLS)
+@pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if not o.takes_bias], ids=str)
+def test_elementwise_row_views(device, dtype, op, cols, view):
+    x = row_view(67, cols, dtype, device, view, scale=3.0)
+    check_op(op, x)
+    s = fastact.explain(op.name, x)
+    if is_dense(x):  # cols == 1 of a chunk: a column of stride 2 is dense
+        return
+    assert "read in place" in s and "copied" not in s, s
+    if x.is_cuda:
+        # unary ops take 16-byte accesses in every dtype
+        vec = cols % (16 // x.element_size()) == 0 and view != "sliced"
+        kernel = "elementwise_rows_vec" if vec else "elementwise_rows_scalar"
+        assert s.startswith(f"kernel={kernel}:"), s
 
 
 @pytest.mark.parametrize("n", BOUNDARY_SIZES)

@@ -510,53 +510,6 @@ void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, cons
   if constexpr (kStream) stream_fence();
 }
 
-// Over n elements in chunks of whole vector pairs (the scalar tail only in the last chunk).
-// Outputs of kStreamBytes or more are written with streaming stores.
-template <typename T, typename Op>
-void unary_kernel(const T* x, T* y, int64_t n, int64_t grain, const Op& op) {
-  constexpr int64_t kStep = 2 * Io<T>::kV;
-  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t b, int64_t e) {
-    if (stream) unary_range<true>(x, y, b * kStep, std::min(e * kStep, n), op);
-    else unary_range<false>(x, y, b * kStep, std::min(e * kStep, n), op);
-  });
-}
-
-template <typename T, typename Op>
-void binary_kernel(const T* a, const T* b, T* z, int64_t n, int64_t grain, const Op& op) {
-  constexpr int64_t kStep = 2 * Io<T>::kV;
-  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t lo, int64_t hi) {
-    if (stream) binary_range<true>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
-    else binary_range<false>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
-  });
-}
-
-template <typename T>
-void gelu_fwd(const T* x, T* y, int64_t n, bool tanh_approx) {
-  if (tanh_approx) unary_kernel(x, y, n, kGrainHeavy, GeluOp<true>{});
-  else unary_kernel(x, y, n, kGrainHeavy, GeluOp<false>{});
-}
-
-template <typename T>
-void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx) {
-  if (tanh_approx) binary_kernel(dy, x, dx, n, kGrainHeavy, GeluBackwardOp<true>{});
-  else binary_kernel(dy, x, dx, n, kGrainHeavy, GeluBackwardOp<false>{});
-}
-
-template <typename T>
-void sigmoid_fwd(const T* x, T* y, int64_t n) {
-  unary_kernel(x, y, n, kGrain, SigmoidOp{});
-}
-
-template <typename T>
-void sigmoid_bwd(const T* dy, const T* y, T* dx, int64_t n) {
-  binary_kernel(dy, y, dx, n, kGrain, SigmoidBackwardOp{});
-}
-
-// ---------------------------------------------------------------------------------------------
-// bias + GELU. x, y, dy, dx contiguous [rows, cols]; bias, dbias [cols].
-
 // Calls seg(row, c0, c1) for the row segments that make up elements [begin, end) of a
 // [rows, cols] row-major array.
 template <typename F>
@@ -570,6 +523,74 @@ void for_each_row_segment(int64_t begin, int64_t end, int64_t cols, const F& seg
     c = 0;
   }
 }
+
+// Over the elements of g in chunks of whole vector pairs (flat operands: the scalar tail only in the
+// last chunk; strided rows: each chunk cut at row ends, a row segment a call of the range loop).
+// Outputs of kStreamBytes or more are written with streaming stores.
+template <typename T, typename Op>
+void unary_kernel(const T* x, T* y, const ElementRows& g, int64_t grain, const Op& op) {
+  constexpr int64_t kStep = 2 * Io<T>::kV;
+  const int64_t n = g.numel();
+  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
+  if (!g.is_flat()) {
+    parallel_for(n, grain, [&](int64_t b, int64_t e) {
+      for_each_row_segment(b, e, g.cols, [&](int64_t r, int64_t c0, int64_t c1) {
+        if (stream) unary_range<true>(x + r * g.stride0, y + r * g.cols, c0, c1, op);
+        else unary_range<false>(x + r * g.stride0, y + r * g.cols, c0, c1, op);
+      });
+    });
+    return;
+  }
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t b, int64_t e) {
+    if (stream) unary_range<true>(x, y, b * kStep, std::min(e * kStep, n), op);
+    else unary_range<false>(x, y, b * kStep, std::min(e * kStep, n), op);
+  });
+}
+
+template <typename T, typename Op>
+void binary_kernel(const T* a, const T* b, T* z, const ElementRows& g, int64_t grain, const Op& op) {
+  constexpr int64_t kStep = 2 * Io<T>::kV;
+  const int64_t n = g.numel();
+  const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
+  if (!g.is_flat()) {
+    parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
+      for_each_row_segment(lo, hi, g.cols, [&](int64_t r, int64_t c0, int64_t c1) {
+        if (stream) binary_range<true>(a + r * g.stride0, b + r * g.stride1, z + r * g.cols, c0, c1, op);
+        else binary_range<false>(a + r * g.stride0, b + r * g.stride1, z + r * g.cols, c0, c1, op);
+      });
+    });
+    return;
+  }
+  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t lo, int64_t hi) {
+    if (stream) binary_range<true>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
+    else binary_range<false>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
+  });
+}
+
+template <typename T>
+void gelu_fwd(const T* x, T* y, const ElementRows& g, bool tanh_approx) {
+  if (tanh_approx) unary_kernel(x, y, g, kGrainHeavy, GeluOp<true>{});
+  else unary_kernel(x, y, g, kGrainHeavy, GeluOp<false>{});
+}
+
+template <typename T>
+void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx) {
+  if (tanh_approx) binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<true>{});
+  else binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<false>{});
+}
+
+template <typename T>
+void sigmoid_fwd(const T* x, T* y, const ElementRows& g) {
+  unary_kernel(x, y, g, kGrain, SigmoidOp{});
+}
+
+template <typename T>
+void sigmoid_bwd(const T* dy, const T* y, T* dx, const ElementRows& g) {
+  binary_kernel(dy, y, dx, g, kGrain, SigmoidBackwardOp{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias + GELU. x, y, dy, dx contiguous [rows, cols]; bias, dbias [cols].
 
 // y[c] = gelu(x[c] + bias[c]) for c in [c0, c1) of one row: x + bias never leaves registers.
 template <typename T, bool kTanh>

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fastact/element_rows.h"
+
 namespace fastact::cpu {
 
 // softmax over D, the tensor seen as [outer, D, inner] (csrc/common.h: SoftmaxGeometry).
@@ -46,11 +48,12 @@ struct TypedKernels {
   // dx written as T. nullptr for float/double.
   void (*softmax_bwd_from_float)(const float* dy, const float* y, T* dx, const SoftmaxShape& shape, bool log);
 
-  // Elementwise, over n consecutive elements (any dense memory order).
-  void (*gelu_fwd)(const T* x, T* y, int64_t n, bool tanh_approx);
-  void (*gelu_bwd)(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx);
-  void (*sigmoid_fwd)(const T* x, T* y, int64_t n);
-  void (*sigmoid_bwd)(const T* dy, const T* y, T* dx, int64_t n);  // dx = dy * y * (1 - y)
+  // Elementwise, the operands laid out as g (fastact/element_rows.h: ElementRows::flat(n) for n
+  // consecutive elements of any dense memory order; else inputs as strided rows, the output dense).
+  void (*gelu_fwd)(const T* x, T* y, const ElementRows& g, bool tanh_approx);
+  void (*gelu_bwd)(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx);
+  void (*sigmoid_fwd)(const T* x, T* y, const ElementRows& g);
+  void (*sigmoid_bwd)(const T* dy, const T* y, T* dx, const ElementRows& g);  // dx = dy * y * (1 - y)
 
   // y = gelu(x + bias), x and y contiguous [rows, cols], bias [cols].
   void (*bias_gelu_fwd)(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx);

@@ -185,17 +185,18 @@ at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
 }
 
 // ---------------------------------------------------------------------------------------------
-// Elementwise ops: a dense input is read in place in its own memory order, the output has its
-// strides (common.h's layout rule); anything else is made contiguous first.
+// Elementwise ops: the output is empty_like(input) (common.h's layout rule); the inputs are read in
+// place where element_operands allows it (in the output's memory order, or as strided rows beside a
+// contiguous output) and copied into the output's layout otherwise.
 
 at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
   check_floating(x, "gelu", "input");
   const bool tanh = parse_tanh(approximate, "gelu");
-  const at::Tensor xin = dense_or_contiguous(x);
-  at::Tensor y = at::empty_like(xin);
+  at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "gelu", [&] {
-    kernels().of<scalar_t>().gelu_fwd(xin.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), xin.numel(),
+  const ElementOperands in = element_operands(y, x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
+    kernels().of<scalar_t>().gelu_fwd(in.in0.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), in.rows,
                                      tanh);
   });
   return y;
@@ -204,38 +205,35 @@ at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
 at::Tensor gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& x, c10::string_view approximate) {
   check_grad(grad_output, x, "gelu_backward", "input");
   const bool tanh = parse_tanh(approximate, "gelu_backward");
-  const at::Tensor xin = dense_or_contiguous(x);
-  const at::Tensor g = in_layout_of(grad_output, xin);
-  at::Tensor dx = at::empty_like(xin);
+  at::Tensor dx = at::empty_like(x);
   if (dx.numel() == 0) return dx;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "gelu_backward", [&] {
-    kernels().of<scalar_t>().gelu_bwd(g.const_data_ptr<scalar_t>(), xin.const_data_ptr<scalar_t>(),
-                                     dx.mutable_data_ptr<scalar_t>(), xin.numel(), tanh);
+  const ElementOperands in = element_operands(dx, grad_output, x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward", [&] {
+    kernels().of<scalar_t>().gelu_bwd(in.in0.const_data_ptr<scalar_t>(), in.in1.const_data_ptr<scalar_t>(),
+                                     dx.mutable_data_ptr<scalar_t>(), in.rows, tanh);
   });
   return dx;
 }
 
 at::Tensor sigmoid_cpu(const at::Tensor& x) {
   check_floating(x, "sigmoid", "input");
-  const at::Tensor xin = dense_or_contiguous(x);
-  at::Tensor y = at::empty_like(xin);
+  at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xin.scalar_type(), "sigmoid", [&] {
-    kernels().of<scalar_t>().sigmoid_fwd(xin.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
-                                        xin.numel());
+  const ElementOperands in = element_operands(y, x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
+    kernels().of<scalar_t>().sigmoid_fwd(in.in0.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), in.rows);
   });
   return y;
 }
 
 at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
   check_grad(grad_output, output, "sigmoid_backward", "output");
-  const at::Tensor yin = dense_or_contiguous(output);
-  const at::Tensor g = in_layout_of(grad_output, yin);
-  at::Tensor dx = at::empty_like(yin);
+  at::Tensor dx = at::empty_like(output);
   if (dx.numel() == 0) return dx;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yin.scalar_type(), "sigmoid_backward", [&] {
-    kernels().of<scalar_t>().sigmoid_bwd(g.const_data_ptr<scalar_t>(), yin.const_data_ptr<scalar_t>(),
-                                        dx.mutable_data_ptr<scalar_t>(), yin.numel());
+  const ElementOperands in = element_operands(dx, grad_output, output);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
+    kernels().of<scalar_t>().sigmoid_bwd(in.in0.const_data_ptr<scalar_t>(), in.in1.const_data_ptr<scalar_t>(),
+                                        dx.mutable_data_ptr<scalar_t>(), in.rows);
   });
   return dx;
 }
@@ -334,8 +332,17 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
     if (op == "bias_gelu") {
       s << " (input made contiguous, bias added in registers: one pass)";
     } else {
-      s << (is_dense(self) ? " (dense input read in place in its memory order)"
-                           : " (input has gaps or overlaps: copied into a dense tensor first)");
+      const at::Tensor out = at::empty_like(self, self.options().device(at::kMeta));  // the output's layout
+      const std::optional<int64_t> stride = element_read_stride(out, self);
+      const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+      if (!stride) {
+        s << " (input has gaps or overlaps: copied into a dense tensor first)";
+      } else if (*stride != cols && self.numel() > cols) {
+        s << " (" << self.numel() / cols << " rows of " << cols << ", input rows " << *stride
+          << " elements apart read in place; output contiguous)";
+      } else {
+        s << " (dense input read in place in its memory order)";
+      }
     }
   }
   s << "; ISA " << table.isa << " (" << table.float_lanes << " float lanes), " << threads

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -34,7 +35,8 @@ cuda_type<scalar_t>* out_ptr(at::Tensor& t) {
 
 // Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
 // returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
-// are read in that same memory order: a dense t in place, anything else copied into it once.
+// are read in place where element_operands (common.h) allows it — in that same memory order, or as a
+// strided stack of rows beside a contiguous output — and copied into the output's layout otherwise.
 
 at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
   check_floating(x, "gelu", "input");
@@ -42,11 +44,11 @@ at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
-  const at::Tensor xin = in_layout_of(x, y);
+  const ElementOperands in = element_operands(y, x);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::gelu(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
-                                                                        y.numel(), approx, stream),
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::gelu(in_ptr<scalar_t>(in.in0), out_ptr<scalar_t>(y),
+                                                                        in.rows, approx, stream),
                          "gelu");
   });
   return y;
@@ -58,14 +60,12 @@ at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x);
   if (dx.numel() == 0) return dx;
-  const at::Tensor xin = in_layout_of(x, dx);
-  const at::Tensor g = in_layout_of(grad_output, dx);
+  const ElementOperands in = element_operands(dx, grad_output, x);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward", [&] {
     FASTACT_CHECK_LAUNCH(
-        ActivationLaunchers<cuda_type<scalar_t>>::gelu_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(xin),
-                                                                out_ptr<scalar_t>(dx), dx.numel(), approx,
-                                                                stream),
+        ActivationLaunchers<cuda_type<scalar_t>>::gelu_backward(in_ptr<scalar_t>(in.in0), in_ptr<scalar_t>(in.in1),
+                                                                out_ptr<scalar_t>(dx), in.rows, approx, stream),
         "gelu_backward");
   });
   return dx;
@@ -76,11 +76,11 @@ at::Tensor sigmoid_cuda(const at::Tensor& x) {
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
-  const at::Tensor xin = in_layout_of(x, y);
+  const ElementOperands in = element_operands(y, x);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::sigmoid(in_ptr<scalar_t>(xin), out_ptr<scalar_t>(y),
-                                                                           y.numel(), stream),
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::sigmoid(in_ptr<scalar_t>(in.in0),
+                                                                           out_ptr<scalar_t>(y), in.rows, stream),
                          "sigmoid");
   });
   return y;
@@ -92,14 +92,12 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   c10::cuda::OptionalCUDAGuard guard(output.device());
   at::Tensor dx = at::empty_like(output);
   if (dx.numel() == 0) return dx;
-  const at::Tensor yin = in_layout_of(output, dx);
-  const at::Tensor g = in_layout_of(grad_output, dx);
+  const ElementOperands in = element_operands(dx, grad_output, output);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
     FASTACT_CHECK_LAUNCH(
-        ActivationLaunchers<cuda_type<scalar_t>>::sigmoid_backward(in_ptr<scalar_t>(g), in_ptr<scalar_t>(yin),
-                                                                   out_ptr<scalar_t>(dx), dx.numel(),
-                                                                   stream),
+        ActivationLaunchers<cuda_type<scalar_t>>::sigmoid_backward(in_ptr<scalar_t>(in.in0), in_ptr<scalar_t>(in.in1),
+                                                                   out_ptr<scalar_t>(dx), in.rows, stream),
         "sigmoid_backward");
   });
   return dx;
@@ -233,22 +231,39 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
 
   if (x.numel() == 0) return "kernel=none: empty input, nothing to launch";
   const int64_t n = x.numel();
-  // A dense input is read in place; anything else is copied into a fresh (aligned) dense tensor.
-  const bool dense = is_dense(x);
-  const bool aligned = !dense || is_vec_aligned(x.const_data_ptr());
+  // How the op reads x (element_operands; the backward's grad_output is assumed dense beside the
+  // output, as autograd passes it, and 16-byte aligned): at the output's offsets, by rows, or copied.
+  const at::Tensor out = at::empty_like(x, x.options().device(at::kMeta));  // the output's layout
+  const std::optional<int64_t> stride = element_read_stride(out, x);
+  const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+  ElementRows g = ElementRows::flat(n);
+  if (stride && *stride != cols) g = {n / cols, cols, backward ? cols : *stride, backward ? *stride : cols};
+  const bool rows = !g.is_flat();
   // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
   // tanh one where it differs.
   const bool erf = op == "gelu" || op == "gelu_backward";
+  const int vec_access = elementwise::elementwise_shape(esize, arity, true, erf).access_bytes / esize;
+  const void* p = x.const_data_ptr();
+  // A copy is a fresh (aligned) dense tensor.
+  const bool aligned = !stride ? true
+                       : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
+                               : is_vec_aligned(p);
   const elementwise::EltShape shape = elementwise::elementwise_shape(esize, arity, aligned, erf);
   const elementwise::EltShape tanh_shape = elementwise::elementwise_shape(esize, arity, aligned, false);
   const int vec = aligned ? shape.access_bytes / esize : 1;
   const int unroll = shape.unroll;
-  const int64_t grid = elementwise::elementwise_grid(n, shape.threads, vec, unroll);
-  s << "kernel=" << (aligned ? "elementwise_vec" : "elementwise_scalar") << ": " << op << " over " << n << " "
-    << dtype << " elements"
-    << (dense ? " (dense input read in place in its memory order)"
-              : " (input has gaps or overlaps: copied to a dense tensor first)")
-    << "; ";
+  const int64_t grid = rows ? elementwise::ceil_div(n / vec, int64_t{shape.threads} * unroll)
+                            : elementwise::elementwise_grid(n, shape.threads, vec, unroll);
+  s << "kernel=" << (rows ? "elementwise_rows_" : "elementwise_") << (aligned ? "vec" : "scalar") << ": " << op
+    << " over " << n << " " << dtype << " elements";
+  if (rows) {
+    s << " (" << g.rows << " rows of " << cols << ", input rows " << *stride
+      << " elements apart read in place; output contiguous)";
+  } else {
+    s << (stride ? " (dense input read in place in its memory order)"
+                 : " (input has gaps or overlaps: copied to a dense tensor first)");
+  }
+  s << "; ";
   if (aligned) {
     s << vec << " x " << dtype << " per " << shape.access_bytes * 8 << "-bit access, " << unroll << " access"
       << (unroll == 1 ? "" : "es") << " per thread and operand, " << shape.threads << " threads a block";
@@ -262,10 +277,19 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";
     }
     if (backward) s << " (grad_output assumed in the same layout and 16-byte aligned)";
+  } else if (rows) {
+    s << "scalar: rows of " << cols << " elements " << *stride << " apart, from a data pointer "
+      << reinterpret_cast<std::uintptr_t>(p) % kVecBytes << " bytes past a 16-byte boundary, allow no "
+      << vec_access << "-element accesses; " << unroll << " element loads per thread and operand";
   } else {
-    const auto misalign = reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % kVecBytes;
+    const auto misalign = reinterpret_cast<std::uintptr_t>(p) % kVecBytes;
     s << "scalar: the input's data pointer is not 16-byte aligned (" << misalign << " bytes past), " << unroll
       << " element loads per thread and operand";
+  }
+  if (rows) {
+    s << "; " << shape.threads << " threads x " << grid << " blocks, " << int64_t{shape.threads} * unroll
+      << " accesses each, the row of each access by a multiply-shift division";
+    return s.str();
   }
   s << "; " << shape.threads << " threads x " << grid << " blocks, one tile of "
     << int64_t{shape.threads} * unroll * vec << " elements each";

@@ -44,11 +44,12 @@ using cuda_type = typename CudaType<scalar_t>::type;
 template <typename T>
 struct ActivationLaunchers {
   using A = acc_t<T>;
-  static cudaError_t gelu(const T* x, T* y, int64_t n, GeluApprox approx, cudaStream_t stream);
-  static cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApprox approx,
+  // Operands laid out as g (ElementRows: the op's first input, then its second).
+  static cudaError_t gelu(const T* x, T* y, const ElementRows& g, GeluApprox approx, cudaStream_t stream);
+  static cudaError_t gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g, GeluApprox approx,
                                    cudaStream_t stream);
-  static cudaError_t sigmoid(const T* x, T* y, int64_t n, cudaStream_t stream);
-  static cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, cudaStream_t stream);
+  static cudaError_t sigmoid(const T* x, T* y, const ElementRows& g, cudaStream_t stream);
+  static cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& g, cudaStream_t stream);
   // x, y: [rows, H] contiguous; bias: [H].
   static cudaError_t bias_gelu(const T* x, const T* bias, T* y, int64_t rows, int64_t H, GeluApprox approx,
                                cudaStream_t stream);
@@ -61,28 +62,28 @@ struct ActivationLaunchers {
 // Out of the class body (so not inline): `extern template` below then keeps every translation unit
 // but the dtype file's from instantiating the kernels.
 template <typename T>
-cudaError_t ActivationLaunchers<T>::gelu(const T* x, T* y, int64_t n, GeluApprox approx,
+cudaError_t ActivationLaunchers<T>::gelu(const T* x, T* y, const ElementRows& g, GeluApprox approx,
                                          cudaStream_t stream) {
-  return approx == GeluApprox::kTanh ? activation_forward(x, y, n, math::GeluTanh{}, stream)
-                                     : activation_forward(x, y, n, math::GeluErf{}, stream);
+  return approx == GeluApprox::kTanh ? activation_forward(x, y, g, math::GeluTanh{}, stream)
+                                     : activation_forward(x, y, g, math::GeluErf{}, stream);
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApprox approx,
-                                                  cudaStream_t stream) {
-  return approx == GeluApprox::kTanh ? fastact::gelu_backward(dy, x, dx, n, math::GeluTanh{}, stream)
-                                     : fastact::gelu_backward(dy, x, dx, n, math::GeluErf{}, stream);
+cudaError_t ActivationLaunchers<T>::gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g,
+                                                  GeluApprox approx, cudaStream_t stream) {
+  return approx == GeluApprox::kTanh ? fastact::gelu_backward(dy, x, dx, g, math::GeluTanh{}, stream)
+                                     : fastact::gelu_backward(dy, x, dx, g, math::GeluErf{}, stream);
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::sigmoid(const T* x, T* y, int64_t n, cudaStream_t stream) {
-  return activation_forward(x, y, n, math::Sigmoid{}, stream);
+cudaError_t ActivationLaunchers<T>::sigmoid(const T* x, T* y, const ElementRows& g, cudaStream_t stream) {
+  return activation_forward(x, y, g, math::Sigmoid{}, stream);
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n,
+cudaError_t ActivationLaunchers<T>::sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& g,
                                                      cudaStream_t stream) {
-  return fastact::sigmoid_backward(dy, y, dx, n, stream);
+  return fastact::sigmoid_backward(dy, y, dx, g, stream);
 }
 
 template <typename T>

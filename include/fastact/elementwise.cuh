@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fastact/element_rows.h"
 #include "fastact/math.h"
 #include "fastact/reduce.cuh"
 #include "fastact/vec.cuh"
@@ -297,6 +298,98 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op
   }
   constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
   return launch_elementwise_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
+}
+
+// ---- elementwise_rows_kernel: inputs that are strided stacks of rows -----------------------------------
+
+// out[r * cols + c] = op(in0[r * stride0 + c]) or op(in0[r * stride0 + c], in1[r * stride1 + c]) for the
+// rows of a launch (ElementRows; the output dense). Accesses of kVec elements: kVec divides cols and both
+// strides and every pointer is aligned to an access (element_rows_vec), so no access straddles two rows.
+// Access q of the launch is unit q % per_row of row q / per_row (per_row = cols / kVec; the division by
+// RowDivider, so a launch holds fewer than 2^31 accesses: launch_elementwise_rows_as splits the rows).
+// Block b takes accesses [b * kThreads_ * kUnroll_, ...), thread t those t + u * kThreads_, every load of
+// the block issued before any arithmetic, as in elementwise_tile.
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+__global__ void __launch_bounds__(kThreads_, kMinBlocks)
+    elementwise_rows_kernel(const T* __restrict__ in0, int64_t stride0, const T* __restrict__ in1, int64_t stride1,
+                            T* __restrict__ out, uint32_t accesses, uint32_t per_row, RowDivider div, Op op) {
+  using Vec = AlignedVector<T, kVec>;
+  const uint32_t first = blockIdx.x * uint32_t{kThreads_ * kUnroll_} + threadIdx.x;
+  Vec a[kUnroll_];
+  Vec b[kUnroll_];
+#pragma unroll
+  for (int u = 0; u < kUnroll_; ++u) {
+    const uint32_t q = first + u * kThreads_;
+    if (q < accesses) {
+      const uint32_t r = div.quotient(q);
+      const int64_t c = int64_t{q - r * per_row} * kVec;
+      a[u] = load_vector<T, kVec>(in0 + r * stride0 + c);
+      if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + r * stride1 + c);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll_; ++u) {
+    const uint32_t q = first + u * kThreads_;
+    if (q < accesses) {
+      store_vector<T, kVec>(out + int64_t{q} * kVec, apply_vec<T, kVec>(op, a[u], Op::kArity == 2 ? b[u] : a[u]));
+    }
+  }
+}
+
+// Whether the rows of g take accesses of `vec` elements: every pointer 16-byte aligned (so each row
+// start, a multiple of vec elements further, is aligned to an access) and vec dividing cols and the
+// inputs' row strides (in1 null: a unary op).
+inline bool element_rows_vec(const ElementRows& g, int vec, const void* in0, const void* in1, const void* out) {
+  return all_vec_aligned(in0, in1, out) && g.cols % vec == 0 && g.stride0 % vec == 0 &&
+         (in1 == nullptr || g.stride1 % vec == 0);
+}
+
+// Launches of elementwise_rows_kernel over g's rows, at most 2^31 - 1 accesses each. Rows of 2^31
+// accesses or more (tens of GB) go one at a time through elementwise_kernel: each row alone is flat.
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
+                                       cudaStream_t stream) {
+  constexpr int64_t kMaxAccesses = 0x7fffffff;
+  const int64_t per_row = g.cols / kVec;
+  // Row r of an input (in1 is null for unary ops).
+  const auto row_of = [](const T* p, int64_t stride, int64_t r) { return p == nullptr ? p : p + r * stride; };
+  if (per_row > kMaxAccesses) {
+    for (int64_t r = 0; r < g.rows; ++r) {
+      const cudaError_t err = launch_elementwise_as<kThreads_, kVec, kUnroll_, kMinBlocks>(
+          row_of(in0, g.stride0, r), row_of(in1, g.stride1, r), out + r * g.cols, g.cols, op, stream);
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  }
+  const int64_t rows_per_launch = kMaxAccesses / per_row;
+  const RowDivider div(per_row);
+  for (int64_t r0 = 0; r0 < g.rows; r0 += rows_per_launch) {
+    const int64_t accesses = std::min(rows_per_launch, g.rows - r0) * per_row;
+    const int64_t grid = ceil_div(accesses, int64_t{kThreads_} * kUnroll_);
+    elementwise_rows_kernel<kThreads_, kVec, kUnroll_, kMinBlocks><<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(
+        row_of(in0, g.stride0, r0), g.stride0, row_of(in1, g.stride1, r0), g.stride1, out + r0 * g.cols,
+        static_cast<uint32_t>(accesses), static_cast<uint32_t>(per_row), div, op);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// The elementwise op over operands laid out as g: the flat kernels when every operand is at the
+// output's offsets, else the rows kernel, with elementwise_shape's vector accesses where
+// element_rows_vec allows them and element accesses otherwise.
+template <typename T, typename Op>
+cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
+                               cudaStream_t stream) {
+  if (g.numel() <= 0) return cudaSuccess;
+  if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
+  constexpr EltShape kV = elementwise_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
+  constexpr int kVec = kV.access_bytes / static_cast<int>(sizeof(T));
+  if (element_rows_vec(g, kVec, in0, Op::kArity == 2 ? in1 : nullptr, out)) {
+    return launch_elementwise_rows_as<kV.threads, kVec, kV.unroll, kV.min_blocks>(in0, in1, out, g, op, stream);
+  }
+  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
+  return launch_elementwise_rows_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, g, op, stream);
 }
 
 // ---- bias_gelu --------------------------------------------------------------------------------------
@@ -581,22 +674,24 @@ int bias_gelu_vec(int64_t H, const void* a, const void* b, const void* c, const 
   return H % vec_width<T>() == 0 && elementwise::all_vec_aligned(a, b, c, d) ? vec_width<T>() : 1;
 }
 
-// y = f(x), f one of math::GeluErf, math::GeluTanh, math::Sigmoid. x, y: [n], dense, one memory order.
+// y = f(x), f one of math::GeluErf, math::GeluTanh, math::Sigmoid. x, y laid out as g (ElementRows:
+// x is its first input).
 template <typename T, typename F>
-cudaError_t activation_forward(const T* x, T* y, int64_t n, F f, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(x, nullptr, y, n, elementwise::ForwardOp<F>{f}, stream);
+cudaError_t activation_forward(const T* x, T* y, const ElementRows& g, F f, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(x, nullptr, y, g, elementwise::ForwardOp<F>{f}, stream);
 }
 
-// dx = dy * gelu'(x), Gelu one of math::GeluErf, math::GeluTanh. dy, x, dx: [n].
+// dx = dy * gelu'(x), Gelu one of math::GeluErf, math::GeluTanh. dy, x, dx laid out as g (dy its first
+// input, x its second).
 template <typename T, typename Gelu>
-cudaError_t gelu_backward(const T* dy, const T* x, T* dx, int64_t n, Gelu gelu, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, x, dx, n, elementwise::DerivativeOp<Gelu>{gelu}, stream);
+cudaError_t gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g, Gelu gelu, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(dy, x, dx, g, elementwise::DerivativeOp<Gelu>{gelu}, stream);
 }
 
-// dx = dy * y (1 - y), y = sigmoid(x) the forward's output. dy, y, dx: [n].
+// dx = dy * y (1 - y), y = sigmoid(x) the forward's output. dy, y, dx laid out as g (dy first, y second).
 template <typename T>
-cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, int64_t n, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, y, dx, n, elementwise::SigmoidBackwardOp{}, stream);
+cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& g, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(dy, y, dx, g, elementwise::SigmoidBackwardOp{}, stream);
 }
 
 // y = gelu(x + bias). x, y: [rows, H] contiguous; bias: [H]. 128-bit accesses when
