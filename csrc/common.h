@@ -250,6 +250,14 @@ inline std::optional<int64_t> element_read_stride(const at::Tensor& out, const a
   return std::nullopt;
 }
 
+// The row stride at which bias_gelu's forward reads x as [rows, H]: H for a contiguous x, x's row
+// stride for a strided stack of rows (collapsed_row_stride: a chunk of the last dim), read in place;
+// nullopt: x is made contiguous first. x.dim() >= 1.
+inline std::optional<int64_t> bias_gelu_row_stride(const at::Tensor& x) {
+  if (x.is_contiguous()) return x.size(-1);
+  return collapsed_row_stride(x, x.dim() - 1);
+}
+
 // The inputs of an elementwise op as its kernels read them (ElementRows), given its output `out`
 // (empty_like of its main input, so dense). An input in out's memory order is read at out's offsets;
 // when out is contiguous, an input that is a uniformly strided stack of rows (collapsed_row_stride:

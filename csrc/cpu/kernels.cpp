@@ -611,18 +611,18 @@ void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) 
 }
 
 template <typename T, bool kTanh>
-void bias_gelu_fwd_impl(const T* x, const T* bias, T* y, int64_t rows, int64_t cols) {
+void bias_gelu_fwd_impl(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols) {
   parallel_for(rows * cols, kGrainHeavy, [&](int64_t begin, int64_t end) {
     for_each_row_segment(begin, end, cols, [&](int64_t r, int64_t c0, int64_t c1) {
-      bias_gelu_segment<T, kTanh>(x + r * cols, bias, y + r * cols, c0, c1);
+      bias_gelu_segment<T, kTanh>(x + r * x_stride, bias, y + r * cols, c0, c1);
     });
   });
 }
 
 template <typename T>
-void bias_gelu_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx) {
-  if (tanh_approx) bias_gelu_fwd_impl<T, true>(x, bias, y, rows, cols);
-  else bias_gelu_fwd_impl<T, false>(x, bias, y, rows, cols);
+void bias_gelu_fwd(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx) {
+  if (tanh_approx) bias_gelu_fwd_impl<T, true>(x, x_stride, bias, y, rows, cols);
+  else bias_gelu_fwd_impl<T, false>(x, x_stride, bias, y, rows, cols);
 }
 
 // The fixed partition of the bias-gradient reduction: tasks of (row chunk, column block), each

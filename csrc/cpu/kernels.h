@@ -55,8 +55,9 @@ struct TypedKernels {
   void (*sigmoid_fwd)(const T* x, T* y, const ElementRows& g);
   void (*sigmoid_bwd)(const T* dy, const T* y, T* dx, const ElementRows& g);  // dx = dy * y * (1 - y)
 
-  // y = gelu(x + bias), x and y contiguous [rows, cols], bias [cols].
-  void (*bias_gelu_fwd)(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx);
+  // y = gelu(x + bias), x [rows, cols] with row r at x + r * x_stride, y contiguous, bias [cols].
+  void (*bias_gelu_fwd)(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols,
+                        bool tanh_approx);
   // dx = dy * gelu'(x + bias) ([rows, cols], contiguous) and dbias = dx summed over rows ([cols]),
   // the sum in acc_t over a fixed partition: bit-identical from run to run and for any number of
   // threads.

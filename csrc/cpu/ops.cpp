@@ -238,17 +238,20 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
   return dx;
 }
 
-// bias_gelu: x contiguous (a copy only if it is not), output contiguous, one pass.
+// bias_gelu: x read in place when contiguous or a strided stack of rows (bias_gelu_row_stride), else
+// made contiguous first; output contiguous, one pass.
 at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const bool tanh = parse_tanh(approximate, "bias_gelu");
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();
+  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);
+  const at::Tensor xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
-    kernels().of<scalar_t>().bias_gelu_fwd(xc.const_data_ptr<scalar_t>(), bc.const_data_ptr<scalar_t>(),
-                                          y.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
+    kernels().of<scalar_t>().bias_gelu_fwd(xc.const_data_ptr<scalar_t>(), row_stride.value_or(cols),
+                                          bc.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), rows, cols,
+                                          tanh);
   });
   return y;
 }
@@ -330,7 +333,8 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
   } else {
     s << "kernel=cpu_elementwise: " << op << " over " << self.numel() << " elements";
     if (op == "bias_gelu") {
-      s << " (input made contiguous, bias added in registers: one pass)";
+      s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place" : " (input made contiguous")
+        << ", bias added in registers: one pass)";
     } else {
       const at::Tensor out = at::empty_like(self, self.options().device(at::kMeta));  // the output's layout
       const std::optional<int64_t> stride = element_read_stride(out, self);

@@ -103,23 +103,25 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   return dx;
 }
 
-// bias_gelu: x made contiguous (a copy only if it is not), output contiguous, one pass in memory
-// order (the bias read through the cache with each access).
+// bias_gelu: x read in place when contiguous or a strided stack of rows (bias_gelu_row_stride), else
+// made contiguous first; output contiguous, one pass in memory order (the bias read through the cache
+// with each access).
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const GeluApprox approx = parse_gelu_approx(approximate, "bias_gelu");
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();
-  const int64_t H = x.size(-1), rows = x.numel() / H;
+  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);
+  const at::Tensor xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H, xs = row_stride.value_or(H);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
     using T = cuda_type<scalar_t>;
     const T* xp = in_ptr<scalar_t>(xc);
     const T* bp = in_ptr<scalar_t>(bc);
     T* yp = out_ptr<scalar_t>(y);
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, bp, yp, rows, H, approx, stream), "bias_gelu");
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, xs, bp, yp, rows, H, approx, stream), "bias_gelu");
   });
   return y;
 }
@@ -193,6 +195,20 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     }
     const int64_t rows = x.numel() / H;
     const bool contiguous = x.is_contiguous();
+    const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);
+    if (!backward && !contiguous && row_stride && rows > 1) {
+      // A strided stack of rows: elementwise_rows_kernel, the bias its second input at row stride 0.
+      const ElementRows g{rows, H, *row_stride, 0};
+      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, false);
+      const bool vec = elementwise::element_rows_vec(g, vs.access_bytes / esize, x.const_data_ptr(), nullptr, nullptr);
+      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, false);
+      s << "kernel=elementwise_rows_" << (vec ? "vec" : "scalar") << ": " << op << " over [" << rows << ", " << H
+        << "] " << dtype << " (input rows " << *row_stride << " elements apart read in place; output contiguous), "
+        << "the bias as a second input at row stride 0; " << (vec ? vs.access_bytes / esize : 1)
+        << " elements per access, " << shape.threads << " threads a block (approximate='tanh'; 'none' in 16-bit: "
+        << elementwise::elementwise_rows_shape(esize, 2, vec, true).threads << ")";
+      return s.str();
+    }
     // A contiguous x is read in place, anything else copied into a fresh (aligned) contiguous tensor.
     const bool aligned = !contiguous || is_vec_aligned(x.const_data_ptr());
     const int vec = H % width == 0 && aligned ? width : 1;
@@ -242,14 +258,15 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
   // tanh one where it differs.
   const bool erf = op == "gelu" || op == "gelu_backward";
-  const int vec_access = elementwise::elementwise_shape(esize, arity, true, erf).access_bytes / esize;
+  const auto shape_of = rows ? elementwise::elementwise_rows_shape : elementwise::elementwise_shape;
+  const int vec_access = shape_of(esize, arity, true, erf).access_bytes / esize;
   const void* p = x.const_data_ptr();
   // A copy is a fresh (aligned) dense tensor.
   const bool aligned = !stride ? true
                        : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
                                : is_vec_aligned(p);
-  const elementwise::EltShape shape = elementwise::elementwise_shape(esize, arity, aligned, erf);
-  const elementwise::EltShape tanh_shape = elementwise::elementwise_shape(esize, arity, aligned, false);
+  const elementwise::EltShape shape = shape_of(esize, arity, aligned, erf);
+  const elementwise::EltShape tanh_shape = shape_of(esize, arity, aligned, false);
   const int vec = aligned ? shape.access_bytes / esize : 1;
   const int unroll = shape.unroll;
   const int64_t grid = rows ? elementwise::ceil_div(n / vec, int64_t{shape.threads} * unroll)

@@ -50,9 +50,9 @@ struct ActivationLaunchers {
                                    cudaStream_t stream);
   static cudaError_t sigmoid(const T* x, T* y, const ElementRows& g, cudaStream_t stream);
   static cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& g, cudaStream_t stream);
-  // x, y: [rows, H] contiguous; bias: [H].
-  static cudaError_t bias_gelu(const T* x, const T* bias, T* y, int64_t rows, int64_t H, GeluApprox approx,
-                               cudaStream_t stream);
+  // x: [rows, H], row r at x + r * x_stride; y: [rows, H] contiguous; bias: [H].
+  static cudaError_t bias_gelu(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t H,
+                               GeluApprox approx, cudaStream_t stream);
   // workspace: plan.workspace_elems(H) elements of A.
   static cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, A* workspace,
                                         int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan,
@@ -87,10 +87,10 @@ cudaError_t ActivationLaunchers<T>::sigmoid_backward(const T* dy, const T* y, T*
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::bias_gelu(const T* x, const T* bias, T* y, int64_t rows, int64_t H,
-                                              GeluApprox approx, cudaStream_t stream) {
-  return approx == GeluApprox::kTanh ? bias_gelu_forward(x, bias, y, rows, H, math::GeluTanh{}, stream)
-                                     : bias_gelu_forward(x, bias, y, rows, H, math::GeluErf{}, stream);
+cudaError_t ActivationLaunchers<T>::bias_gelu(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows,
+                                              int64_t H, GeluApprox approx, cudaStream_t stream) {
+  return approx == GeluApprox::kTanh ? bias_gelu_forward(x, x_stride, bias, y, rows, H, math::GeluTanh{}, stream)
+                                     : bias_gelu_forward(x, x_stride, bias, y, rows, H, math::GeluErf{}, stream);
 }
 
 template <typename T>

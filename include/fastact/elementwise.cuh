@@ -196,6 +196,18 @@ struct SigmoidBackwardOp {
   }
 };
 
+// y = gelu(x + b): bias_gelu's forward as a two-operand op, for the rows kernel (x a strided stack of
+// rows, the bias its second input at row stride 0). Gelu: math::GeluErf or math::GeluTanh.
+template <typename Gelu>
+struct BiasGeluForwardOp {
+  static constexpr int kArity = 2;
+  Gelu gelu;
+  template <typename A>
+  FASTACT_DEVICE A operator()(A x, A b) const {
+    return gelu.forward(x + b);
+  }
+};
+
 // ---- elementwise_kernel ----------------------------------------------------------------------------
 
 // op on one access: out.val[j] = op(a.val[j]) or op(a.val[j], b.val[j]), in acc_t.
@@ -284,8 +296,8 @@ cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n,
 
 // Whether Op is an erf gelu, forward or backward (elementwise_shape's erf).
 template <typename Op>
-constexpr bool kErfOp =
-    std::is_same_v<Op, ForwardOp<math::GeluErf>> || std::is_same_v<Op, DerivativeOp<math::GeluErf>>;
+constexpr bool kErfOp = std::is_same_v<Op, ForwardOp<math::GeluErf>> || std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
+                        std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>;
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
 template <typename T, typename Op>
@@ -336,6 +348,16 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
   }
 }
 
+// Launch shape of elementwise_rows_kernel: elementwise_shape's, except that two-operand ops take
+// 16-byte accesses where the flat kernel takes 8-byte ones (512 threads either way): every access also
+// divides its index by the row length and forms two row addresses, which 8-byte accesses pay twice per
+// byte (H100, chunk views of [32768, 8192] bf16: tanh gelu backward 274.8 us at 8 bytes, where the erf
+// backward at 16 bytes took 267.8).
+constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, bool erf) {
+  const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, erf);
+  return vectorised && s.access_bytes == 8 ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
+}
+
 // Whether the rows of g take accesses of `vec` elements: every pointer 16-byte aligned (so each row
 // start, a multiple of vec elements further, is aligned to an access) and vec dividing cols and the
 // inputs' row strides (in1 null: a unary op).
@@ -376,19 +398,19 @@ cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const
 }
 
 // The elementwise op over operands laid out as g: the flat kernels when every operand is at the
-// output's offsets, else the rows kernel, with elementwise_shape's vector accesses where
+// output's offsets, else the rows kernel, with elementwise_rows_shape's vector accesses where
 // element_rows_vec allows them and element accesses otherwise.
 template <typename T, typename Op>
 cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
                                cudaStream_t stream) {
   if (g.numel() <= 0) return cudaSuccess;
   if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
-  constexpr EltShape kV = elementwise_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
+  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
   constexpr int kVec = kV.access_bytes / static_cast<int>(sizeof(T));
   if (element_rows_vec(g, kVec, in0, Op::kArity == 2 ? in1 : nullptr, out)) {
     return launch_elementwise_rows_as<kV.threads, kVec, kV.unroll, kV.min_blocks>(in0, in1, out, g, op, stream);
   }
-  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
+  constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
   return launch_elementwise_rows_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, g, op, stream);
 }
 
@@ -694,12 +716,18 @@ cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& 
   return elementwise::launch_elementwise<T>(dy, y, dx, g, elementwise::SigmoidBackwardOp{}, stream);
 }
 
-// y = gelu(x + bias). x, y: [rows, H] contiguous; bias: [H]. 128-bit accesses when
-// bias_gelu_vec<T>(H, x, bias, y) allows them, else element accesses.
+// y = gelu(x + bias). x: [rows, H], row r at x + r * x_stride; y: [rows, H] contiguous; bias: [H].
+// Contiguous x (x_stride == H): bias_gelu_forward_kernel, 128-bit accesses when bias_gelu_vec<T>(H, x,
+// bias, y) allows them, else element accesses. A strided stack of rows: elementwise_rows_kernel, the
+// bias its second input at row stride 0.
 template <typename T, typename Gelu>
-cudaError_t bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t H, Gelu gelu,
+cudaError_t bias_gelu_forward(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t H, Gelu gelu,
                               cudaStream_t stream) {
   if (rows <= 0 || H <= 0) return cudaSuccess;
+  if (x_stride != H && rows > 1) {
+    return elementwise::launch_elementwise<T>(x, bias, y, ElementRows{rows, H, x_stride, 0},
+                                              elementwise::BiasGeluForwardOp<Gelu>{gelu}, stream);
+  }
   if (bias_gelu_vec<T>(H, x, bias, y) > 1)
     return elementwise::launch_bias_gelu_forward_as<vec_width<T>()>(x, bias, y, rows * H, H, gelu, stream);
   return elementwise::launch_bias_gelu_forward_as<1>(x, bias, y, rows * H, H, gelu, stream);
