@@ -348,14 +348,16 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
   }
 }
 
-// Launch shape of elementwise_rows_kernel: elementwise_shape's, except that two-operand ops take
+// Launch shape of elementwise_rows_kernel: elementwise_shape's, except that 16-bit two-operand ops take
 // 16-byte accesses where the flat kernel takes 8-byte ones (512 threads either way): every access also
 // divides its index by the row length and forms two row addresses, which 8-byte accesses pay twice per
-// byte (H100, chunk views of [32768, 8192] bf16: tanh gelu backward 274.8 us at 8 bytes, where the erf
-// backward at 16 bytes took 267.8).
+// byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at 8 / 16 bytes: bf16
+// tanh gelu 274.8 / 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7
+// (torch.compile 264.5): float keeps 8 bytes.
 constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, bool erf) {
   const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, erf);
-  return vectorised && s.access_bytes == 8 ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
+  return vectorised && elem_bytes == 2 && s.access_bytes == 8 ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks}
+                                                               : s;
 }
 
 // Whether the rows of g take accesses of `vec` elements: every pointer 16-byte aligned (so each row
