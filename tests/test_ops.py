@@ -134,6 +134,11 @@ def test_elementwise_row_views(device, dtype, op, cols, view):
         vec = cols % (access // x.element_size()) == 0 and view != "sliced"
         kernel = "elementwise_rows_vec" if vec else "elementwise_rows_scalar"
         assert s.startswith(f"kernel={kernel}:"), s
+        if op.takes_bias:  # the backward's tiles read x in place too, 128-bit where its rows allow
+            s = fastact.explain("bias_gelu_backward", x)
+            vec = cols % (16 // x.element_size()) == 0 and view != "sliced"
+            assert s.startswith("kernel=bias_gelu_vec:" if vec else "kernel=bias_gelu_scalar:"), s
+            assert "read in place" in s and "copied" not in s, s
 
 
 @pytest.mark.parametrize("n", BOUNDARY_SIZES)

@@ -680,7 +680,8 @@ void bias_gelu_bwd_segment(const T* dy, const T* x, const T* bias, T* dx, typena
 }
 
 template <typename T, bool kTanh>
-void bias_gelu_bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols) {
+void bias_gelu_bwd_impl(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias, int64_t rows,
+                        int64_t cols) {
   using A = typename Io<T>::A;
   const BiasGradPartition part(rows, cols);
   std::unique_ptr<A[]> partial(new A[part.row_chunks * cols]);  // [row_chunks, cols]
@@ -701,7 +702,7 @@ void bias_gelu_bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias,
             for (int64_t c = c0; c < c1; ++c) total[c] += acc[c - c0];
           std::fill(acc, acc + (c1 - c0), A(0));
         }
-        bias_gelu_bwd_segment<T, kTanh>(dy + r * cols, x + r * cols, bias, dx + r * cols, acc, c0, c1);
+        bias_gelu_bwd_segment<T, kTanh>(dy + r * cols, x + r * x_stride, bias, dx + r * cols, acc, c0, c1);
       }
       for (int64_t c = c0; c < c1; ++c) total[c] += acc[c - c0];
     }
@@ -718,10 +719,10 @@ void bias_gelu_bwd_impl(const T* dy, const T* x, const T* bias, T* dx, T* dbias,
 }
 
 template <typename T>
-void bias_gelu_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
-                   bool tanh_approx) {
-  if (tanh_approx) bias_gelu_bwd_impl<T, true>(dy, x, bias, dx, dbias, rows, cols);
-  else bias_gelu_bwd_impl<T, false>(dy, x, bias, dx, dbias, rows, cols);
+void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias, int64_t rows,
+                   int64_t cols, bool tanh_approx) {
+  if (tanh_approx) bias_gelu_bwd_impl<T, true>(dy, x, x_stride, bias, dx, dbias, rows, cols);
+  else bias_gelu_bwd_impl<T, false>(dy, x, x_stride, bias, dx, dbias, rows, cols);
 }
 
 // ---------------------------------------------------------------------------------------------

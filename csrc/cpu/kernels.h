@@ -58,11 +58,11 @@ struct TypedKernels {
   // y = gelu(x + bias), x [rows, cols] with row r at x + r * x_stride, y contiguous, bias [cols].
   void (*bias_gelu_fwd)(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols,
                         bool tanh_approx);
-  // dx = dy * gelu'(x + bias) ([rows, cols], contiguous) and dbias = dx summed over rows ([cols]),
-  // the sum in acc_t over a fixed partition: bit-identical from run to run and for any number of
-  // threads.
-  void (*bias_gelu_bwd)(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows, int64_t cols,
-                        bool tanh_approx);
+  // dx = dy * gelu'(x + bias) (dy, dx contiguous [rows, cols]; x row r at x + r * x_stride) and dbias = dx
+  // summed over rows ([cols]), the sum in acc_t over a fixed partition: bit-identical from run to run and
+  // for any number of threads.
+  void (*bias_gelu_bwd)(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias, int64_t rows,
+                        int64_t cols, bool tanh_approx);
 };
 
 struct KernelTable {

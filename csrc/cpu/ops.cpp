@@ -267,11 +267,13 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
     dbias.zero_();
     return {dx, dbias};
   }
-  const at::Tensor gc = grad_output.contiguous(), xc = x.contiguous(), bc = bias.contiguous();
+  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);  // x read in place where it can be
+  const at::Tensor gc = grad_output.contiguous(), xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
     kernels().of<scalar_t>().bias_gelu_bwd(gc.const_data_ptr<scalar_t>(), xc.const_data_ptr<scalar_t>(),
-                                          bc.const_data_ptr<scalar_t>(), dx.mutable_data_ptr<scalar_t>(),
+                                          row_stride.value_or(cols), bc.const_data_ptr<scalar_t>(),
+                                          dx.mutable_data_ptr<scalar_t>(),
                                           dbias.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
   });
   return {dx, dbias};

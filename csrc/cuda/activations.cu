@@ -138,8 +138,9 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
   at::Tensor dx = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return {dx, at::zeros(bias.sizes(), bias.options())};
   at::Tensor dbias = at::empty(bias.sizes(), bias.options());
-  const at::Tensor gc = grad_output.contiguous(), xc = x.contiguous(), bc = bias.contiguous();
-  const int64_t H = x.size(-1), rows = x.numel() / H;
+  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);  // x read in place where it can be
+  const at::Tensor gc = grad_output.contiguous(), xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H, xs = row_stride.value_or(H);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
     using T = cuda_type<scalar_t>;
@@ -148,15 +149,16 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
     const T* xp = in_ptr<scalar_t>(xc);
     const T* bp = in_ptr<scalar_t>(bc);
     T* dxp = out_ptr<scalar_t>(dx);
-    const auto plan = elementwise::plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, gp, xp, bp, dxp));
+    const int vec = bias_gelu_vec<T>(H, gp, xp, bp, dxp);
+    const auto plan = elementwise::plan_bias_gelu(rows, H, xs % vec == 0 ? vec : 1);
     at::Tensor workspace;  // [row_groups, H] in acc_t; none when one group writes dbias directly
     A* wp = nullptr;
     if (const int64_t n = plan.workspace_elems(H); n > 0) {
       workspace = at::empty({plan.row_groups, H}, x.options().dtype(std::is_same_v<A, double> ? at::kDouble : at::kFloat));
       wp = workspace.mutable_data_ptr<A>();
     }
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu_backward(gp, xp, bp, dxp, out_ptr<scalar_t>(dbias), wp, rows,
-                                                                    H, plan, approx, stream),
+    FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu_backward(gp, xp, xs, bp, dxp, out_ptr<scalar_t>(dbias), wp,
+                                                                    rows, H, plan, approx, stream),
                          "bias_gelu_backward");
   });
   return {dx, dbias};
@@ -199,28 +201,35 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     if (!backward && !contiguous && row_stride && rows > 1) {
       // A strided stack of rows: elementwise_rows_kernel, the bias its second input at row stride 0.
       const ElementRows g{rows, H, *row_stride, 0};
-      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, false);
+      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, false, true);
       const bool vec = elementwise::element_rows_vec(g, vs.access_bytes / esize, x.const_data_ptr(), nullptr, nullptr);
-      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, false);
+      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, false, true);
       s << "kernel=elementwise_rows_" << (vec ? "vec" : "scalar") << ": " << op << " over [" << rows << ", " << H
         << "] " << dtype << " (input rows " << *row_stride << " elements apart read in place; output contiguous), "
         << "the bias as a second input at row stride 0; " << (vec ? vs.access_bytes / esize : 1)
         << " elements per access, " << shape.threads << " threads a block (approximate='tanh'; 'none' in 16-bit: "
-        << elementwise::elementwise_rows_shape(esize, 2, vec, true).threads << ")";
+        << elementwise::elementwise_rows_shape(esize, 2, vec, true, true).threads << ")";
       return s.str();
     }
-    // A contiguous x is read in place, anything else copied into a fresh (aligned) contiguous tensor.
-    const bool aligned = !contiguous || is_vec_aligned(x.const_data_ptr());
-    const int vec = H % width == 0 && aligned ? width : 1;
+    // A contiguous x (or, backward, a strided stack of rows) is read in place, anything else copied into a
+    // fresh (aligned) contiguous tensor.
+    const bool in_place = contiguous || (backward && row_stride);
+    const bool rows_aligned = !in_place || (is_vec_aligned(x.const_data_ptr()) && *row_stride % width == 0);
+    const int vec = H % width == 0 && rows_aligned ? width : 1;
     s << "kernel=" << (vec > 1 ? "bias_gelu_vec" : "bias_gelu_scalar") << ": " << op << " over [" << rows << ", " << H
-      << "] " << dtype << (contiguous ? "" : " (input not contiguous: copied first)") << "; ";
+      << "] " << dtype;
+    if (!contiguous) {
+      s << (in_place ? " (input rows " + std::to_string(*row_stride) + " elements apart read in place)"
+                     : std::string(" (input not contiguous: copied first)"));
+    }
+    s << "; ";
     if (vec > 1) {
       s << vec << " x " << dtype << " per 128-bit access (last dim a multiple of " << width
         << ", pointers 16-byte aligned; the bias is assumed aligned too)";
     } else if (H % width != 0) {
       s << "scalar: last dim " << H << " is not a multiple of the vector width " << width;
     } else {
-      s << "scalar: the input's data pointer is not 16-byte aligned";
+      s << "scalar: the input's rows do not start 16-byte aligned";
     }
     if (!backward) {
       const int unroll = elementwise::bias_gelu_forward_unroll(esize, vec > 1);
@@ -258,7 +267,9 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
   // tanh one where it differs.
   const bool erf = op == "gelu" || op == "gelu_backward";
-  const auto shape_of = rows ? elementwise::elementwise_rows_shape : elementwise::elementwise_shape;
+  const auto shape_of = [&](int eb, int ar, bool v, bool e) {
+    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, e, false) : elementwise::elementwise_shape(eb, ar, v, e);
+  };
   const int vec_access = shape_of(esize, arity, true, erf).access_bytes / esize;
   const void* p = x.const_data_ptr();
   // A copy is a fresh (aligned) dense tensor.

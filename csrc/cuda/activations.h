@@ -53,9 +53,9 @@ struct ActivationLaunchers {
   // x: [rows, H], row r at x + r * x_stride; y: [rows, H] contiguous; bias: [H].
   static cudaError_t bias_gelu(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t H,
                                GeluApprox approx, cudaStream_t stream);
-  // workspace: plan.workspace_elems(H) elements of A.
-  static cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, A* workspace,
-                                        int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan,
+  // x row r at x + r * x_stride; workspace: plan.workspace_elems(H) elements of A.
+  static cudaError_t bias_gelu_backward(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias,
+                                        A* workspace, int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan,
                                         GeluApprox approx, cudaStream_t stream);
 };
 
@@ -94,13 +94,14 @@ cudaError_t ActivationLaunchers<T>::bias_gelu(const T* x, int64_t x_stride, cons
 }
 
 template <typename T>
-cudaError_t ActivationLaunchers<T>::bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias,
-                                                       A* workspace, int64_t rows, int64_t H,
+cudaError_t ActivationLaunchers<T>::bias_gelu_backward(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx,
+                                                       T* dbias, A* workspace, int64_t rows, int64_t H,
                                                        const elementwise::BiasGeluPlan& plan, GeluApprox approx,
                                                        cudaStream_t stream) {
-  return approx == GeluApprox::kTanh
-             ? fastact::bias_gelu_backward(dy, x, bias, dx, dbias, workspace, rows, H, plan, math::GeluTanh{}, stream)
-             : fastact::bias_gelu_backward(dy, x, bias, dx, dbias, workspace, rows, H, plan, math::GeluErf{}, stream);
+  return approx == GeluApprox::kTanh ? fastact::bias_gelu_backward(dy, x, x_stride, bias, dx, dbias, workspace, rows, H,
+                                                                   plan, math::GeluTanh{}, stream)
+                                     : fastact::bias_gelu_backward(dy, x, x_stride, bias, dx, dbias, workspace, rows, H,
+                                                                   plan, math::GeluErf{}, stream);
 }
 
 extern template struct ActivationLaunchers<float>;          // activations_float.cu

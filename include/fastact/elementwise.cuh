@@ -295,6 +295,11 @@ cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n,
 }
 
 // Whether Op is an erf gelu, forward or backward (elementwise_shape's erf).
+// Whether Op is bias_gelu's forward (elementwise_rows_shape's bias).
+template <typename Op>
+constexpr bool kBiasOp =
+    std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>> || std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>;
+
 template <typename Op>
 constexpr bool kErfOp = std::is_same_v<Op, ForwardOp<math::GeluErf>> || std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
                         std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>;
@@ -353,11 +358,12 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 // divides its index by the row length and forms two row addresses, which 8-byte accesses pay twice per
 // byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at 8 / 16 bytes: bf16
 // tanh gelu 274.8 / 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7
-// (torch.compile 264.5): float keeps 8 bytes.
-constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, bool erf) {
+// (torch.compile 264.5): float keeps 8 bytes, but where the second input is bias_gelu's bias (`bias`,
+// read from L1 at row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8.
+constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, bool erf, bool bias) {
   const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, erf);
-  return vectorised && elem_bytes == 2 && s.access_bytes == 8 ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks}
-                                                               : s;
+  const bool widen = vectorised && s.access_bytes == 8 && (elem_bytes == 2 || bias);
+  return widen ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
 }
 
 // Whether the rows of g take accesses of `vec` elements: every pointer 16-byte aligned (so each row
@@ -407,12 +413,12 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const Element
                                cudaStream_t stream) {
   if (g.numel() <= 0) return cudaSuccess;
   if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
-  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
+  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kErfOp<Op>, kBiasOp<Op>);
   constexpr int kVec = kV.access_bytes / static_cast<int>(sizeof(T));
   if (element_rows_vec(g, kVec, in0, Op::kArity == 2 ? in1 : nullptr, out)) {
     return launch_elementwise_rows_as<kV.threads, kVec, kV.unroll, kV.min_blocks>(in0, in1, out, g, op, stream);
   }
-  constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
+  constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kErfOp<Op>, kBiasOp<Op>);
   return launch_elementwise_rows_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, g, op, stream);
 }
 
@@ -475,19 +481,19 @@ FASTACT_DEVICE AlignedVector<T, kVec> bias_gelu_apply(const AlignedVector<T, kVe
   return o;
 }
 
-// One batch of a thread: rows u < valid (<= kRows) of one access column, row u at x + u * stride (dy,
-// out likewise): every load first, then dx and the column sums in row order.
+// One batch of a thread: rows u < valid (<= kRows) of one access column, row u at dy + u * stride (out
+// likewise) and x + u * x_stride: every load first, then dx and the column sums in row order.
 template <int kVec, int kRows, typename T, typename Gelu>
 FASTACT_DEVICE void bias_gelu_batch(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                                    int64_t stride, int valid, const acc_t<T> (&b)[kVec], acc_t<T> (&dsum)[kVec],
-                                    const Gelu& gelu) {
+                                    int64_t stride, int64_t x_stride, int valid, const acc_t<T> (&b)[kVec],
+                                    acc_t<T> (&dsum)[kVec], const Gelu& gelu) {
   using Vec = AlignedVector<T, kVec>;
   Vec xv[kRows];
   Vec gv[kRows];
 #pragma unroll
   for (int u = 0; u < kRows; ++u) {
     if (u < valid) {
-      xv[u] = load_vector<T, kVec>(x + u * stride);
+      xv[u] = load_vector<T, kVec>(x + u * x_stride);
       gv[u] = load_vector<T, kVec>(dy + u * stride);
     }
   }
@@ -500,8 +506,10 @@ FASTACT_DEVICE void bias_gelu_batch(const T* __restrict__ x, const T* __restrict
 // bias_gelu backward: out = dx = dy * gelu'(x + bias) over the block's tile (BiasGeluPlan); then the
 // block sums its rows' dx per column (thread sums in row order, then the ty threads of a column in ly
 // order: a fixed order) and writes them to partial[group, col] (in acc_t), or straight to dbias[col]
-// when there is a single row group. x, dy, out: [rows, H] contiguous; bias, dbias: [H]; partial:
-// [row_groups, H]. kVec > 1 needs H % kVec == 0 and 16-byte aligned pointers. blockDim.x = tx * ty.
+// when there is a single row group. dy, out: [rows, H] contiguous; x: [rows, H], row r at x + r * x_row
+// (x_row == H: contiguous; a strided stack of rows, read in place); bias, dbias: [H]; partial:
+// [row_groups, H]. kVec > 1 needs H and x_row multiples of kVec and 16-byte aligned pointers.
+// blockDim.x = tx * ty.
 // kSteps: a block may take several batches (steps > 1). A separate instantiation because the loop's
 // state costs registers: with it the bf16 kernel spills ~90 bytes at the 80-register cap, without
 // it none.
@@ -509,7 +517,8 @@ template <int kVec, int kRows, bool kSteps, typename T, typename Gelu>
 __global__ void __launch_bounds__(kThreads, kBiasGeluMinBlocks)
     bias_gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ dy,
                               T* __restrict__ out, acc_t<T>* __restrict__ partial, T* __restrict__ dbias,
-                              int64_t rows, int64_t H, int tx, int col_tiles, int64_t steps, Gelu gelu) {
+                              int64_t rows, int64_t H, int64_t x_row, int tx, int col_tiles, int64_t steps,
+                              Gelu gelu) {
   using A = acc_t<T>;
   using Vec = AlignedVector<T, kVec>;
   const int ty = blockDim.x / tx;
@@ -534,8 +543,9 @@ __global__ void __launch_bounds__(kThreads, kBiasGeluMinBlocks)
     const int64_t first = group * batch * steps + ly;  // this thread's first row
     const int64_t end = first - ly + batch * steps < rows ? first - ly + batch * steps : rows;
     const int64_t stride = int64_t{ty} * H;  // elements from one of a thread's rows to the next
+    const int64_t x_stride = int64_t{ty} * x_row;
     const int64_t offset = first * H + col;
-    const T* xp = x + offset;
+    const T* xp = x + first * x_row + col;
     const T* gp = dy + offset;
     T* op = out + offset;
     // Rows first, first + ty, ... below end: kRows a batch but in the group's last (< kRows * ty left).
@@ -544,13 +554,13 @@ __global__ void __launch_bounds__(kThreads, kBiasGeluMinBlocks)
     };
     if constexpr (kSteps) {
       for (int64_t left = end - first; left > 0; left -= batch) {
-        bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, valid(left), b, dsum, gelu);
-        xp += kRows * stride;
+        bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, x_stride, valid(left), b, dsum, gelu);
+        xp += kRows * x_stride;
         gp += kRows * stride;
         op += kRows * stride;
       }
     } else if (end > first) {
-      bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, valid(end - first), b, dsum, gelu);
+      bias_gelu_batch<kVec, kRows>(xp, gp, op, stride, x_stride, valid(end - first), b, dsum, gelu);
     }
   }
 
@@ -671,15 +681,15 @@ __global__ void __launch_bounds__(kReduceCols * kReduceLanes)
 }
 
 template <int kVec, typename T, typename Gelu>
-cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, const T* bias, T* dx, acc_t<T>* partial, T* dbias,
-                                         int64_t rows, int64_t H, const BiasGeluPlan& p, Gelu gelu,
-                                         cudaStream_t stream) {
+cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, int64_t x_row, const T* bias, T* dx,
+                                         acc_t<T>* partial, T* dbias, int64_t rows, int64_t H, const BiasGeluPlan& p,
+                                         Gelu gelu, cudaStream_t stream) {
   constexpr int kRows = bias_gelu_backward_rows(kVec > 1);
   if (p.vec != kVec || p.rows_per_thread != kRows || p.blocks() > INT32_MAX) return cudaErrorInvalidConfiguration;
   const auto kernel = p.steps > 1 ? bias_gelu_backward_kernel<kVec, kRows, true, T, Gelu>
                                   : bias_gelu_backward_kernel<kVec, kRows, false, T, Gelu>;
-  kernel<<<static_cast<unsigned>(p.blocks()), p.threads(), 0, stream>>>(x, bias, dy, dx, partial, dbias, rows, H, p.tx,
-                                                                       static_cast<int>(p.col_tiles), p.steps, gelu);
+  kernel<<<static_cast<unsigned>(p.blocks()), p.threads(), 0, stream>>>(
+      x, bias, dy, dx, partial, dbias, rows, H, x_row, p.tx, static_cast<int>(p.col_tiles), p.steps, gelu);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.row_groups == 1) return err;
   const auto reduce_grid = static_cast<unsigned>(ceil_div(H, kReduceCols));
@@ -736,19 +746,21 @@ cudaError_t bias_gelu_forward(const T* x, int64_t x_stride, const T* bias, T* y,
 }
 
 // dx = dy * gelu'(x + bias), dbias = sum over rows of dx (computed in acc_t, deterministically).
-// dy, x, dx: [rows, H] contiguous; bias, dbias: [H]; workspace: plan.workspace_elems(H) acc_t elements
-// (may be null when that is 0). plan from plan_bias_gelu(rows, H, bias_gelu_vec<T>(H, dy, x, bias, dx),
-// sm_count). Two kernels when plan.row_groups > 1 (the second reads only the workspace).
+// dy, dx: [rows, H] contiguous; x: [rows, H], row r at x + r * x_stride (H: contiguous); bias, dbias: [H];
+// workspace: plan.workspace_elems(H) acc_t elements (may be null when that is 0). plan from
+// plan_bias_gelu(rows, H, vec, sm_count), vec = bias_gelu_vec<T>(H, dy, x, bias, dx) when it divides
+// x_stride, else 1. Two kernels when plan.row_groups > 1 (the second reads only the workspace).
 template <typename T, typename Gelu>
-cudaError_t bias_gelu_backward(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* workspace,
-                               int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan, Gelu gelu,
-                               cudaStream_t stream) {
+cudaError_t bias_gelu_backward(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias,
+                               acc_t<T>* workspace, int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan,
+                               Gelu gelu, cudaStream_t stream) {
   if (rows <= 0 || H <= 0) return cudaSuccess;
   if (plan.vec == vec_width<T>()) {
-    return elementwise::launch_bias_gelu_backward_as<vec_width<T>()>(dy, x, bias, dx, workspace, dbias, rows, H, plan,
-                                                                     gelu, stream);
+    return elementwise::launch_bias_gelu_backward_as<vec_width<T>()>(dy, x, x_stride, bias, dx, workspace, dbias, rows,
+                                                                     H, plan, gelu, stream);
   }
-  return elementwise::launch_bias_gelu_backward_as<1>(dy, x, bias, dx, workspace, dbias, rows, H, plan, gelu, stream);
+  return elementwise::launch_bias_gelu_backward_as<1>(dy, x, x_stride, bias, dx, workspace, dbias, rows, H, plan, gelu,
+                                                      stream);
 }
 
 }  // namespace fastact
