@@ -44,7 +44,8 @@ def pytest_addoption(parser):
     g.addoption("--fastact-grid", choices=("quick", "full"), default=None,
                 help="case grid of fastact.bench (default: full on CUDA, quick on CPU)")
     g.addoption("--fastact-shapes", choices=fb.GRIDS, default="bar",
-                help="bar: the performance bar's shapes (default); irregular: odd row lengths and a sliced view; wide: row lengths across the range, other dims, chunk views; all")
+                help="bar: the performance bar's shapes (default); irregular: odd row lengths and a sliced view; "
+                     "wide: row lengths across the range, other dims, chunk views; all")
     g.addoption("--fastact-no-compile", action="store_true", help="no torch.compile rows")
     g.addoption("--fastact-compile-budget", type=float, default=None, metavar="S",
                 help="stop compiling after S seconds of compilation in all; later cases skip torch.compile")

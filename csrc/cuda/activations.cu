@@ -268,7 +268,8 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   // tanh one where it differs.
   const bool erf = op == "gelu" || op == "gelu_backward";
   const auto shape_of = [&](int eb, int ar, bool v, bool e) {
-    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, e, false) : elementwise::elementwise_shape(eb, ar, v, e);
+    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, e, false)
+                : elementwise::elementwise_shape(eb, ar, v, e);
   };
   const int vec_access = shape_of(esize, arity, true, erf).access_bytes / esize;
   const void* p = x.const_data_ptr();

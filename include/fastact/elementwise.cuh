@@ -301,7 +301,8 @@ constexpr bool kBiasOp =
     std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>> || std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>;
 
 template <typename Op>
-constexpr bool kErfOp = std::is_same_v<Op, ForwardOp<math::GeluErf>> || std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
+constexpr bool kErfOp = std::is_same_v<Op, ForwardOp<math::GeluErf>> ||
+                        std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
                         std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>;
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
@@ -396,9 +397,11 @@ cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const
   for (int64_t r0 = 0; r0 < g.rows; r0 += rows_per_launch) {
     const int64_t accesses = std::min(rows_per_launch, g.rows - r0) * per_row;
     const int64_t grid = ceil_div(accesses, int64_t{kThreads_} * kUnroll_);
-    elementwise_rows_kernel<kThreads_, kVec, kUnroll_, kMinBlocks><<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(
-        row_of(in0, g.stride0, r0), g.stride0, row_of(in1, g.stride1, r0), g.stride1, out + r0 * g.cols,
-        static_cast<uint32_t>(accesses), static_cast<uint32_t>(per_row), div, op);
+    const auto kernel = elementwise_rows_kernel<kThreads_, kVec, kUnroll_, kMinBlocks, T, Op>;
+    kernel<<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(row_of(in0, g.stride0, r0), g.stride0,
+                                                                  row_of(in1, g.stride1, r0), g.stride1,
+                                                                  out + r0 * g.cols, static_cast<uint32_t>(accesses),
+                                                                  static_cast<uint32_t>(per_row), div, op);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
