@@ -250,6 +250,18 @@ inline std::optional<int64_t> element_read_stride(const at::Tensor& out, const a
   return std::nullopt;
 }
 
+// How an elementwise op reads its input x (explain): element_read_stride beside the output the op
+// allocates, empty_like(x) (here on the meta device: no memory), and that output's row length.
+struct ElementRead {
+  std::optional<int64_t> stride;
+  int64_t cols;
+};
+
+inline ElementRead element_read_of(const at::Tensor& x) {
+  const at::Tensor out = at::empty_like(x, x.options().device(at::kMeta));
+  return {element_read_stride(out, x), out.dim() == 0 ? 1 : out.size(-1)};
+}
+
 // The row stride at which bias_gelu's forward reads x as [rows, H]: H for a contiguous x, x's row
 // stride for a strided stack of rows (collapsed_row_stride: a chunk of the last dim), read in place;
 // nullopt: x is made contiguous first. x.dim() >= 1.

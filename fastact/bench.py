@@ -202,13 +202,19 @@ def _rows(class_bytes, row, itemsize):
     return max(1, class_bytes // (row * itemsize))
 
 
+def _row_cases(op, direction, dtypes, row_lengths, cb):
+    """Last-dim cases of the softmax family: one per dtype and row length (in that order), as many rows
+    as fill ``cb`` bytes."""
+    return [Case(op, direction, dt, (_rows(cb, D, dt.itemsize), D)) for dt in dtypes for D in row_lengths]
+
+
 def class_bytes(mode, device_type):
     return FULL_CLASS_BYTES if mode == "full" else QUICK_CLASS_BYTES.get(device_type, QUICK_CLASS_BYTES["cpu"])
 
 
 def cases(mode="full", device_type="cuda", grid="bar"):
     """The bandwidth grid, in report order: ``grid`` "bar" (the performance bar's grid, below),
-    "irregular" (irregular_cases) or "all" (both).
+    "irregular" (irregular_cases), "wide" (wide_cases) or "all" (the three).
 
     full (the performance bar's grid): softmax and log_softmax, fwd and bwd, rows of 128 … 262144
     elements in f32/bf16/f16 on 256 MB-class tensors (rows = 256 MB / (D·size)); the fused
@@ -230,8 +236,7 @@ def cases(mode="full", device_type="cuda", grid="bar"):
     out = []
     for op in SOFTMAX_OPS:
         for d in DIRECTIONS:
-            for dt in dtypes:
-                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in ROW_LENGTHS[mode]]
+            out += _row_cases(op, d, dtypes, ROW_LENGTHS[mode], cb)
             out.append(Case(op, d, bf16, (_rows(cb, 4096, 2), 4096), out_dtype=f32))
             # Softmax over a dim that is not the last: [outer, 1024, 2048], dim=1 (outer = 32 in full).
             outer = max(1, cb // (1024 * 2048 * 4))
@@ -257,8 +262,7 @@ def irregular_cases(mode="full", device_type="cuda"):
     out = []
     for op in SOFTMAX_OPS:
         for d in DIRECTIONS:
-            for dt in (f32, bf16):
-                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in IRREGULAR_ROWS[mode]]
+            out += _row_cases(op, d, (f32, bf16), IRREGULAR_ROWS[mode], cb)
     for dt in (f32, bf16):
         out.append(Case("softmax", "fwd", dt, (_rows(cb, VIEW_ROW + 1, dt.itemsize), VIEW_ROW), view="sliced"))
     return out
@@ -274,8 +278,7 @@ def wide_cases(mode="full", device_type="cuda"):
     out = []
     for op in SOFTMAX_OPS:
         for d in DIRECTIONS:
-            for dt in (f32, bf16):
-                out += [Case(op, d, dt, (_rows(cb, D, dt.itemsize), D)) for D in WIDE_ROWS[mode]]
+            out += _row_cases(op, d, (f32, bf16), WIDE_ROWS[mode], cb)
     for d in DIRECTIONS:
         for dt in (f32, bf16):
             for D, inner in WIDE_STRIDED[mode]:

@@ -83,6 +83,16 @@ def long_row_cases(dtype):
                       bwd(dy, y, -1, dtype, variant="long_row"), softmax_backward_reference(dy, want, -1, log), dtype)
 
 
+def check_gelu(label, x, dy, dtype):
+    """gelu (erf and tanh) of x and its backward with grad dy, against float64 autograd."""
+    for approx in ("none", "tanh"):
+        xr = x.double().requires_grad_()
+        want = torch.nn.functional.gelu(xr, approximate=approx)
+        check(f"gelu {approx} {label}", fastact.gelu(x, approx), want, dtype)
+        (gx,) = torch.autograd.grad(want, xr, dy.double())
+        check(f"gelu_backward {approx} {label}", ops.gelu_backward(dy, x, approx), gx, dtype)
+
+
 def elementwise_cases(dtype):
     dev = "cuda"
     for n in (1, 7, 8, 9, 1000, 4099):
@@ -90,12 +100,7 @@ def elementwise_cases(dtype):
             base = torch.randn(n + 1, device=dev, dtype=dtype)
             x = base[1:] if misaligned else base[:n]
             dy = torch.randn_like(x)
-            for approx in ("none", "tanh"):
-                xr = x.double().requires_grad_()
-                want = torch.nn.functional.gelu(xr, approximate=approx)
-                check(f"gelu {approx} {n}", fastact.gelu(x, approx), want, dtype)
-                (gx,) = torch.autograd.grad(want, xr, dy.double())
-                check(f"gelu_backward {approx} {n}", ops.gelu_backward(dy, x, approx), gx, dtype)
+            check_gelu(f"{n}", x, dy, dtype)
             y = fastact.sigmoid(x)
             check(f"sigmoid {n}", y, torch.sigmoid(x.double()), dtype)
             check(f"sigmoid_backward {n}", ops.sigmoid_backward(dy, y), dy.double() * y.double() * (1 - y.double()), dtype)
@@ -106,12 +111,7 @@ def elementwise_cases(dtype):
             base = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)
             x = base[:, cols:] if view == "chunk" else base[:, 1 : cols + 1]
             dy = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)[:, :cols]
-            for approx in ("none", "tanh"):
-                xr = x.double().requires_grad_()
-                want = torch.nn.functional.gelu(xr, approximate=approx)
-                check(f"gelu {approx} {view} {rows}x{cols}", fastact.gelu(x, approx), want, dtype)
-                (gx,) = torch.autograd.grad(want, xr, dy.double())
-                check(f"gelu_backward {approx} {view} {rows}x{cols}", ops.gelu_backward(dy, x, approx), gx, dtype)
+            check_gelu(f"{view} {rows}x{cols}", x, dy, dtype)
             check(f"sigmoid {view} {rows}x{cols}", fastact.sigmoid(x), torch.sigmoid(x.double()), dtype)
             b = torch.randn(cols, device=dev, dtype=dtype)
             xr, br = x.double().requires_grad_(), b.double().requires_grad_()

@@ -338,9 +338,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place" : " (input made contiguous")
         << ", bias added in registers: one pass)";
     } else {
-      const at::Tensor out = at::empty_like(self, self.options().device(at::kMeta));  // the output's layout
-      const std::optional<int64_t> stride = element_read_stride(out, self);
-      const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+      const auto [stride, cols] = element_read_of(self);
       if (!stride) {
         s << " (input has gaps or overlaps: copied into a dense tensor first)";
       } else if (*stride != cols && self.numel() > cols) {

@@ -258,9 +258,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const int64_t n = x.numel();
   // How the op reads x (element_operands; the backward's grad_output is assumed dense beside the
   // output, as autograd passes it, and 16-byte aligned): at the output's offsets, by rows, or copied.
-  const at::Tensor out = at::empty_like(x, x.options().device(at::kMeta));  // the output's layout
-  const std::optional<int64_t> stride = element_read_stride(out, x);
-  const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+  const auto [stride, cols] = element_read_of(x);
   ElementRows g = ElementRows::flat(n);
   if (stride && *stride != cols) g = {n / cols, cols, backward ? cols : *stride, backward ? *stride : cols};
   const bool rows = !g.is_flat();
