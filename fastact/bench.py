@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -45,7 +46,7 @@ ELEMENTWISE_OPS = ("gelu", "gelu_tanh", "sigmoid")  # gelu is the erf form, gelu
 OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + ("bias_gelu",)
 DIRECTIONS = ("fwd", "bwd")
 # Forced softmax kernel variants (the `variant=` argument of the softmax family's ops), CUDA only.
-VARIANTS = ("warp", "vec", "scalar", "long_row", "strided")
+VARIANTS = ("warp", "vec", "scalar", "long_row", "strided", "split", "grid")
 
 DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
@@ -921,6 +922,8 @@ def main(argv=None):
                    help="bar: the performance bar's grid (default); irregular: row lengths no 128-bit vector "
                         "divides (197, 1000, 30522, 50257) and a sliced view; wide: row lengths across the range "
                         "and model vocabularies, other softmax dims, elementwise ops on chunk views; all: the three")
+    p.add_argument("--match", default=None, metavar="REGEX",
+                   help="only the grid's cases whose name (e.g. softmax-fwd-bf16-128x1048576) REGEX matches")
     p.add_argument("--check", action="store_true",
                    help="mark each case against the performance bar, print the misses, exit 1 if any")
     p.add_argument("--default-malloc", action="store_true",
@@ -958,6 +961,8 @@ def main(argv=None):
 
     compiler = None if args.no_compile else Compiler(budget)
     grid = [c for c in cases(mode, dev_type, args.grid) if c.op in ops]
+    if args.match is not None:
+        grid = [c for c in grid if re.search(args.match, c.name)]
     results = []
     for i, case in enumerate(grid, 1):
         r = summarise(bench_case(case, device, compiler, variants=not args.no_variants, timing=timing),
@@ -987,7 +992,7 @@ def main(argv=None):
     misses = [m for r in results for m in r["misses"]]
     report = {
         "meta": {"fastact": fastact.__version__, "torch": torch.__version__, "device": name, "device_type": dev_type,
-                 "mode": mode, "grid": args.grid, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
+                 "mode": mode, "grid": args.grid, "match": args.match, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
                  "date": datetime.datetime.now().isoformat(timespec="seconds"),
                  "timing": dataclasses.asdict(timing), "cpu_malloc_kept": malloc_kept,
                  "compile": None if compiler is None else {"seconds": compiler.spent_s, "budget_s": compiler.budget_s,
