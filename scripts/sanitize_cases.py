@@ -13,7 +13,7 @@ import torch
 import fastact
 
 ops = torch.ops.fastact
-VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided")
+VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided", "grid")
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -68,8 +68,9 @@ def softmax_cases(dtype):
 def long_row_cases(dtype):
     """long_row's clusters: the 128-bit forward that keeps part of each slice in shared memory
     (cp.async; 8 x 512 threads at 262144, the last CTA's slice partial at 262136, 8 x 256 at 131072),
-    and the backward of rows of 262144 in the largest clusters (float: 16 CTAs of 1024 threads)."""
-    for rows, d in ((6, 262136), (3, 131072), (4, 262144)):
+    and the backward of rows of 262144 in the largest clusters (float: 16 CTAs of 1024 threads); its
+    grid mode beyond a cluster (rows of 2^20 and 2^20 + 1: 128-bit and element accesses)."""
+    for rows, d in ((6, 262136), (3, 131072), (4, 262144), (3, 1 << 20), (2, (1 << 20) + 1)):
         x = torch.randn(rows, d, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
         for log in (False, True):
@@ -78,7 +79,7 @@ def long_row_cases(dtype):
             want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
             y = fwd(x, -1, None, variant="long_row")
             check(f"{'log_' if log else ''}softmax long_row {rows}x{d} {dtype}", y, want, dtype)
-            if d == 262144:
+            if d >= 262144:
                 check(f"{'log_' if log else ''}softmax_backward long_row {rows}x{d} {dtype}",
                       bwd(dy, y, -1, dtype, variant="long_row"), softmax_backward_reference(dy, want, -1, log), dtype)
 

@@ -41,8 +41,9 @@ from fastact_testing import (  # noqa: E402
 pytestmark = pytest.mark.cuda
 ops = torch.ops.fastact
 
-# include/fastact/dispatch.h: "split" is long_row's two-read fallback, forceable on its own.
-VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided")
+# include/fastact/dispatch.h: "split" is long_row's two-read fallback and "grid" its mode beyond a
+# cluster, each forceable on its own.
+VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided", "grid")
 # input dtype, output dtype (the fused conversions included)
 DTYPE_CONFIGS = [
     (torch.float32, torch.float32),
@@ -109,7 +110,8 @@ def must_accept(variant, cls, d, dtype):
         # the vector width does not divide too (every row of these classes starts at the same offset
         # from the alignment in x and y: the head and tail elements move one at a time)
         return inner1 and aligned and d <= 4096
-    if variant in ("scalar", "long_row", "split"):  # any rows: any alignment, D, row stride
+    if variant in ("scalar", "long_row", "split", "grid"):  # any rows: any alignment, D, row stride (grid: rows
+        # that one CTA an SM caches, far beyond these)
         return inner1
     if variant == "strided":
         return not inner1
@@ -260,6 +262,77 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     )
 
 
+def _grid_plan(explanation):
+    """(CTAs per row, threads per CTA) of a grid plan, or None for any other."""
+    if "partials through global memory" not in explanation:
+        return None
+    m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads", explanation)
+    return int(m.group(1)), int(m.group(2))
+
+
+@pytest.mark.parametrize("d", (1 << 20, (1 << 20) + 1, 3 << 19))
+@pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
+def test_grid_mode_long_rows(direction, layout, op, dtypes, d):
+    """Rows longer than a cluster caches (include/fastact/softmax/grid.cuh): auto dispatch takes long_row's
+    grid mode where one CTA an SM caches the row, with more rows than the device holds at once, so that
+    rows start while others wait for their partials; dense and padded rows, an odd D (element
+    accesses, the last CTA's slice partial). Twice, bitwise equal: the partials fold in a fixed order."""
+    in_dtype, out_dtype = dtypes
+    log = op.name == "log_softmax"
+    out_arg = out_dtype if out_dtype != in_dtype else None
+    name = op.name + ("_backward" if direction == "bwd" else "")
+    probe = make_tensor((1, d), out_dtype if direction == "bwd" else in_dtype, "cuda")
+    explanation = fastact.explain(name, probe)
+    plan = _grid_plan(explanation)
+    if plan is None:
+        pytest.skip(f"not the grid mode here: {explanation}")
+    assert _variant(explanation) == "long_row", explanation
+    ctas, threads = plan
+    sms = torch.cuda.get_device_properties(probe.device).multi_processor_count
+    rows = 2 * sms * (2048 // threads) // ctas + 3  # more than fit at once, the last round partial
+    msg = f"grid {name} {rows}x{d} {layout} {in_dtype}->{out_dtype}, plan {ctas} x {threads}"
+    if layout == "rows":
+        x = make_tensor((rows, d), in_dtype, "cuda")
+    else:
+        x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, _vec_width(in_dtype))})
+    fn = torch.log_softmax if log else torch.softmax
+    if direction == "fwd":
+        poison_allocator("cuda", x.numel() * out_dtype.itemsize)
+        y = getattr(ops, op.name).default(x, -1, out_arg)
+        assert_close(y, fn(x.to(out_dtype).double(), -1), torch_actual=fn(x, -1, dtype=out_arg), msg=msg)
+        assert torch.equal(y, getattr(ops, op.name).default(x, -1, out_arg)), msg + ": not deterministic"
+        return
+    y = fn(x, -1, dtype=out_arg)
+    g = make_tensor((rows, d), out_dtype, "cuda")
+    poison_allocator("cuda", x.numel() * in_dtype.itemsize)
+    dx = getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype)
+    assert_close(
+        dx,
+        softmax_backward_ref(g, y, -1, log),
+        coarsest(in_dtype, out_dtype),
+        torch_actual=softmax_backward_torch(g, y, -1, in_dtype, log),
+        msg=msg,
+    )
+    assert torch.equal(dx, getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype)), msg + ": not deterministic"
+
+
+def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
+    """dispatch.h plan_grid: at most one CTA an SM per row (so the device holds all of a row's CTAs);
+    a row beyond that takes the split mode."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = make_tensor((1, 1 << 20), torch.float32, "cuda")
+    plan = _grid_plan(fastact.explain("softmax", x))
+    assert plan is not None and 2 <= plan[0] <= sms, fastact.explain("softmax", x)
+    # float forward: 512 threads x 64 elements a CTA at most
+    too_long = make_tensor((1, sms * 1024 * 64 + 4), torch.float32, "cuda")
+    s = fastact.explain("softmax", too_long)
+    assert "chunk(s) per row" in s, s
+    with pytest.raises(RuntimeError, match="cannot take"):
+        ops.softmax(too_long, -1, None, variant="grid")
+
+
 def fastact_softmax_variant(x, dim, variant):
     return ops.softmax(x, dim, None, variant=variant)
 
@@ -393,7 +466,7 @@ torch.testing.assert_close(dx, ref, rtol=1e-5, atol=1e-7)
 
 @pytest.mark.parametrize("cap", ["1", "8"])
 def test_max_cluster_environment_cap(cap):
-    """FASTACT_MAX_CLUSTER=1 turns clusters off (long rows take the two-read mode); =8 keeps them
+    """FASTACT_MAX_CLUSTER=1 turns clusters off (long rows take the grid mode); =8 keeps them
     portable. Results stay right either way."""
     env = dict(os.environ, FASTACT_MAX_CLUSTER=cap)
     out = subprocess.run([sys.executable, "-c", _CLUSTER_CAP_SCRIPT], env=env, capture_output=True, text=True)
@@ -403,10 +476,10 @@ def test_max_cluster_environment_cap(cap):
     for line in lines:
         assert _variant(line) == "long_row", line
         sizes = [int(n) for n in re.findall(r"(\d+) CTA\(s\)", line)]
-        if cap == "1" or torch.cuda.get_device_capability()[0] < 9:
-            assert "chunk(s) per row" in line, line
-        else:
-            assert sizes and sizes[0] <= 8 or "chunk(s) per row" in line, line
+        if cap == "1" or torch.cuda.get_device_capability()[0] < 9:  # no clusters: the grid mode
+            assert "partials through global memory" in line, line
+        else:  # portable clusters, or the grid mode where none caches the row (float backward)
+            assert sizes and sizes[0] <= 8 or "partials through global memory" in line, line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=dtype_id)
@@ -677,7 +750,21 @@ def _bytes(*tensors):
 def test_forward_allocates_only_its_output(name, make):
     fn, x, kw = make()
     y, extra = _extra_peak(lambda: fn(x, **kw))
-    assert extra <= _bytes(y), f"{name}: {extra} bytes allocated for a {_bytes(y)}-byte output"
+    op = "log_softmax" if fn is fastact.log_softmax else "softmax"
+    allowed = _bytes(y) + (_grid_workspace_bytes(fastact.explain(op, x, kw["dim"]), x) if "dim" in kw else 0)
+    assert extra <= allowed, f"{name}: {extra} bytes allocated for a {_bytes(y)}-byte output"
+
+
+def _grid_workspace_bytes(explanation, x):
+    """What the caching allocator charges for the workspace of a grid plan (dispatch.h
+    softmax_grid_workspace: a 16-byte ticket, a 4-byte counter per row padded to 16, a 16-byte slot per
+    row and CTA), 0 for any other plan."""
+    if "partials through global memory" not in explanation:
+        return 0
+    ctas = int(re.search(r"\[(\d+) CTA\(s\)", explanation).group(1))
+    rows = x.numel() // x.shape[-1]
+    n = 16 + -(-rows * 4 // 16) * 16 + rows * ctas * 16
+    return -(-n // 512) * 512
 
 
 def test_bias_gelu_forward_allocates_only_its_output():

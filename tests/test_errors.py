@@ -174,7 +174,7 @@ def test_unknown_variant(device):
     _follow_up_works(device)
 
 
-@pytest.mark.parametrize("variant", ["warp", "vec", "scalar", "long_row", "strided", "split"])
+@pytest.mark.parametrize("variant", ["warp", "vec", "scalar", "long_row", "strided", "split", "grid"])
 def test_cuda_variant_on_cpu_tensor(variant):
     """The CUDA variants cannot run on CPU tensors: a clear error, not a silent fallback."""
     x = make_tensor((4, 64), torch.float32, "cpu")

@@ -4,6 +4,7 @@
 #include "common.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "fastact/dispatch.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -111,16 +112,15 @@ const KernelTable& kernels() {
 
 std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
 
-constexpr const char* kCudaVariants[] = {"warp", "vec", "scalar", "long_row", "strided"};
-
+// The CUDA variants are dispatch.h's names (softmax_variant_from_name); on the CPU only "auto" runs.
 void check_cpu_variant(c10::string_view variant, const char* op) {
   const std::string_view v = sv(variant);
   if (v == "auto") return;
-  for (const char* cuda : kCudaVariants) {
-    TORCH_CHECK(v != cuda, op, ": variant '", std::string(v), "' is a CUDA kernel; on the CPU only 'auto' is accepted");
-  }
-  TORCH_CHECK(false, op, ": unknown variant '", std::string(v),
-              "'; expected one of auto, warp, vec, scalar, long_row, strided (on the CPU only 'auto')");
+  SoftmaxVariant cuda = SoftmaxVariant::kAuto;
+  TORCH_CHECK(!softmax_variant_from_name(v, &cuda), op, ": variant '", std::string(v),
+              "' is a CUDA kernel; on the CPU only 'auto' is accepted");
+  TORCH_CHECK(false, op, ": unknown variant '", std::string(v), "'; expected one of ", softmax_variant_names(),
+              " (on the CPU only 'auto')");
 }
 
 bool parse_tanh(c10::string_view approximate, const char* op) {

@@ -32,15 +32,15 @@ SoftmaxDeviceProps softmax_device_props_cached(int device);
 
 // Launchers, one overload per (input, output) element-type pair the ops use: same dtype, and the
 // fused casts (half/bfloat16 input -> float output forward; float grad_output/output -> half/bfloat16
-// grad_input backward). Geometry and plan as fastact::softmax_forward / softmax_backward
+// grad_input backward). Geometry, plan and workspace as fastact::softmax_forward / softmax_backward
 // (include/fastact/softmax/launch.cuh); `log` picks LogSoftmaxEpilogue over SoftmaxEpilogue.
 #define FASTACT_SOFTMAX_CUDA_DECLARE(in_t, out_t)                                                          \
   cudaError_t softmax_forward_cuda(bool log, const in_t* x, out_t* y, int64_t outer, int64_t dim,          \
                                    int64_t inner, int64_t row_stride, const SoftmaxPlan& plan,             \
-                                   cudaStream_t stream);                                                    \
+                                   cudaStream_t stream, void* workspace);                                   \
   cudaError_t softmax_backward_cuda(bool log, const out_t* grad_output, const out_t* output, in_t* grad_input, \
                                     int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,    \
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, void* workspace);
 
 FASTACT_SOFTMAX_CUDA_DECLARE(float, float)
 FASTACT_SOFTMAX_CUDA_DECLARE(double, double)
@@ -60,18 +60,18 @@ FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, float)
   namespace fastact::cuda {                                                                                 \
   cudaError_t softmax_forward_cuda(bool log, const in_t* x, out_t* y, int64_t outer, int64_t dim,           \
                                    int64_t inner, int64_t row_stride, const SoftmaxPlan& plan,              \
-                                   cudaStream_t stream) {                                                    \
-    return log ? ::fastact::softmax_forward<in_t, out_t, math::LogSoftmaxEpilogue>(x, y, outer, dim, inner,  \
-                                                                                    row_stride, plan, stream) \
-               : ::fastact::softmax_forward<in_t, out_t, math::SoftmaxEpilogue>(x, y, outer, dim, inner,     \
-                                                                                 row_stride, plan, stream);   \
+                                   cudaStream_t stream, void* workspace) {                                   \
+    return log ? ::fastact::softmax_forward<in_t, out_t, math::LogSoftmaxEpilogue>(                          \
+                     x, y, outer, dim, inner, row_stride, plan, stream, workspace)                           \
+               : ::fastact::softmax_forward<in_t, out_t, math::SoftmaxEpilogue>(                             \
+                     x, y, outer, dim, inner, row_stride, plan, stream, workspace);                          \
   }                                                                                                         \
   cudaError_t softmax_backward_cuda(bool log, const out_t* grad_output, const out_t* output, in_t* grad_input, \
                                     int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,     \
-                                    cudaStream_t stream) {                                                   \
+                                    cudaStream_t stream, void* workspace) {                                  \
     return log ? ::fastact::softmax_backward<in_t, out_t, math::LogSoftmaxEpilogue>(                         \
-                     grad_output, output, grad_input, outer, dim, inner, plan, stream)                      \
+                     grad_output, output, grad_input, outer, dim, inner, plan, stream, workspace)           \
                : ::fastact::softmax_backward<in_t, out_t, math::SoftmaxEpilogue>(                            \
-                     grad_output, output, grad_input, outer, dim, inner, plan, stream);                     \
+                     grad_output, output, grad_input, outer, dim, inner, plan, stream, workspace);          \
   }                                                                                                         \
   }

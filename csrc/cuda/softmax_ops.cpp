@@ -4,6 +4,7 @@
 // are instantiated per dtype in softmax_{float,double,half,bf16}.cu.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -49,19 +50,30 @@ SoftmaxPlan plan_for(SoftmaxVariant v, const SoftmaxProblem& p, const char* op) 
 
 int acc_bytes_of(at::ScalarType t) { return t == at::kDouble ? 8 : 4; }
 
+// The zeroed workspace a plan needs (dispatch.h softmax_workspace_bytes; grid plans only), from the
+// caching allocator on the current stream (so CUDA graphs capture its memset); undefined when none.
+at::Tensor workspace_for(const SoftmaxPlan& plan, int64_t outer, const at::Tensor& like) {
+  const int64_t bytes = softmax_workspace_bytes(plan, outer);
+  if (bytes == 0) return at::Tensor();
+  return at::zeros({bytes}, like.options().dtype(at::kByte));
+}
+
 template <typename in_t, typename out_t>
 void launch_forward(bool log, const SoftmaxForwardPlan& plan, SoftmaxVariant v, const char* op) {
   const SoftmaxGeometry& g = plan.geom;
   const in_t* x = plan.input.const_data_ptr<in_t>();
   out_t* y = plan.output.mutable_data_ptr<out_t>();
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(plan.input.get_device());
-  const SoftmaxProblem p = softmax_forward_problem(x, int(sizeof(in_t)), y, int(sizeof(out_t)),
-                                                   acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size,
-                                                   g.inner, g.row_stride, dev);
+  SoftmaxProblem p = softmax_forward_problem(x, int(sizeof(in_t)), y, int(sizeof(out_t)),
+                                             acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size, g.inner,
+                                             g.row_stride, dev);
+  p.workspace = true;
   const SoftmaxPlan sp = plan_for(v, p, op);
+  const at::Tensor ws = workspace_for(sp, g.outer, plan.output);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  FASTACT_CHECK_LAUNCH(
-      cuda::softmax_forward_cuda(log, x, y, g.outer, g.dim_size, g.inner, g.row_stride, sp, stream), op);
+  FASTACT_CHECK_LAUNCH(cuda::softmax_forward_cuda(log, x, y, g.outer, g.dim_size, g.inner, g.row_stride, sp, stream,
+                                                  ws.defined() ? ws.data_ptr() : nullptr),
+                       op);
 }
 
 template <typename in_t, typename out_t>
@@ -71,12 +83,16 @@ void launch_backward(bool log, const SoftmaxBackwardPlan& plan, SoftmaxVariant v
   const out_t* y = plan.output.const_data_ptr<out_t>();
   in_t* dx = plan.grad_input.mutable_data_ptr<in_t>();
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(plan.output.get_device());
-  const SoftmaxProblem p = softmax_backward_problem(dy, y, int(sizeof(out_t)), dx, int(sizeof(in_t)),
-                                                    acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size,
-                                                    g.inner, dev);
+  SoftmaxProblem p = softmax_backward_problem(dy, y, int(sizeof(out_t)), dx, int(sizeof(in_t)),
+                                              acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size, g.inner,
+                                              dev);
+  p.workspace = true;
   const SoftmaxPlan sp = plan_for(v, p, op);
+  const at::Tensor ws = workspace_for(sp, g.outer, plan.output);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  FASTACT_CHECK_LAUNCH(cuda::softmax_backward_cuda(log, dy, y, dx, g.outer, g.dim_size, g.inner, sp, stream), op);
+  FASTACT_CHECK_LAUNCH(cuda::softmax_backward_cuda(log, dy, y, dx, g.outer, g.dim_size, g.inner, sp, stream,
+                                                   ws.defined() ? ws.data_ptr() : nullptr),
+                       op);
 }
 
 at::Tensor softmax_forward_op(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype,
@@ -183,10 +199,11 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(x.get_device());
   const int elem = static_cast<int>(x.element_size());
   const int acc = acc_bytes_of(x.scalar_type());
-  const SoftmaxProblem p =
+  SoftmaxProblem p =
       backward ? softmax_backward_problem(ptr, ptr, elem, ptr, elem, acc, g.outer, g.dim_size, g.inner, dev)
                : softmax_forward_problem(ptr, elem, nullptr, elem, acc, g.outer, g.dim_size, g.inner, g.row_stride,
                                          dev);
+  p.workspace = true;  // as the ops (workspace_for)
   return softmax_explain(p, choose_softmax(p));
 }
 

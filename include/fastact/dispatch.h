@@ -30,7 +30,13 @@
 //             accesses (no edges) and float arithmetic may instead keep part of each thread's slice
 //             in shared memory, as loaded, so a CTA holds twice the elements and long rows run at
 //             two or more CTAs per SM (softmax/long_row.cuh). Without clusters, or beyond what a
-//             cluster can cache: the split scheme below.
+//             cluster can cache: the grid scheme below, where the caller provides a workspace (the
+//             torch ops do) and the device's SMs can cache the row; else the split scheme.
+//   grid      inner == 1, rows the device's SMs cache (added variant; long_row's mode beyond a cluster,
+//             forceable for tests). The row over 2..sm_count CTAs anywhere on the device, each caching
+//             its slice as long_row's clusters do (registers, and shared memory in the forwards with
+//             128-bit accesses and float arithmetic); the (max, sum) partials meet in a zeroed
+//             workspace in global memory (softmax_workspace_bytes): one HBM read, one launch.
 //   split     inner == 1, any D (added variant; long_row's fallback, forceable for tests). Online
 //             max+sum per chunk of a row, then one write pass: two reads, one write, never three.
 //             Several CTAs per row when rows are few (two kernels; the per-chunk partials are parked
@@ -50,9 +56,9 @@
 
 namespace fastact {
 
-enum class SoftmaxVariant : int { kAuto = 0, kWarp, kVec, kScalar, kLongRow, kStrided, kSplit };
+enum class SoftmaxVariant : int { kAuto = 0, kWarp, kVec, kScalar, kLongRow, kStrided, kSplit, kGrid };
 
-inline constexpr int kNumSoftmaxVariants = 7;
+inline constexpr int kNumSoftmaxVariants = 8;
 
 inline const char* softmax_variant_name(SoftmaxVariant v) {
   switch (v) {
@@ -63,12 +69,13 @@ inline const char* softmax_variant_name(SoftmaxVariant v) {
     case SoftmaxVariant::kLongRow: return "long_row";
     case SoftmaxVariant::kStrided: return "strided";
     case SoftmaxVariant::kSplit: return "split";
+    case SoftmaxVariant::kGrid: return "grid";
   }
   return "?";
 }
 
-// "auto, warp, vec, scalar, long_row, strided, split": for error messages.
-inline const char* softmax_variant_names() { return "auto, warp, vec, scalar, long_row, strided, split"; }
+// "auto, warp, vec, scalar, long_row, strided, split, grid": for error messages.
+inline const char* softmax_variant_names() { return "auto, warp, vec, scalar, long_row, strided, split, grid"; }
 
 // false for an unknown name (the caller reports softmax_variant_names()).
 inline bool softmax_variant_from_name(std::string_view name, SoftmaxVariant* out) {
@@ -284,6 +291,27 @@ constexpr int64_t kSplitMaxGroups = 128;
 // Bytes of the parked partial of one chunk: a (max, sum) pair of the accumulation type, padded to 16.
 constexpr int kSplitSlotBytes = 16;
 
+// grid: threads per CTA, in the order tried (the first whose CTAs, at most sm_count of them, cache the
+// row). Why 512 first: two CTAs an SM overlap each other's load, reduce and store phases, as in
+// long_row's clusters (kVecMaxThreadsWithClusters). The forwards that keep part of the slice in shared
+// memory stop at kClusterSmemMaxThreads.
+constexpr int kGridThreads[] = {512, 1024};
+
+// The zeroed workspace of a grid plan: a task ticket (8 bytes, padded to 16), one arrival counter per
+// row (4 bytes; the array padded to 16), then one 16-byte slot per (row, CTA) for the partials.
+struct SoftmaxGridWorkspace {
+  int64_t arrived = 0;  // byte offset of the counters
+  int64_t slots = 0;    // byte offset of the slots
+  int64_t bytes = 0;    // total
+};
+inline SoftmaxGridWorkspace softmax_grid_workspace(int64_t rows, int64_t ctas) {
+  SoftmaxGridWorkspace w;
+  w.arrived = 16;
+  w.slots = w.arrived + (rows * 4 + 15) / 16 * 16;
+  w.bytes = w.slots + rows * ctas * 16;
+  return w;
+}
+
 // strided: contiguous bytes of one D-row that a block's threads read side by side: a 128-byte line.
 // Why: smaller pieces waste DRAM bursts; larger ones leave fewer threads to split D.
 constexpr int kStridedRowBytes = 128;
@@ -350,6 +378,9 @@ struct SoftmaxProblem {
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
   int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
+  // The caller hands the launcher a zeroed workspace of softmax_workspace_bytes(plan, outer) bytes
+  // (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no grid mode).
+  bool workspace = false;
 };
 
 // What the dispatcher needs of the device (read once per device: softmax_device_props in
@@ -365,7 +396,7 @@ struct SoftmaxDeviceProps {
   int64_t l2_bytes = 0;
 };
 
-enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided };
+enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided, kGrid };
 
 // How a variant runs a problem. Filled by plan_softmax; read by the launchers and by explain.
 struct SoftmaxPlan {
@@ -375,14 +406,14 @@ struct SoftmaxPlan {
   int threads = 0;         // per block
   int cluster = 1;         // CTAs per row (resident) or per tile (strided); 1: no cluster
   int warp_log2 = 0;       // warp: log2 of the padded row
-  int64_t chunks = 1;      // split: chunks (CTAs) per row; 1: one kernel, a block per row
+  int64_t chunks = 1;      // split: chunks (CTAs) per row; 1: one kernel, a block per row. grid: CTAs per row
   int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
-  int smem_elems = 0;        // resident long_row forward: of elems_per_thread, those kept in shared memory
+  int smem_elems = 0;        // long_row resident / grid forward: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
 };
 
@@ -613,6 +644,37 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
   return s;
 }
 
+// long_row beyond a cluster (grid.cuh): the row over `chunks` CTAs of `threads` threads anywhere on the
+// device, each caching elems_per_thread elements a thread as long_row's clusters do (registers; the
+// forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems). False where no
+// CTA size of kGridThreads caches the row in at most sm_count CTAs: a row's CTAs wait for each other, so
+// the device must hold all of them at once, and one CTA an SM always fits (grid_sync.cuh). `forced`
+// (the variant named by a test): at least two CTAs, so that short rows exchange too.
+inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool forced, SoftmaxPlan* out) {
+  if (!p.workspace || p.inner != 1 || p.sm_count < 2) return false;
+  const bool with_smem = softmax_cluster_smem_eligible(p, vec);
+  const int e = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + softmax_cluster_smem_elems(p.in_bytes)
+                          : softmax_resident_elems(p, vec);
+  for (int t : kGridThreads) {
+    if (with_smem && t > kClusterSmemMaxThreads) break;
+    int64_t g = ceil_div(p.dim_size, int64_t(t) * e);
+    if (forced && g < 2) g = 2;
+    if (g > p.sm_count) continue;
+    SoftmaxPlan s;
+    s.variant = v;
+    s.mode = SoftmaxMode::kGrid;
+    s.vec = vec;
+    s.elems_per_thread = e;
+    s.smem_elems = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
+    s.chunks = g;
+    // Balance: the fewest threads that still cache the row over g CTAs.
+    s.threads = int(round_up(ceil_div(ceil_div(p.dim_size, g), e), 32));
+    *out = s;
+    return true;
+  }
+  return false;
+}
+
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   s.variant = SoftmaxVariant::kStrided;
@@ -707,9 +769,17 @@ inline const char* softmax_variant_rejects(SoftmaxVariant v, const SoftmaxProble
       return nullptr;
     case SoftmaxVariant::kStrided:
       if (rows)
-        return "inner == 1 (the softmax dim is contiguous); 'warp', 'vec', 'scalar', 'long_row' and "
-               "'split' take it";
+        return "inner == 1 (the softmax dim is contiguous); 'warp', 'vec', 'scalar', 'long_row', 'split' "
+               "and 'grid' take it";
       return nullptr;
+    case SoftmaxVariant::kGrid: {
+      if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
+      if (!p.workspace) return "it needs a workspace from the caller (the torch ops provide one)";
+      SoftmaxPlan s;
+      if (!softmax_detail::plan_grid(p, v, softmax_rows_vectorizable(p) ? softmax_vec_width(p) : 1, true, &s))
+        return "the row is longer than one CTA an SM caches ('long_row' and 'split' take it)";
+      return nullptr;
+    }
   }
   return "unknown variant";
 }
@@ -739,7 +809,13 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
     case SoftmaxVariant::kLongRow: {
       SoftmaxPlan s;
       if (plan_cluster(p, edges ? w : row_vec, edges, &s)) return s;
+      if (plan_grid(p, v, row_vec, false, &s)) return s;
       return plan_split(p, v, row_vec, false);
+    }
+    case SoftmaxVariant::kGrid: {
+      SoftmaxPlan s;
+      if (plan_grid(p, v, row_vec, true, &s)) return s;
+      return SoftmaxPlan{};  // rejected (softmax_variant_rejects)
     }
     case SoftmaxVariant::kSplit:
       return plan_split(p, v, row_vec, false);
@@ -784,8 +860,11 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     return s;
   }
   s = plan_softmax(SoftmaxVariant::kLongRow, p);
-  s.why = s.mode != SoftmaxMode::kResident
-              ? "the row is longer than a cluster caches (or no clusters): online max+sum per chunk, then "
+  s.why = s.mode == SoftmaxMode::kGrid
+              ? "the row is longer than a cluster caches (or no clusters): split over CTAs anywhere on the "
+                "device, each caching its slice, combined through global memory: one read"
+          : s.mode != SoftmaxMode::kResident
+              ? "the row is longer than the device caches (or no workspace): online max+sum per chunk, then "
                 "a write pass"
           : s.smem_elems > 0
               ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
@@ -793,6 +872,11 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
               : "the row is longer than one block caches: split over a thread-block cluster, cached in "
                 "registers, combined through distributed shared memory: one read";
   return s;
+}
+
+// Bytes of the zeroed workspace the launcher needs for `s` on `outer` rows (0: none; grid plans only).
+inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
+  return s.mode == SoftmaxMode::kGrid ? softmax_grid_workspace(outer, s.chunks).bytes : 0;
 }
 
 // "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
@@ -830,6 +914,12 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
     case SoftmaxMode::kStrided:
       n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, %s, %s]", s.columns,
                         s.threads, s.cluster, s.streaming ? "streamed twice" : "cached", access);
+      break;
+    case SoftmaxMode::kGrid:
+      n = std::snprintf(buf, sizeof(buf),
+                        " [%lld CTA(s) x %d threads x %d elements per row (%d in shared memory), partials through "
+                        "global memory, %s]",
+                        static_cast<long long>(s.chunks), s.threads, s.elems_per_thread, s.smem_elems, access);
       break;
   }
   if (n > 0) out.append(buf, size_t(n));

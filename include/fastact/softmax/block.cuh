@@ -53,15 +53,20 @@ struct ResidentSlice {
   int nvalid;  // units inside the row
 };
 
+// The slice of the CTA of rank `rank` among the row's CTAs (a cluster's, or grid.cuh's).
 template <int kVec, int kVecs>
-FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
+FASTACT_DEVICE ResidentSlice resident_slice_of_rank(int64_t dim, int rank) {
   const int nthreads = blockDim.x;
-  const int rank = cluster_rank(cluster);
   ResidentSlice s;
   s.first = (rank * nthreads * kVecs + static_cast<int>(threadIdx.x)) * kVec;
   s.step = nthreads * kVec;
   s.nvalid = resident_valid<kVecs>(s.first, dim, s.step);
   return s;
+}
+
+template <int kVec, int kVecs>
+FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
+  return resident_slice_of_rank<kVec, kVecs>(dim, cluster_rank(cluster));
 }
 
 // resident_forward's Extra when all of the thread's slice is in v (block.cuh's kernels): hooks that do
@@ -302,11 +307,13 @@ struct BackwardEdges {
 // rest of its slice, if any, through `extra`: its max, its kept values and their sum -> one all-reduce
 // of the (max, sum) pairs over the row (OnlineOp) -> the outputs at yr + j * step (yr: this thread's
 // unit 0), rescaled to the row's max (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when
-// `extra` holds the whole slice.
-template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename A, typename out_t>
+// `extra` holds the whole slice. `group`: the row's CTAs, as row_allreduce takes them (int: the
+// cluster size; GridExchange: CTAs anywhere on the device).
+template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename A, typename out_t,
+          typename Group>
 FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const ResidentSlice& s,
                                      out_t* __restrict__ yr, const Epi& epi, RowScratch<MaxSum<A>>& scratch,
-                                     int& round, int cluster, const Extra& extra = Extra()) {
+                                     int& round, const Group& group, const Extra& extra = Extra()) {
   using Cache = ForwardCache<Epi>;
   A m = neg_inf<A>();
 #pragma unroll
@@ -330,7 +337,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
     }
   }
   extra.add_terms(sum, base, s);
-  const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, cluster);
+  const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, group);
   const A c = epi.row_constant(row_stats.sum);
   const A f = Cache::factor(m, row_stats.max, c);
 #pragma unroll
@@ -348,12 +355,14 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
 // The backward of one cached row, given this thread's units of grad_output and output as loaded:
 // the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
 // dxr + j * step (dxr: this thread's unit 0).
-// `extra` as resident_forward's: the rest of the thread's part of the row (NoExtraGrads: none).
-template <typename Epi, int kVec, int kVecs, typename A, typename Extra = NoExtraGrads, typename out_t, typename in_t>
+// `extra` as resident_forward's: the rest of the thread's part of the row (NoExtraGrads: none);
+// `group` as resident_forward's.
+template <typename Epi, int kVec, int kVecs, typename A, typename Extra = NoExtraGrads, typename out_t, typename in_t,
+          typename Group>
 FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVecs],
                                       const AlignedVector<out_t, kVec> (&yv)[kVecs], const ResidentSlice& s,
                                       in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch, int& round,
-                                      int cluster, const Extra& extra = Extra()) {
+                                      const Group& group, const Extra& extra = Extra()) {
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -366,7 +375,7 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
     }
   }
   extra.add_terms(epi, dot);
-  dot = row_allreduce(dot, SumOp<A>(), scratch, round, cluster);
+  dot = row_allreduce(dot, SumOp<A>(), scratch, round, group);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {

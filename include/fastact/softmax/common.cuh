@@ -8,8 +8,9 @@
 //   * Sizes and offsets are int64_t. Grids are 1-D, one work item (row block, row, tile, chunk) per
 //     CTA or cluster: a loop carried across work items costs registers that the cached row needs.
 //     Beyond 2^30 blocks the host launches again from a later first item.
-//   * Reductions are deterministic: fixed trees, no atomics; every thread (and every CTA of a
-//     cluster) ends with bitwise the same row statistics.
+//   * Reductions are deterministic: fixed trees; atomics only order (grid.cuh's tickets and arrival
+//     counters), they never sum; every thread (and every CTA of a cluster or of a grid-mode row) ends
+//     with bitwise the same row statistics.
 //   * torch semantics for non-finite rows: padding and masked lanes hold -inf (forward) or 0
 //     (backward), which never changes a finite result, and a row of all -inf, or one holding NaN or
 //     +inf, gives NaN as torch does.
@@ -23,6 +24,7 @@
 
 #include "fastact/cluster.cuh"
 #include "fastact/dispatch.h"
+#include "fastact/grid_sync.cuh"
 #include "fastact/math.h"
 #include "fastact/reduce.cuh"
 #include "fastact/vec.cuh"
@@ -368,13 +370,10 @@ FASTACT_DEVICE void exchange_wait(uint64_t* bar, int r) {
   mbarrier_wait_parity(&bar[r & 1], static_cast<uint32_t>(r >> 1) & 1u);
 }
 
-// blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
-// `cluster` (1: no cluster; > 1: after exchange_init(sm.bar)). Result: valid, and bitwise identical,
-// in every thread of the cluster.
+// The block's part of row_allreduce: every thread ends with the block's value (same tree in every
+// warp). `ring`: the round's buffers.
 template <typename V, typename Op>
-FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cluster) {
-  const int r = round++;
-  const int ring = r & 1;
+FASTACT_DEVICE V block_allreduce(V v, Op op, RowScratch<V>& sm, int ring) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
@@ -382,8 +381,19 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
   if (lane == 0) sm.warp[ring][warp] = v;
   __syncthreads();
   // Every warp reduces the per-warp partials itself (same tree everywhere): no second barrier.
-  v = warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
+  return warp_reduce(lane < num_warps ? sm.warp[ring][lane] : Op::identity(), op);
+}
+
+// blockDim.x a multiple of 32; every thread of every CTA of the cluster calls it with the same
+// `cluster` (1: no cluster; > 1: after exchange_init(sm.bar)). Result: valid, and bitwise identical,
+// in every thread of the cluster.
+template <typename V, typename Op>
+FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cluster) {
+  const int r = round++;
+  const int ring = r & 1;
+  v = block_allreduce(v, op, sm, ring);
   if (cluster > 1) {
+    const int lane = threadIdx.x % kWarpSize;
     uint64_t* bar = exchange_begin(sm.bar, r, static_cast<uint32_t>(cluster * sizeof(V)));
     const int rank = cluster_rank(cluster);
     if (static_cast<int>(threadIdx.x) < cluster) push_to_peer(v, &sm.cta[ring][rank], bar, threadIdx.x);
@@ -391,6 +401,41 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
     v = warp_reduce(lane < cluster ? sm.cta[ring][lane] : Op::identity(), op);
   }
   return v;
+}
+
+// A row's CTAs anywhere on the device, no cluster (grid.cuh): `size` CTAs, this one of rank `rank`,
+// trading partials through global memory: `slots`, one 16-byte slot per rank, and the `arrived`
+// counter, zero before the kernel (grid_sync.cuh says why the CTAs may wait for each other).
+struct GridExchange {
+  unsigned char* slots;
+  unsigned* arrived;
+  int size;
+  int rank;
+};
+
+// row_allreduce over a GridExchange: thread 0 stores the block's value in slot `rank` and increments
+// `arrived` (release); warp 0 waits (acquire) until all `size` CTAs have arrived, folds the slots in
+// rank order (the same tree in every CTA: bitwise the same result) and hands the result to the block
+// through shared memory (one more block barrier). A slot is written once and never overwritten
+// during the kernel, so no CTA waits for another's reads, and none waits at exit.
+template <typename V, typename Op>
+FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, const GridExchange& g) {
+  static_assert(sizeof(V) <= 16, "a partial fits its 16-byte slot");
+  const int ring = (round++) & 1;
+  v = block_allreduce(v, op, sm, ring);
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<V*>(g.slots + 16 * int64_t(g.rank)) = v;
+    arrive_release_gpu(g.arrived);
+  }
+  if (threadIdx.x < kWarpSize) {
+    wait_at_least_gpu(g.arrived, static_cast<unsigned>(g.size));
+    V p = Op::identity();
+    for (int q = threadIdx.x; q < g.size; q += kWarpSize) p = op(p, load_slot_gpu<V>(g.slots + 16 * int64_t(q)));
+    p = warp_reduce(p, op);
+    if (threadIdx.x == 0) sm.cta[ring][0] = p;
+  }
+  __syncthreads();
+  return sm.cta[ring][0];
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 // The plain softmax launchers (torch-free): pointers, int64 sizes, a plan or a variant, a stream.
 //
-//   softmax_forward<in_t, out_t, Epilogue>(x, y, outer, D, inner, row_stride, plan | variant, stream)
-//   softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, D, inner,
-//                                           plan | variant, stream)
+//   softmax_forward<in_t, out_t, Epilogue>(x, y, outer, D, inner, row_stride, plan, stream, workspace)
+//   softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, D, inner, plan,
+//                                           stream, workspace)
+//   ... and the same with a variant in place of the plan (no workspace: no grid mode).
 //
 // Geometry: [outer, D, inner]. Forward with inner == 1: input row r at x + r * row_stride, output
 // dense; with inner > 1: both dense. Backward: all three dense. Epilogue: math::SoftmaxEpilogue or
@@ -11,10 +12,13 @@
 //
 // Returns the first launch error (cudaSuccess if none); cudaErrorInvalidValue / ...Configuration /
 // ...MisalignedAddress for a plan that does not fit the arguments. No allocation, no host sync, no
-// static device state: safe under CUDA graph capture on any stream.
+// static device state: safe under CUDA graph capture on any stream. `workspace`: for grid plans
+// (softmax_workspace_bytes(plan, outer) > 0), that many bytes, zeroed, on the launch's device, for
+// this launch alone (the torch ops take it from the caching allocator); null for any other plan.
 //
 // Where each variant lives: warp.cuh (warp), vec.cuh (vec), scalar.cuh (scalar), long_row.cuh
-// (long_row), split.cuh (split), strided.cuh (strided); block.cuh holds the row-resident kernels that
+// (long_row), split.cuh (split), grid.cuh (grid, and long_row beyond a cluster), strided.cuh (strided);
+// block.cuh holds the row-resident kernels that
 // vec, scalar and long_row share; common.cuh the reductions and the launch helper.
 #pragma once
 
@@ -27,6 +31,7 @@
 #include "fastact/math.h"
 #include "fastact/softmax/block.cuh"
 #include "fastact/softmax/common.cuh"
+#include "fastact/softmax/grid.cuh"
 #include "fastact/softmax/long_row.cuh"
 #include "fastact/softmax/scalar.cuh"
 #include "fastact/softmax/split.cuh"
@@ -144,11 +149,16 @@ inline bool raw_plan_valid(const SoftmaxPlan& plan, bool vec) {
   return vec && plan.mode == SoftmaxMode::kResident && plan.variant == SoftmaxVariant::kLongRow;
 }
 
+// The grid mode runs for variants grid and long_row.
+inline bool grid_plan_valid(const SoftmaxPlan& plan) {
+  return plan.variant == SoftmaxVariant::kGrid || plan.variant == SoftmaxVariant::kLongRow;
+}
+
 }  // namespace softmax_impl::detail
 
 template <typename in_t, typename out_t, typename Epilogue>
 cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int64_t row_stride,
-                            const SoftmaxPlan& plan, cudaStream_t stream) {
+                            const SoftmaxPlan& plan, cudaStream_t stream, void* workspace = nullptr) {
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
@@ -174,6 +184,11 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
     if (outer > 1 && (row_stride - dim) % kW != 0) return cudaErrorMisalignedAddress;
   } else if (vec && (dim % kW != 0 || (outer > 1 && row_stride % kW != 0))) {
     return cudaErrorMisalignedAddress;
+  }
+  if (plan.mode == SoftmaxMode::kGrid) {
+    if (!grid_plan_valid(plan)) return cudaErrorInvalidValue;
+    return vec ? grid_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, row_stride, plan, workspace, stream)
+               : grid_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, row_stride, plan, workspace, stream);
   }
   switch (plan.variant) {
     case SoftmaxVariant::kWarp:
@@ -202,7 +217,8 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
 
 template <typename in_t, typename out_t, typename Epilogue>
 cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t* grad_input, int64_t outer,
-                             int64_t dim, int64_t inner, const SoftmaxPlan& plan, cudaStream_t stream) {
+                             int64_t dim, int64_t inner, const SoftmaxPlan& plan, cudaStream_t stream,
+                             void* workspace = nullptr) {
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
@@ -231,6 +247,11 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   } else if (vec && dim % kW != 0) {
     return cudaErrorMisalignedAddress;
   }
+  if (plan.mode == SoftmaxMode::kGrid) {
+    if (!grid_plan_valid(plan)) return cudaErrorInvalidValue;
+    return vec ? grid_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, plan, workspace, stream)
+               : grid_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, plan, workspace, stream);
+  }
   switch (plan.variant) {
     case SoftmaxVariant::kWarp:
       if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))
@@ -257,7 +278,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
 }
 
 // ------------------------------------------------------------------------------------------------
-// Launchers taking a variant (kAuto: the dispatcher chooses) on the current device.
+// Launchers taking a variant (kAuto: the dispatcher chooses) on the current device. They have no
+// workspace, so the dispatcher plans no grid mode and variant 'grid' is rejected.
 // cudaErrorInvalidValue when a forced variant rejects the problem (softmax_variant_rejects says why).
 
 template <typename in_t, typename out_t, typename Epilogue>

@@ -9,9 +9,13 @@
 //       256-thread clusters that fit in registers, rows off the 128-bit alignment: plan.edges):
 //       block.cuh's kernels, 16-bit forwards with the register slice kept as loaded (plan.raw). One
 //       row per cluster.
-//   otherwise (no clusters, or longer rows): variant `split` (split.cuh): an online max+sum pass per
-//     chunk, then one write pass, several CTAs per row when rows are few, L2-sized row groups.
-// 128-bit accesses when aligned, element accesses otherwise, in both modes.
+//   otherwise (no clusters, or longer rows), where the caller provides a workspace and at most one CTA
+//     an SM caches the row: grid.cuh's mode, the row over CTAs anywhere on the device, each caching its
+//     slice as here, the partials combined through global memory.
+//     HBM is read once.
+//   otherwise: variant `split` (split.cuh): an online max+sum pass per chunk, then one write pass,
+//     several CTAs per row when rows are few, L2-sized row groups.
+// 128-bit accesses when aligned, element accesses otherwise, in every mode.
 #pragma once
 
 #include "fastact/copy_async.cuh"

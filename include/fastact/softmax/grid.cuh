@@ -1,0 +1,185 @@
+// Variant `grid`, and long_row's mode for rows longer than a cluster caches (or where there are no
+// clusters): inner == 1, a row over `ctas` CTAs anywhere on the device (plan.chunks, at most one an
+// SM: dispatch.h plan_grid), each caching its slice as long_row's clusters do; HBM is read once, in
+// one launch.
+//
+// Work: (row, rank) = divmod(ticket, ctas), the ticket taken by each CTA as it starts (grid_sync.cuh:
+// why a row's CTAs may then wait for each other). The slice of rank r is block.cuh's layout for
+// cluster rank r. Forward: cached as long_row.cuh's shared-memory clusters cache it (registers, and
+// shared memory in the 128-bit float-arithmetic forwards); backward: grad_output and output in
+// registers as block.cuh's backward. The row's partials meet in global memory (common.cuh: row_allreduce over GridExchange):
+// each CTA stores its (max, sum) (backward: its sum of the backward term) in its slot and counts
+// itself on the row's counter; each waits for all of them, folds them in rank order, and writes its
+// part of the output from its cache.
+//
+// Workspace (dispatch.h softmax_grid_workspace; zeroed by the caller): the ticket, a counter per
+// row, a 16-byte slot per (row, rank). Launches of at most kMaxGridBlocks CTAs (whole rows); a later
+// launch continues the ticket where the previous one stopped.
+#pragma once
+
+#include "fastact/softmax/block.cuh"
+#include "fastact/softmax/long_row.cuh"
+
+namespace fastact::softmax_impl {
+
+// The workspace as the kernels see it.
+struct GridWorkspaceView {
+  unsigned long long* ticket;
+  unsigned* arrived;
+  unsigned char* slots;
+};
+
+// This CTA's row and its place among the row's CTAs, from the ticket (one block barrier).
+FASTACT_DEVICE GridExchange grid_task(const GridWorkspaceView& ws, int ctas, int64_t& row) {
+  __shared__ unsigned long long task;
+  if (threadIdx.x == 0) task = grid_ticket(ws.ticket);
+  __syncthreads();
+  int64_t r, rank;
+  divmod_nonneg(static_cast<int64_t>(task), ctas, r, rank);
+  row = r;
+  return GridExchange{ws.slots + 16 * r * ctas, ws.arrived + r, ctas, static_cast<int>(rank)};
+}
+
+// The forward's slice: as long_row's shared-memory clusters where those run (128-bit units, float
+// arithmetic: ClusterSmemShape), else block.cuh's register cache (as A).
+template <typename in_t, typename out_t, int kVec>
+struct GridForwardShape {
+  using Smem = ClusterSmemShape<in_t, out_t, kVec>;
+  static constexpr bool kSmem = Smem::kSupported;
+  static constexpr int kRegVecs = kSmem ? Smem::kRegVecs : block_fwd_elems<out_t, kVec>() / kVec;
+  static constexpr int kSmemVecs = kSmem ? Smem::kSmemVecs : 0;
+  static constexpr int kVecs = kRegVecs + kSmemVecs;
+  static constexpr int kMaxThreads = kSmem ? kClusterSmemMaxThreads : kResidentMaxThreads;
+  static constexpr int kMinBlocks = kSmem ? Smem::kMinBlocks : 1;
+};
+
+// x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. The slice as
+// softmax_cluster_smem_fwd_kernel's (long_row.cuh): kRegVecs units a thread in registers (as A), then
+// kSmemVecs in the thread's own shared-memory slots (as loaded, copied first), none without
+// shared memory; resident_forward over the row's GridExchange.
+template <typename in_t, typename out_t, typename Epi, int kVec>
+__global__ __launch_bounds__(GridForwardShape<in_t, out_t, kVec>::kMaxThreads,
+                             GridForwardShape<in_t, out_t, kVec>::kMinBlocks) void
+softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride, int ctas,
+                        Epi epi, GridWorkspaceView ws) {
+  using A = acc_t<out_t>;
+  using Shape = GridForwardShape<in_t, out_t, kVec>;
+  using Unit = AlignedVector<in_t, kVec>;
+  constexpr int kRegVecs = Shape::kRegVecs;
+  constexpr int kSmemVecs = Shape::kSmemVecs;
+  const int nthreads = blockDim.x;
+  Unit* const slot = reinterpret_cast<Unit*>(cluster_smem_bytes()) + threadIdx.x;  // unit j at slot[j * T]
+  __shared__ RowScratch<MaxSum<A>> scratch;
+  int64_t row;
+  const GridExchange group = grid_task(ws, ctas, row);
+  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, group.rank);
+  const in_t* xr = x + row * row_stride + s.first;
+  int round = 0;
+#pragma unroll
+  for (int j = 0; j < kSmemVecs; ++j) {
+    if (kRegVecs + j < s.nvalid) copy_async_16(slot + j * nthreads, xr + (kRegVecs + j) * s.step);
+  }
+  copy_async_commit();
+  A v[kRegVecs > 0 ? kRegVecs : 1][kVec];
+#pragma unroll
+  for (int j = 0; j < kRegVecs; ++j) {
+    if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+  }
+  if constexpr (kSmemVecs > 0) {
+    resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group,
+                                          SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
+  } else {
+    resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group);
+  }
+}
+
+// grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). Caches grad_output
+// and output as loaded, as block.cuh's backward.
+template <typename in_t, typename out_t, typename Epi, int kVec>
+__global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_grid_bwd_kernel(
+    const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
+    int64_t dim, int ctas, Epi epi, GridWorkspaceView ws) {
+  using A = acc_t<out_t>;
+  constexpr int kVecs = block_bwd_elems<out_t, kVec>() / kVec;
+  __shared__ RowScratch<A> scratch;
+  int64_t row;
+  const GridExchange group = grid_task(ws, ctas, row);
+  const ResidentSlice s = resident_slice_of_rank<kVec, kVecs>(dim, group.rank);
+  const int64_t offset = row * dim + s.first;
+  int round = 0;
+  AlignedVector<out_t, kVec> dy[kVecs], yv[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * s.step);
+      yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
+    }
+  }
+  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group);
+}
+
+namespace detail {
+
+inline GridWorkspaceView grid_workspace_view(void* workspace, int64_t rows, int64_t ctas) {
+  const SoftmaxGridWorkspace w = softmax_grid_workspace(rows, ctas);
+  auto* base = static_cast<unsigned char*>(workspace);
+  return {reinterpret_cast<unsigned long long*>(base), reinterpret_cast<unsigned*>(base + w.arrived),
+          base + w.slots};
+}
+
+// Whether the plan's CTAs (threads x elems_per_thread elements, `kVecs` units a thread) fit the
+// kernel and cache the row; in-row offsets stay below 2^31.
+inline bool grid_plan_fits(const SoftmaxPlan& plan, int64_t dim, int max_threads, int elems) {
+  const int64_t per_row = plan.chunks * plan.threads * int64_t(elems);
+  return plan.threads > 0 && plan.threads <= max_threads && plan.threads % kWarpSize == 0 && plan.chunks >= 1 &&
+         plan.chunks <= (int64_t(1) << 20) && plan.elems_per_thread == elems && per_row >= dim &&
+         per_row < (int64_t(1) << 31);
+}
+
+// Launches kKernel over `rows` rows of `ctas` CTAs, in launches of whole rows (kMaxGridBlocks at most).
+template <auto kKernel, typename... Args>
+cudaError_t launch_grid_rows(int64_t rows, int64_t ctas, int threads, size_t smem, cudaStream_t stream,
+                             Args... args) {
+  const int64_t cap = kMaxGridBlocks / ctas;
+  for (int64_t r0 = 0; r0 < rows; r0 += cap) {
+    const int64_t n = rows - r0 < cap ? rows - r0 : cap;
+    const cudaError_t err = launch<kKernel>(n * ctas, threads, smem, 1, stream, args...);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t grid_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                         const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
+  using Shape = GridForwardShape<in_t, out_t, kVec>;
+  constexpr auto kKernel = softmax_grid_fwd_kernel<in_t, out_t, Epi, kVec>;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
+      !grid_plan_fits(plan, dim, Shape::kMaxThreads, Shape::kVecs * kVec))
+    return cudaErrorInvalidConfiguration;
+  const size_t smem = size_t(Shape::kSmemVecs) * plan.threads * 16;
+  if constexpr (Shape::kSmemVecs > 0) {
+    constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
+    const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
+    if (err != cudaSuccess) return err;
+  }
+  const int ctas = static_cast<int>(plan.chunks);
+  return launch_grid_rows<kKernel>(rows, ctas, plan.threads, smem, stream, x, y, dim, row_stride, ctas, Epi{},
+                                   grid_workspace_view(workspace, rows, ctas));
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t grid_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
+                          const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  if (plan.edges || plan.raw || plan.smem_elems != 0 ||
+      !grid_plan_fits(plan, dim, kResidentMaxThreads, block_bwd_elems<out_t, kVec>()))
+    return cudaErrorInvalidConfiguration;
+  const int ctas = static_cast<int>(plan.chunks);
+  return launch_grid_rows<softmax_grid_bwd_kernel<in_t, out_t, Epi, kVec>>(
+      rows, ctas, plan.threads, 0, stream, dy, y, dx, dim, ctas, Epi{}, grid_workspace_view(workspace, rows, ctas));
+}
+
+}  // namespace detail
+}  // namespace fastact::softmax_impl
