@@ -296,6 +296,19 @@ constexpr int kSplitSlotBytes = 16;
 // long_row's clusters (kVecMaxThreadsWithClusters). The forwards that keep part of the slice in shared
 // memory stop at kClusterSmemMaxThreads.
 constexpr int kGridThreads[] = {512, 1024};
+// grid backward with 16-byte units of grad_output / output: besides its registers
+// (softmax_resident_elems) a thread keeps kGridBwdSmemBytes of its slice of the two, as loaded, in
+// dynamic shared memory (cp.async), in CTAs of at most kGridBwdSmemMaxThreads threads. Why (H100, rows
+// of 524288 and 1048576, registers only: 0.79 of the limit): a row's CTAs wait for each other once, and
+// the wait leaves HBM idle; more of the row a CTA, fewer CTAs and waits. 192 bytes x 512 threads is 96 KB
+// a CTA, two CTAs an SM (of its 227 KB), as the register part (64 registers) allows.
+constexpr int kGridBwdSmemBytes = 192;
+constexpr int kGridBwdSmemMaxThreads = 512;
+// Elements of each of grad_output and output a thread of that backward keeps in shared memory (0: the
+// backward keeps registers only: element accesses, or units that are not 16 bytes).
+constexpr int softmax_grid_bwd_smem_elems(int vec, int out_bytes) {
+  return vec > 1 && vec * out_bytes == 16 ? kGridBwdSmemBytes / 2 / out_bytes : 0;
+}
 
 // The zeroed workspace of a grid plan: a task ticket (8 bytes, padded to 16), one arrival counter per
 // row (4 bytes; the array padded to 16), then one 16-byte slot per (row, CTA) for the partials.
@@ -413,7 +426,7 @@ struct SoftmaxPlan {
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
-  int smem_elems = 0;        // long_row resident / grid forward: of elems_per_thread, those in shared memory
+  int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
 };
 
@@ -646,17 +659,27 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 
 // long_row beyond a cluster (grid.cuh): the row over `chunks` CTAs of `threads` threads anywhere on the
 // device, each caching elems_per_thread elements a thread as long_row's clusters do (registers; the
-// forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems). False where no
+// forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems), the backwards
+// with 16-byte units of grad_output and output kGridBwdSmemBytes more in shared memory. False where no
 // CTA size of kGridThreads caches the row in at most sm_count CTAs: a row's CTAs wait for each other, so
 // the device must hold all of them at once, and one CTA an SM always fits (grid_sync.cuh). `forced`
 // (the variant named by a test): at least two CTAs, so that short rows exchange too.
 inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool forced, SoftmaxPlan* out) {
   if (!p.workspace || p.inner != 1 || p.sm_count < 2) return false;
-  const bool with_smem = softmax_cluster_smem_eligible(p, vec);
-  const int e = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + softmax_cluster_smem_elems(p.in_bytes)
-                          : softmax_resident_elems(p, vec);
+  // Elements a thread keeps, and of them those in shared memory (forward: long_row's shared-memory
+  // clusters' slice; backward: kGridBwdSmemBytes of grad_output and output).
+  int e = softmax_resident_elems(p, vec), smem_e = 0, max_threads = kResidentMaxThreads;
+  if (!p.backward && softmax_cluster_smem_eligible(p, vec)) {
+    smem_e = softmax_cluster_smem_elems(p.in_bytes);
+    e = softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e;
+    max_threads = kClusterSmemMaxThreads;
+  } else if (p.backward && softmax_grid_bwd_smem_elems(vec, p.out_bytes) > 0) {
+    smem_e = softmax_grid_bwd_smem_elems(vec, p.out_bytes);
+    e += smem_e;
+    max_threads = kGridBwdSmemMaxThreads;
+  }
   for (int t : kGridThreads) {
-    if (with_smem && t > kClusterSmemMaxThreads) break;
+    if (t > max_threads) break;
     int64_t g = ceil_div(p.dim_size, int64_t(t) * e);
     if (forced && g < 2) g = 2;
     if (g > p.sm_count) continue;
@@ -665,7 +688,7 @@ inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool f
     s.mode = SoftmaxMode::kGrid;
     s.vec = vec;
     s.elems_per_thread = e;
-    s.smem_elems = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
+    s.smem_elems = smem_e;
     s.chunks = g;
     // Balance: the fewest threads that still cache the row over g CTAs.
     s.threads = int(round_up(ceil_div(ceil_div(p.dim_size, g), e), 32));

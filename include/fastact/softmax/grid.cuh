@@ -7,7 +7,7 @@
 // why a row's CTAs may then wait for each other). The slice of rank r is block.cuh's layout for
 // cluster rank r. Forward: cached as long_row.cuh's shared-memory clusters cache it (registers, and
 // shared memory in the 128-bit float-arithmetic forwards); backward: grad_output and output in
-// registers as block.cuh's backward. The row's partials meet in global memory (common.cuh: row_allreduce over GridExchange):
+// registers as block.cuh's backward, and with 16-byte units more of both in shared memory. The row's partials meet in global memory (common.cuh: row_allreduce over GridExchange):
 // each CTA stores its (max, sum) (backward: its sum of the backward term) in its slot and counts
 // itself on the row's counter; each waits for all of them, folds them in rank order, and writes its
 // part of the output from its cache.
@@ -17,6 +17,7 @@
 // launch continues the ticket where the previous one stopped.
 #pragma once
 
+#include "fastact/copy_async.cuh"
 #include "fastact/softmax/block.cuh"
 #include "fastact/softmax/long_row.cuh"
 
@@ -93,29 +94,104 @@ softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64
   }
 }
 
-// grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). Caches grad_output
-// and output as loaded, as block.cuh's backward.
+// The backward's slice: block.cuh's register cache of grad_output and output, and with 16-byte units
+// kSmemVecs more units of each in the thread's own shared-memory slots (dispatch.h kGridBwdSmemBytes).
+template <typename out_t, int kVec>
+struct GridBackwardShape {
+  static constexpr int kRegVecs = block_bwd_elems<out_t, kVec>() / kVec;
+  static constexpr int kSmemVecs = softmax_grid_bwd_smem_elems(kVec, sizeof(out_t)) / (kVec > 1 ? kVec : 1);
+  static constexpr int kVecs = kRegVecs + kSmemVecs;
+  static constexpr int kMaxThreads = kSmemVecs > 0 ? kGridBwdSmemMaxThreads : kResidentMaxThreads;
+  static constexpr int kMinBlocks = kSmemVecs > 0 ? 2 : 1;
+};
+
+// resident_backward's Extra for the backward's shared-memory units: units kFirst + j (j < kUnits) of
+// the thread's slice, grad_output's at slot[j * T] and output's at slot[(kUnits + j) * T], as loaded
+// (cp.async, waited for in add_terms: each thread reads only its own slots, no barrier). add_terms
+// adds their backward terms; store writes their grad_input at dxr + (kFirst + j) * step.
+template <typename out_t, typename in_t, int kVec, int kFirst, int kUnits>
+struct SharedGrads {
+  using Unit = AlignedVector<out_t, kVec>;
+  const Unit* slot;
+  in_t* dxr;
+  int nthreads;
+  int nvalid;
+  int step;
+
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
+    copy_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      if (kFirst + j < nvalid) {
+        A g[kVec], o[kVec];
+        to_acc(slot[j * nthreads], g);
+        to_acc(slot[(kUnits + j) * nthreads], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+      }
+    }
+  }
+  template <typename Epi, typename A>
+  FASTACT_DEVICE void store(const Epi& epi, A dot) const {
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      if (kFirst + j < nvalid) {
+        A g[kVec], o[kVec];
+        to_acc(slot[j * nthreads], g);
+        to_acc(slot[(kUnits + j) * nthreads], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
+        store_vector<in_t, kVec>(dxr + (kFirst + j) * step, from_acc<in_t>(g));
+      }
+    }
+  }
+};
+
+// grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). The copies into
+// shared memory are issued first, then the register loads (block.cuh's backward cache), then
+// resident_backward over the row's GridExchange.
 template <typename in_t, typename out_t, typename Epi, int kVec>
-__global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_grid_bwd_kernel(
-    const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
-    int64_t dim, int ctas, Epi epi, GridWorkspaceView ws) {
+__global__ __launch_bounds__(GridBackwardShape<out_t, kVec>::kMaxThreads,
+                             GridBackwardShape<out_t, kVec>::kMinBlocks) void
+softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
+                        in_t* __restrict__ grad_input, int64_t dim, int ctas, Epi epi, GridWorkspaceView ws) {
   using A = acc_t<out_t>;
-  constexpr int kVecs = block_bwd_elems<out_t, kVec>() / kVec;
+  using Shape = GridBackwardShape<out_t, kVec>;
+  using Unit = AlignedVector<out_t, kVec>;
+  constexpr int kRegVecs = Shape::kRegVecs;
+  constexpr int kSmemVecs = Shape::kSmemVecs;
+  const int nthreads = blockDim.x;
+  Unit* const slot = reinterpret_cast<Unit*>(cluster_smem_bytes()) + threadIdx.x;
   __shared__ RowScratch<A> scratch;
   int64_t row;
   const GridExchange group = grid_task(ws, ctas, row);
-  const ResidentSlice s = resident_slice_of_rank<kVec, kVecs>(dim, group.rank);
+  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, group.rank);
   const int64_t offset = row * dim + s.first;
   int round = 0;
-  AlignedVector<out_t, kVec> dy[kVecs], yv[kVecs];
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
+  for (int j = 0; j < kSmemVecs; ++j) {
+    if (kRegVecs + j < s.nvalid) {
+      copy_async_16(slot + j * nthreads, grad_output + offset + (kRegVecs + j) * s.step);
+      copy_async_16(slot + (kSmemVecs + j) * nthreads, output + offset + (kRegVecs + j) * s.step);
+    }
+  }
+  copy_async_commit();
+  AlignedVector<out_t, kVec> dy[kRegVecs], yv[kRegVecs];
+#pragma unroll
+  for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) {
       dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * s.step);
       yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
     }
   }
-  resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group);
+  if constexpr (kSmemVecs > 0) {
+    using Extra = SharedGrads<out_t, in_t, kVec, kRegVecs, kSmemVecs>;
+    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group,
+                                              Extra{slot, grad_input + offset, nthreads, s.nvalid, s.step});
+  } else {
+    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group);
+  }
 }
 
 namespace detail {
@@ -172,13 +248,21 @@ cudaError_t grid_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t grid_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                           const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
+  using Shape = GridBackwardShape<out_t, kVec>;
+  constexpr auto kKernel = softmax_grid_bwd_kernel<in_t, out_t, Epi, kVec>;
   if (workspace == nullptr) return cudaErrorInvalidValue;
-  if (plan.edges || plan.raw || plan.smem_elems != 0 ||
-      !grid_plan_fits(plan, dim, kResidentMaxThreads, block_bwd_elems<out_t, kVec>()))
+  if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
+      !grid_plan_fits(plan, dim, Shape::kMaxThreads, Shape::kVecs * kVec))
     return cudaErrorInvalidConfiguration;
+  const size_t smem = size_t(2 * Shape::kSmemVecs) * plan.threads * 16;
+  if constexpr (Shape::kSmemVecs > 0) {
+    constexpr int kMaxSmem = 2 * Shape::kSmemVecs * kGridBwdSmemMaxThreads * 16;
+    const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
+    if (err != cudaSuccess) return err;
+  }
   const int ctas = static_cast<int>(plan.chunks);
-  return launch_grid_rows<softmax_grid_bwd_kernel<in_t, out_t, Epi, kVec>>(
-      rows, ctas, plan.threads, 0, stream, dy, y, dx, dim, ctas, Epi{}, grid_workspace_view(workspace, rows, ctas));
+  return launch_grid_rows<kKernel>(rows, ctas, plan.threads, smem, stream, dy, y, dx, dim, ctas, Epi{},
+                                   grid_workspace_view(workspace, rows, ctas));
 }
 
 }  // namespace detail
