@@ -333,6 +333,53 @@ def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
         ops.softmax(too_long, -1, None, variant="grid")
 
 
+_GRID_GIVE_UP_SCRIPT = """
+import sys, torch
+ops = torch.ops.fastact
+torch.manual_seed(0)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    for shape, variant in (((5, 1 << 20), "auto"), ((7, 262148), "grid"), ((3, 70001), "grid")):
+        x = torch.randn(shape, dtype=dtype, device="cuda")
+        g = torch.randn(shape, dtype=dtype, device="cuda")
+        for log in (False, True):
+            fwd = ops.log_softmax if log else ops.softmax
+            bwd = ops.log_softmax_backward if log else ops.softmax_backward
+            y = fwd(x, -1, None, variant=variant)
+            out[(str(dtype), shape, log)] = (y.cpu(), bwd(g, y, -1, dtype, variant=variant).cpu())
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_grid_mode_ctas_that_give_up(tmp_path):
+    """A CTA that waits for its row longer than dispatch.h kGridWaitNs gives up and the launch's last CTA
+    computes its slice (include/fastact/softmax/grid.cuh): FASTACT_GRID_WAIT_US=0 makes every CTA that
+    would wait give up. Results bitwise equal to those of a run that waits, and right."""
+    runs = {}
+    for wait in ("0", str(4000)):
+        path = tmp_path / f"wait{wait}.pt"
+        env = dict(os.environ, FASTACT_GRID_WAIT_US=wait)
+        out = subprocess.run([sys.executable, "-c", _GRID_GIVE_UP_SCRIPT, str(path)], env=env, capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[wait] = torch.load(path)
+    for key, (y, dx) in runs["0"].items():
+        y_wait, dx_wait = runs["4000"][key]
+        assert torch.equal(y, y_wait) and torch.equal(dx, dx_wait), key
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((5, 1 << 20), (7, 262148), (3, 70001)):
+            x = torch.randn(shape, dtype=dtype, device="cuda")
+            g = torch.randn(shape, dtype=dtype, device="cuda")
+            for log in (False, True):
+                fn = torch.log_softmax if log else torch.softmax
+                y, dx = runs["0"][(str(dtype), shape, log)]
+                msg = f"gave up: {dtype} {shape} log={log}"
+                assert_close(y.cuda(), fn(x.double(), -1), torch_actual=fn(x, -1), msg=msg)
+                assert_close(dx.cuda(), softmax_backward_ref(g, y.cuda(), -1, log),
+                             torch_actual=softmax_backward_torch(g, y.cuda(), -1, dtype, log), msg=msg + " backward")
+
+
 def fastact_softmax_variant(x, dim, variant):
     return ops.softmax(x, dim, None, variant=variant)
 
@@ -757,13 +804,13 @@ def test_forward_allocates_only_its_output(name, make):
 
 def _grid_workspace_bytes(explanation, x):
     """What the caching allocator charges for the workspace of a grid plan (dispatch.h
-    softmax_grid_workspace: a 16-byte ticket, a 4-byte counter per row padded to 16, a 16-byte slot per
-    row and CTA), 0 for any other plan."""
+    softmax_grid_workspace: a 16-byte header, a 4-byte counter per row padded to 16, a 16-byte slot and
+    a 4-byte list entry per row and CTA), 0 for any other plan."""
     if "partials through global memory" not in explanation:
         return 0
     ctas = int(re.search(r"\[(\d+) CTA\(s\)", explanation).group(1))
     rows = x.numel() // x.shape[-1]
-    n = 16 + -(-rows * 4 // 16) * 16 + rows * ctas * 16
+    n = 16 + -(-rows * 4 // 16) * 16 + rows * ctas * 20
     return -(-n // 512) * 512
 
 

@@ -310,18 +310,32 @@ constexpr int softmax_grid_bwd_smem_elems(int vec, int out_bytes) {
   return vec > 1 && vec * out_bytes == 16 ? kGridBwdSmemBytes / 2 / out_bytes : 0;
 }
 
-// The zeroed workspace of a grid plan: a task ticket (8 bytes, padded to 16), one arrival counter per
-// row (4 bytes; the array padded to 16), then one 16-byte slot per (row, CTA) for the partials.
+// grid: a launch holds at most this many CTAs (one ticket space: whole rows, one launch).
+constexpr int64_t kGridMaxCtas = int64_t(1) << 30;
+// grid: how long a CTA waits for the rest of its row before it gives up and leaves its part of the
+// output to the launch's last CTA (softmax/grid.cuh). Why a bound: other kernels running at the same
+// time (other streams; other processes under MPS) may hold the SMs that the row's missing CTAs need
+// and wait themselves. Why 4 ms: a row's CTAs start within microseconds of each other when the device
+// is theirs, and a device time-sliced between processes switches every few milliseconds at most.
+// FASTACT_GRID_WAIT_US overrides it (tests set 0: every CTA that would wait gives up).
+constexpr int64_t kGridWaitNs = 4000000;
+
+// The zeroed workspace of a grid plan: a 16-byte header (the task ticket, 8 bytes; the count of CTAs
+// finished and of CTAs that gave up, 4 bytes each), one arrival counter per row (4 bytes; the array
+// padded to 16), one 16-byte slot per (row, CTA) for the partials, and the list of the tasks (row *
+// CTAs + rank, 4 bytes each) whose CTA gave up.
 struct SoftmaxGridWorkspace {
-  int64_t arrived = 0;  // byte offset of the counters
-  int64_t slots = 0;    // byte offset of the slots
-  int64_t bytes = 0;    // total
+  int64_t arrived = 0;    // byte offset of the counters
+  int64_t slots = 0;      // byte offset of the slots
+  int64_t gave_up = 0;    // byte offset of the list
+  int64_t bytes = 0;      // total
 };
 inline SoftmaxGridWorkspace softmax_grid_workspace(int64_t rows, int64_t ctas) {
   SoftmaxGridWorkspace w;
   w.arrived = 16;
   w.slots = w.arrived + (rows * 4 + 15) / 16 * 16;
-  w.bytes = w.slots + rows * ctas * 16;
+  w.gave_up = w.slots + rows * ctas * 16;
+  w.bytes = w.gave_up + rows * ctas * 4;
   return w;
 }
 
@@ -682,7 +696,7 @@ inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool f
     if (t > max_threads) break;
     int64_t g = ceil_div(p.dim_size, int64_t(t) * e);
     if (forced && g < 2) g = 2;
-    if (g > p.sm_count) continue;
+    if (g > p.sm_count || p.outer * g > kGridMaxCtas) continue;
     SoftmaxPlan s;
     s.variant = v;
     s.mode = SoftmaxMode::kGrid;

@@ -338,6 +338,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
   }
   extra.add_terms(sum, base, s);
   const MaxSum<A> row_stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, group);
+  if (row_gave_up(group)) return;  // grid.cuh: the launch's last CTA writes this slice
   const A c = epi.row_constant(row_stats.sum);
   const A f = Cache::factor(m, row_stats.max, c);
 #pragma unroll
@@ -376,6 +377,7 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
   }
   extra.add_terms(epi, dot);
   dot = row_allreduce(dot, SumOp<A>(), scratch, round, group);
+  if (row_gave_up(group)) return;  // grid.cuh: the launch's last CTA writes this slice
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {

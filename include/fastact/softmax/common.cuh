@@ -405,19 +405,34 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 
 // A row's CTAs anywhere on the device, no cluster (grid.cuh): `size` CTAs, this one of rank `rank`,
 // trading partials through global memory: `slots`, one 16-byte slot per rank, and the `arrived`
-// counter, zero before the kernel (grid_sync.cuh says why the CTAs may wait for each other).
+// counter, zero before the kernel (grid_sync.cuh says why the CTAs may wait for each other). A CTA
+// waits at most `wait_ns`; one that gives up sets *gave_up (shared memory) and leaves its outputs to
+// the launch's last CTA (grid.cuh).
 struct GridExchange {
   unsigned char* slots;
   unsigned* arrived;
+  int* gave_up;
+  uint64_t wait_ns;
   int size;
   int rank;
 };
 
+// The fold of a row's `size` published partials, in rank order (lane-strided, then the warp's tree;
+// lane 0's value): called by a whole warp; the same in every CTA that folds them.
+template <typename V, typename Op>
+FASTACT_DEVICE V grid_fold(const unsigned char* slots, int size, Op op) {
+  const int lane = threadIdx.x % kWarpSize;
+  V p = Op::identity();
+  for (int q = lane; q < size; q += kWarpSize) p = op(p, load_slot_gpu<V>(slots + 16 * int64_t(q)));
+  return warp_reduce(p, op);
+}
+
 // row_allreduce over a GridExchange: thread 0 stores the block's value in slot `rank` and increments
-// `arrived` (release); warp 0 waits (acquire) until all `size` CTAs have arrived, folds the slots in
-// rank order (the same tree in every CTA: bitwise the same result) and hands the result to the block
-// through shared memory (one more block barrier). A slot is written once and never overwritten
-// during the kernel, so no CTA waits for another's reads, and none waits at exit.
+// `arrived` (release); warp 0 waits (acquire) until all `size` CTAs have arrived, folds the slots
+// (grid_fold: bitwise the same result in every CTA) and hands the result to the block through shared
+// memory (one more block barrier). A slot is written once and never overwritten during the kernel, so
+// no CTA waits for another's reads, and none waits at exit. If the wait times out, *g.gave_up is set
+// and the result is meaningless (row_gave_up).
 template <typename V, typename Op>
 FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, const GridExchange& g) {
   static_assert(sizeof(V) <= 16, "a partial fits its 16-byte slot");
@@ -428,15 +443,42 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, const 
     arrive_release_gpu(g.arrived);
   }
   if (threadIdx.x < kWarpSize) {
-    wait_at_least_gpu(g.arrived, static_cast<unsigned>(g.size));
-    V p = Op::identity();
-    for (int q = threadIdx.x; q < g.size; q += kWarpSize) p = op(p, load_slot_gpu<V>(g.slots + 16 * int64_t(q)));
-    p = warp_reduce(p, op);
+    const bool all = __all_sync(0xffffffffu, wait_at_least_gpu(g.arrived, static_cast<unsigned>(g.size), g.wait_ns));
+    if (all) {
+      const V p = grid_fold<V>(g.slots, g.size, op);
+      if (threadIdx.x == 0) sm.cta[ring][0] = p;
+    } else if (threadIdx.x == 0) {
+      *g.gave_up = 1;
+    }
+  }
+  __syncthreads();
+  return sm.cta[ring][0];
+}
+
+// A row whose partials are all published already (grid.cuh's last CTA, computing the slice of a CTA
+// that gave up): row_allreduce folds them as GridExchange's does, and ignores the block's own value.
+struct GridFolded {
+  const unsigned char* slots;
+  int size;
+};
+
+template <typename V, typename Op>
+FASTACT_DEVICE V row_allreduce(V /*v*/, Op op, RowScratch<V>& sm, int& round, const GridFolded& g) {
+  const int ring = (round++) & 1;
+  __syncthreads();  // every thread has read the previous slice's result from sm.cta
+  if (threadIdx.x < kWarpSize) {
+    const V p = grid_fold<V>(g.slots, g.size, op);
     if (threadIdx.x == 0) sm.cta[ring][0] = p;
   }
   __syncthreads();
   return sm.cta[ring][0];
 }
+
+// Whether the row's exchange gave up (resident_forward / resident_backward then store nothing): never
+// for a cluster, nor for a folded row.
+FASTACT_DEVICE constexpr bool row_gave_up(int /*cluster*/) { return false; }
+FASTACT_DEVICE constexpr bool row_gave_up(const GridFolded& /*g*/) { return false; }
+FASTACT_DEVICE bool row_gave_up(const GridExchange& g) { return *g.gave_up != 0; }
 
 // ------------------------------------------------------------------------------------------------
 // Column all-reduce (strided kernel): thread tid owns column c = tid % C (C = `columns`, a power of

@@ -12,10 +12,17 @@
 // itself on the row's counter; each waits for all of them, folds them in rank order, and writes its
 // part of the output from its cache.
 //
-// Workspace (dispatch.h softmax_grid_workspace; zeroed by the caller): the ticket, a counter per
-// row, a 16-byte slot per (row, rank). Launches of at most kMaxGridBlocks CTAs (whole rows); a later
-// launch continues the ticket where the previous one stopped.
+// A CTA waits for its row at most kGridWaitNs (dispatch.h: other kernels may hold the SMs its row
+// needs); one that gives up publishes its partial all the same, writes nothing, and lists its task;
+// the launch's last CTA to finish computes the listed slices again, with the same arithmetic
+// (grid_finish): results are bitwise reproducible either way.
+//
+// Workspace (dispatch.h softmax_grid_workspace; zeroed by the caller): the ticket and two counts, a
+// counter per row, a 16-byte slot per (row, rank), the list of tasks given up. One launch (at most
+// kGridMaxCtas CTAs).
 #pragma once
+
+#include <cstdlib>
 
 #include "fastact/copy_async.cuh"
 #include "fastact/softmax/block.cuh"
@@ -23,22 +30,57 @@
 
 namespace fastact::softmax_impl {
 
-// The workspace as the kernels see it.
+// The workspace as the kernels see it (dispatch.h softmax_grid_workspace), and the launch's constants.
 struct GridWorkspaceView {
   unsigned long long* ticket;
-  unsigned* arrived;
-  unsigned char* slots;
+  unsigned* finished;      // CTAs done
+  unsigned* gave_up_count; // entries in gave_up
+  unsigned* arrived;       // per row
+  unsigned char* slots;    // per (row, rank)
+  unsigned* gave_up;       // tasks whose CTA gave up waiting
+  unsigned total;          // CTAs in the launch
+  uint64_t wait_ns;        // how long a CTA waits for its row (dispatch.h kGridWaitNs)
+};
+
+// A CTA's task (shared memory): its ticket, and whether its wait gave up.
+struct GridTask {
+  unsigned long long task;
+  int gave_up;
 };
 
 // This CTA's row and its place among the row's CTAs, from the ticket (one block barrier).
-FASTACT_DEVICE GridExchange grid_task(const GridWorkspaceView& ws, int ctas, int64_t& row) {
-  __shared__ unsigned long long task;
-  if (threadIdx.x == 0) task = grid_ticket(ws.ticket);
+FASTACT_DEVICE GridExchange grid_task(const GridWorkspaceView& ws, int ctas, GridTask& t, int64_t& row) {
+  if (threadIdx.x == 0) {
+    t.task = grid_ticket(ws.ticket);
+    t.gave_up = 0;
+  }
   __syncthreads();
   int64_t r, rank;
-  divmod_nonneg(static_cast<int64_t>(task), ctas, r, rank);
+  divmod_nonneg(static_cast<int64_t>(t.task), ctas, r, rank);
   row = r;
-  return GridExchange{ws.slots + 16 * r * ctas, ws.arrived + r, ctas, static_cast<int>(rank)};
+  return GridExchange{ws.slots + 16 * r * ctas, ws.arrived + r, &t.gave_up, ws.wait_ns, ctas, static_cast<int>(rank)};
+}
+
+// The end of every CTA: one that gave up lists its task; the launch's last CTA to finish then computes
+// the slice of every listed task again, slice(row, rank, folded) with the row's GridFolded (every CTA
+// published its partial before it waited): the same arithmetic as the CTA that gave up would have
+// done, so the outputs are bitwise the same.
+template <typename Slice>
+FASTACT_DEVICE void grid_finish(const GridWorkspaceView& ws, const GridTask& t, int ctas, const Slice& slice) {
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    if (t.gave_up) ws.gave_up[atomicAdd(ws.gave_up_count, 1u)] = static_cast<unsigned>(t.task);
+    last = fetch_add_acq_rel_gpu(ws.finished) == ws.total - 1;  // release: the list entry above
+  }
+  __syncthreads();
+  if (!last) return;
+  (void)load_acquire_gpu(ws.finished);  // each thread: what the other CTAs wrote before finishing
+  const unsigned n = __ldcg(ws.gave_up_count);
+  for (unsigned e = 0; e < n; ++e) {
+    int64_t row, rank;
+    divmod_nonneg(static_cast<int64_t>(__ldcg(ws.gave_up + e)), ctas, row, rank);
+    slice(row, static_cast<int>(rank), GridFolded{ws.slots + 16 * row * ctas, ctas});
+  }
 }
 
 // The forward's slice: as long_row's shared-memory clusters where those run (128-bit units, float
@@ -54,15 +96,14 @@ struct GridForwardShape {
   static constexpr int kMinBlocks = kSmem ? Smem::kMinBlocks : 1;
 };
 
-// x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. The slice as
-// softmax_cluster_smem_fwd_kernel's (long_row.cuh): kRegVecs units a thread in registers (as A), then
-// kSmemVecs in the thread's own shared-memory slots (as loaded, copied first), none without
-// shared memory; resident_forward over the row's GridExchange.
-template <typename in_t, typename out_t, typename Epi, int kVec>
-__global__ __launch_bounds__(GridForwardShape<in_t, out_t, kVec>::kMaxThreads,
-                             GridForwardShape<in_t, out_t, kVec>::kMinBlocks) void
-softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride, int ctas,
-                        Epi epi, GridWorkspaceView ws) {
+// One row's slice of rank `rank` (x: rows of D elements, row r at x + r * row_stride; y: [rows, D]
+// dense), as softmax_cluster_smem_fwd_kernel's (long_row.cuh): kRegVecs units a thread in registers (as
+// A), then kSmemVecs in the thread's own shared-memory slots (as loaded, copied first), none without
+// shared memory; resident_forward over `group` (GridExchange, or GridFolded in grid_finish).
+template <typename in_t, typename out_t, typename Epi, int kVec, typename Group>
+FASTACT_DEVICE void grid_forward_slice(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim,
+                                       int64_t row_stride, int64_t row, int rank, const Epi& epi,
+                                       RowScratch<MaxSum<acc_t<out_t>>>& scratch, const Group& group) {
   using A = acc_t<out_t>;
   using Shape = GridForwardShape<in_t, out_t, kVec>;
   using Unit = AlignedVector<in_t, kVec>;
@@ -70,10 +111,7 @@ softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64
   constexpr int kSmemVecs = Shape::kSmemVecs;
   const int nthreads = blockDim.x;
   Unit* const slot = reinterpret_cast<Unit*>(cluster_smem_bytes()) + threadIdx.x;  // unit j at slot[j * T]
-  __shared__ RowScratch<MaxSum<A>> scratch;
-  int64_t row;
-  const GridExchange group = grid_task(ws, ctas, row);
-  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, group.rank);
+  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, rank);
   const in_t* xr = x + row * row_stride + s.first;
   int round = 0;
 #pragma unroll
@@ -92,6 +130,22 @@ softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64
   } else {
     resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group);
   }
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+__global__ __launch_bounds__(GridForwardShape<in_t, out_t, kVec>::kMaxThreads,
+                             GridForwardShape<in_t, out_t, kVec>::kMinBlocks) void
+softmax_grid_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride, int ctas,
+                        Epi epi, GridWorkspaceView ws) {
+  using A = acc_t<out_t>;
+  __shared__ RowScratch<MaxSum<A>> scratch;
+  __shared__ GridTask task;
+  int64_t row;
+  const GridExchange group = grid_task(ws, ctas, task, row);
+  grid_forward_slice<in_t, out_t, Epi, kVec>(x, y, dim, row_stride, row, group.rank, epi, scratch, group);
+  grid_finish(ws, task, ctas, [&](int64_t r, int rank, const GridFolded& folded) {
+    grid_forward_slice<in_t, out_t, Epi, kVec>(x, y, dim, row_stride, r, rank, epi, scratch, folded);
+  });
 }
 
 // The backward's slice: block.cuh's register cache of grad_output and output, and with 16-byte units
@@ -148,14 +202,13 @@ struct SharedGrads {
   }
 };
 
-// grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). The copies into
-// shared memory are issued first, then the register loads (block.cuh's backward cache), then
-// resident_backward over the row's GridExchange.
-template <typename in_t, typename out_t, typename Epi, int kVec>
-__global__ __launch_bounds__(GridBackwardShape<out_t, kVec>::kMaxThreads,
-                             GridBackwardShape<out_t, kVec>::kMinBlocks) void
-softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
-                        in_t* __restrict__ grad_input, int64_t dim, int ctas, Epi epi, GridWorkspaceView ws) {
+// One row's slice of rank `rank` (grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D]
+// dense (in_t)): the copies into shared memory issued first, then the register loads (block.cuh's
+// backward cache), then resident_backward over `group` (GridExchange, or GridFolded in grid_finish).
+template <typename in_t, typename out_t, typename Epi, int kVec, typename Group>
+FASTACT_DEVICE void grid_backward_slice(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
+                                        in_t* __restrict__ grad_input, int64_t dim, int64_t row, int rank,
+                                        const Epi& epi, RowScratch<acc_t<out_t>>& scratch, const Group& group) {
   using A = acc_t<out_t>;
   using Shape = GridBackwardShape<out_t, kVec>;
   using Unit = AlignedVector<out_t, kVec>;
@@ -163,10 +216,7 @@ softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __re
   constexpr int kSmemVecs = Shape::kSmemVecs;
   const int nthreads = blockDim.x;
   Unit* const slot = reinterpret_cast<Unit*>(cluster_smem_bytes()) + threadIdx.x;
-  __shared__ RowScratch<A> scratch;
-  int64_t row;
-  const GridExchange group = grid_task(ws, ctas, row);
-  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, group.rank);
+  const ResidentSlice s = resident_slice_of_rank<kVec, Shape::kVecs>(dim, rank);
   const int64_t offset = row * dim + s.first;
   int round = 0;
 #pragma unroll
@@ -194,13 +244,45 @@ softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __re
   }
 }
 
+template <typename in_t, typename out_t, typename Epi, int kVec>
+__global__ __launch_bounds__(GridBackwardShape<out_t, kVec>::kMaxThreads,
+                             GridBackwardShape<out_t, kVec>::kMinBlocks) void
+softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
+                        in_t* __restrict__ grad_input, int64_t dim, int ctas, Epi epi, GridWorkspaceView ws) {
+  using A = acc_t<out_t>;
+  __shared__ RowScratch<A> scratch;
+  __shared__ GridTask task;
+  int64_t row;
+  const GridExchange group = grid_task(ws, ctas, task, row);
+  grid_backward_slice<in_t, out_t, Epi, kVec>(grad_output, output, grad_input, dim, row, group.rank, epi, scratch,
+                                              group);
+  grid_finish(ws, task, ctas, [&](int64_t r, int rank, const GridFolded& folded) {
+    grid_backward_slice<in_t, out_t, Epi, kVec>(grad_output, output, grad_input, dim, r, rank, epi, scratch, folded);
+  });
+}
+
 namespace detail {
+
+// dispatch.h kGridWaitNs, or FASTACT_GRID_WAIT_US (read once).
+inline uint64_t grid_wait_ns() {
+  static const uint64_t ns = [] {
+    const char* env = std::getenv("FASTACT_GRID_WAIT_US");
+    return env != nullptr ? uint64_t(std::strtoull(env, nullptr, 10)) * 1000u : uint64_t(kGridWaitNs);
+  }();
+  return ns;
+}
 
 inline GridWorkspaceView grid_workspace_view(void* workspace, int64_t rows, int64_t ctas) {
   const SoftmaxGridWorkspace w = softmax_grid_workspace(rows, ctas);
   auto* base = static_cast<unsigned char*>(workspace);
-  return {reinterpret_cast<unsigned long long*>(base), reinterpret_cast<unsigned*>(base + w.arrived),
-          base + w.slots};
+  return {reinterpret_cast<unsigned long long*>(base),
+          reinterpret_cast<unsigned*>(base + 8),
+          reinterpret_cast<unsigned*>(base + 12),
+          reinterpret_cast<unsigned*>(base + w.arrived),
+          base + w.slots,
+          reinterpret_cast<unsigned*>(base + w.gave_up),
+          static_cast<unsigned>(rows * ctas),
+          grid_wait_ns()};
 }
 
 // Whether the plan's CTAs (threads x elems_per_thread elements, `kVecs` units a thread) fit the
@@ -210,19 +292,6 @@ inline bool grid_plan_fits(const SoftmaxPlan& plan, int64_t dim, int max_threads
   return plan.threads > 0 && plan.threads <= max_threads && plan.threads % kWarpSize == 0 && plan.chunks >= 1 &&
          plan.chunks <= (int64_t(1) << 20) && plan.elems_per_thread == elems && per_row >= dim &&
          per_row < (int64_t(1) << 31);
-}
-
-// Launches kKernel over `rows` rows of `ctas` CTAs, in launches of whole rows (kMaxGridBlocks at most).
-template <auto kKernel, typename... Args>
-cudaError_t launch_grid_rows(int64_t rows, int64_t ctas, int threads, size_t smem, cudaStream_t stream,
-                             Args... args) {
-  const int64_t cap = kMaxGridBlocks / ctas;
-  for (int64_t r0 = 0; r0 < rows; r0 += cap) {
-    const int64_t n = rows - r0 < cap ? rows - r0 : cap;
-    const cudaError_t err = launch<kKernel>(n * ctas, threads, smem, 1, stream, args...);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
@@ -241,8 +310,9 @@ cudaError_t grid_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int
     if (err != cudaSuccess) return err;
   }
   const int ctas = static_cast<int>(plan.chunks);
-  return launch_grid_rows<kKernel>(rows, ctas, plan.threads, smem, stream, x, y, dim, row_stride, ctas, Epi{},
-                                   grid_workspace_view(workspace, rows, ctas));
+  if (rows * ctas > kGridMaxCtas) return cudaErrorInvalidConfiguration;
+  return launch<kKernel>(rows * ctas, plan.threads, smem, 1, stream, x, y, dim, row_stride, ctas, Epi{},
+                         grid_workspace_view(workspace, rows, ctas));
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
@@ -261,8 +331,9 @@ cudaError_t grid_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t row
     if (err != cudaSuccess) return err;
   }
   const int ctas = static_cast<int>(plan.chunks);
-  return launch_grid_rows<kKernel>(rows, ctas, plan.threads, smem, stream, dy, y, dx, dim, ctas, Epi{},
-                                   grid_workspace_view(workspace, rows, ctas));
+  if (rows * ctas > kGridMaxCtas) return cudaErrorInvalidConfiguration;
+  return launch<kKernel>(rows * ctas, plan.threads, smem, 1, stream, dy, y, dx, dim, ctas, Epi{},
+                         grid_workspace_view(workspace, rows, ctas));
 }
 
 }  // namespace detail
