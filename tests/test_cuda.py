@@ -334,7 +334,7 @@ def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
 
 
 _GRID_GIVE_UP_SCRIPT = """
-import sys, torch
+import sys, torch, fastact
 ops = torch.ops.fastact
 torch.manual_seed(0)
 out = {}

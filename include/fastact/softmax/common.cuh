@@ -406,8 +406,9 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, int cl
 // A row's CTAs anywhere on the device, no cluster (grid.cuh): `size` CTAs, this one of rank `rank`,
 // trading partials through global memory: `slots`, one 16-byte slot per rank, and the `arrived`
 // counter, zero before the kernel (grid_sync.cuh says why the CTAs may wait for each other). A CTA
-// waits at most `wait_ns`; one that gives up sets *gave_up (shared memory) and leaves its outputs to
-// the launch's last CTA (grid.cuh).
+// waits at most `wait_ns`; one that gives up sets *gave_up (shared memory) and leaves its slice to the
+// launch's last CTA, which computes it again with `folded` set: every partial of the row is published
+// by then, so row_allreduce only folds them (grid.cuh's grid_next).
 struct GridExchange {
   unsigned char* slots;
   unsigned* arrived;
@@ -415,6 +416,8 @@ struct GridExchange {
   uint64_t wait_ns;
   int size;
   int rank;
+  int folded;     // the row's partials are all published: fold them, publish nothing, wait for nothing
+  unsigned next;  // grid_next: the next entry of the list of tasks given up
 };
 
 // The fold of a row's `size` published partials, in rank order (lane-strided, then the warp's tree;
@@ -432,11 +435,21 @@ FASTACT_DEVICE V grid_fold(const unsigned char* slots, int size, Op op) {
 // (grid_fold: bitwise the same result in every CTA) and hands the result to the block through shared
 // memory (one more block barrier). A slot is written once and never overwritten during the kernel, so
 // no CTA waits for another's reads, and none waits at exit. If the wait times out, *g.gave_up is set
-// and the result is meaningless (row_gave_up).
+// and the result is meaningless (row_gave_up). With g.folded: the fold alone (the block's value unused).
 template <typename V, typename Op>
 FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, const GridExchange& g) {
   static_assert(sizeof(V) <= 16, "a partial fits its 16-byte slot");
   const int ring = (round++) & 1;
+  if (g.folded) {
+    __syncthreads();  // every thread has read the previous slice's result from sm.cta
+    if (threadIdx.x < kWarpSize) {
+      (void)load_acquire_gpu(g.arrived);  // == size: the row's CTAs released their slots with it
+      const V p = grid_fold<V>(g.slots, g.size, op);
+      if (threadIdx.x == 0) sm.cta[ring][0] = p;
+    }
+    __syncthreads();
+    return sm.cta[ring][0];
+  }
   v = block_allreduce(v, op, sm, ring);
   if (threadIdx.x == 0) {
     *reinterpret_cast<V*>(g.slots + 16 * int64_t(g.rank)) = v;
@@ -455,30 +468,10 @@ FASTACT_DEVICE V row_allreduce(V v, Op op, RowScratch<V>& sm, int& round, const 
   return sm.cta[ring][0];
 }
 
-// A row whose partials are all published already (grid.cuh's last CTA, computing the slice of a CTA
-// that gave up): row_allreduce folds them as GridExchange's does, and ignores the block's own value.
-struct GridFolded {
-  const unsigned char* slots;
-  int size;
-};
-
-template <typename V, typename Op>
-FASTACT_DEVICE V row_allreduce(V /*v*/, Op op, RowScratch<V>& sm, int& round, const GridFolded& g) {
-  const int ring = (round++) & 1;
-  __syncthreads();  // every thread has read the previous slice's result from sm.cta
-  if (threadIdx.x < kWarpSize) {
-    const V p = grid_fold<V>(g.slots, g.size, op);
-    if (threadIdx.x == 0) sm.cta[ring][0] = p;
-  }
-  __syncthreads();
-  return sm.cta[ring][0];
-}
-
 // Whether the row's exchange gave up (resident_forward / resident_backward then store nothing): never
-// for a cluster, nor for a folded row.
+// for a cluster.
 FASTACT_DEVICE constexpr bool row_gave_up(int /*cluster*/) { return false; }
-FASTACT_DEVICE constexpr bool row_gave_up(const GridFolded& /*g*/) { return false; }
-FASTACT_DEVICE bool row_gave_up(const GridExchange& g) { return *g.gave_up != 0; }
+FASTACT_DEVICE bool row_gave_up(const GridExchange& g) { return !g.folded && *g.gave_up != 0; }
 
 // ------------------------------------------------------------------------------------------------
 // Column all-reduce (strided kernel): thread tid owns column c = tid % C (C = `columns`, a power of
