@@ -210,12 +210,13 @@ def test_forced_variant_through_autograd(variant):
 
 
 def _cluster_plan(explanation):
-    """(CTAs per row, threads per CTA) of a long_row cluster plan, or None for its two-read mode."""
+    """(CTAs per row, threads per CTA) of a long_row plan that caches the row (a cluster, or the grid
+    mode beyond one), or None for its two-read mode."""
     m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads", explanation)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-@pytest.mark.parametrize("d", (32776, 65536, 65544, 131072, 262136, 262144, 524288))
+@pytest.mark.parametrize("d", (32776, 65536, 65544, 131072, 262136, 262144, 524288, 1 << 20, (1 << 20) + 1, 3 << 19))
 @pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
@@ -224,7 +225,10 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     long rows (8 x 256 threads up to 16 x 1024), so that clusters run in several waves and the last
     one is partial; dense and padded rows. Beyond 8 x 256 x 32 elements the 128-bit forward keeps part
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
-    16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all)."""
+    16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). Beyond what a
+    cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
+    their partials; an odd D takes element accesses. Twice, bitwise equal: partials fold in a fixed
+    order."""
     in_dtype, out_dtype = dtypes
     log = op.name == "log_softmax"
     out_arg = out_dtype if out_dtype != in_dtype else None
@@ -232,7 +236,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     name = op.name + ("_backward" if direction == "bwd" else "")
     plan = _cluster_plan(fastact.explain(name, probe))  # the fused dtypes plan alike
     if plan is None:
-        pytest.skip("no cluster caches this row here: long_row takes its two-read mode (tested elsewhere)")
+        pytest.skip("neither a cluster nor the grid mode caches this row here: long_row takes its two-read mode "
+                    "(tested elsewhere)")
     cluster, threads = plan
     sms = torch.cuda.get_device_properties(probe.device).multi_processor_count
     # More rows than the clusters that fit at once: at most 2048 // threads CTAs per SM (the
@@ -248,6 +253,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
         poison_allocator("cuda", x.numel() * out_dtype.itemsize)
         y = getattr(ops, op.name).default(x, -1, out_arg, variant="long_row")
         assert_close(y, fn(x.to(out_dtype).double(), -1), torch_actual=fn(x, -1, dtype=out_arg), msg=msg)
+        again = getattr(ops, op.name).default(x, -1, out_arg, variant="long_row")
+        assert torch.equal(y, again), msg + ": not deterministic"
         return
     y = fn(x, -1, dtype=out_arg)
     g = make_tensor((rows, d), out_dtype, "cuda")
@@ -260,62 +267,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
         torch_actual=softmax_backward_torch(g, y, -1, in_dtype, log),
         msg=msg,
     )
-
-
-def _grid_plan(explanation):
-    """(CTAs per row, threads per CTA) of a grid plan, or None for any other."""
-    if "partials through global memory" not in explanation:
-        return None
-    m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads", explanation)
-    return int(m.group(1)), int(m.group(2))
-
-
-@pytest.mark.parametrize("d", (1 << 20, (1 << 20) + 1, 3 << 19))
-@pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
-@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
-def test_grid_mode_long_rows(direction, layout, op, dtypes, d):
-    """Rows longer than a cluster caches (include/fastact/softmax/grid.cuh): auto dispatch takes long_row's
-    grid mode where one CTA an SM caches the row, with more rows than the device holds at once, so that
-    rows start while others wait for their partials; dense and padded rows, an odd D (element
-    accesses, the last CTA's slice partial). Twice, bitwise equal: the partials fold in a fixed order."""
-    in_dtype, out_dtype = dtypes
-    log = op.name == "log_softmax"
-    out_arg = out_dtype if out_dtype != in_dtype else None
-    name = op.name + ("_backward" if direction == "bwd" else "")
-    probe = make_tensor((1, d), out_dtype if direction == "bwd" else in_dtype, "cuda")
-    explanation = fastact.explain(name, probe)
-    plan = _grid_plan(explanation)
-    if plan is None:
-        pytest.skip(f"not the grid mode here: {explanation}")
-    assert _variant(explanation) == "long_row", explanation
-    ctas, threads = plan
-    sms = torch.cuda.get_device_properties(probe.device).multi_processor_count
-    rows = 2 * sms * (2048 // threads) // ctas + 3  # more than fit at once, the last round partial
-    msg = f"grid {name} {rows}x{d} {layout} {in_dtype}->{out_dtype}, plan {ctas} x {threads}"
-    if layout == "rows":
-        x = make_tensor((rows, d), in_dtype, "cuda")
-    else:
-        x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, _vec_width(in_dtype))})
-    fn = torch.log_softmax if log else torch.softmax
-    if direction == "fwd":
-        poison_allocator("cuda", x.numel() * out_dtype.itemsize)
-        y = getattr(ops, op.name).default(x, -1, out_arg)
-        assert_close(y, fn(x.to(out_dtype).double(), -1), torch_actual=fn(x, -1, dtype=out_arg), msg=msg)
-        assert torch.equal(y, getattr(ops, op.name).default(x, -1, out_arg)), msg + ": not deterministic"
-        return
-    y = fn(x, -1, dtype=out_arg)
-    g = make_tensor((rows, d), out_dtype, "cuda")
-    poison_allocator("cuda", x.numel() * in_dtype.itemsize)
-    dx = getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype)
-    assert_close(
-        dx,
-        softmax_backward_ref(g, y, -1, log),
-        coarsest(in_dtype, out_dtype),
-        torch_actual=softmax_backward_torch(g, y, -1, in_dtype, log),
-        msg=msg,
-    )
-    assert torch.equal(dx, getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype)), msg + ": not deterministic"
+    again = getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype, variant="long_row")
+    assert torch.equal(dx, again), msg + ": not deterministic"
 
 
 def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
@@ -323,8 +276,9 @@ def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
     a row beyond that takes the split mode."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = make_tensor((1, 1 << 20), torch.float32, "cuda")
-    plan = _grid_plan(fastact.explain("softmax", x))
-    assert plan is not None and 2 <= plan[0] <= sms, fastact.explain("softmax", x)
+    s = fastact.explain("softmax", x)
+    plan = _cluster_plan(s)
+    assert "partials through global memory" in s and 2 <= plan[0] <= sms, s
     # float forward: 512 threads x 64 elements a CTA at most
     too_long = make_tensor((1, sms * 1024 * 64 + 4), torch.float32, "cuda")
     s = fastact.explain("softmax", too_long)

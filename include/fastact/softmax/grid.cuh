@@ -188,33 +188,35 @@ struct SharedGrads {
   int nvalid;
   int step;
 
-  template <typename Epi, typename A>
-  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
-    copy_async_wait<0>();
+  // f(unit index in the slice, grad_output's values, output's values) for each unit inside the row.
+  template <typename A, typename F>
+  FASTACT_DEVICE void for_each(F&& f) const {
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
       if (kFirst + j < nvalid) {
         A g[kVec], o[kVec];
         to_acc(slot[j * nthreads], g);
         to_acc(slot[(kUnits + j) * nthreads], o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+        f(kFirst + j, g, o);
       }
     }
   }
   template <typename Epi, typename A>
+  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
+    copy_async_wait<0>();
+    for_each<A>([&](int, const A(&g)[kVec], const A(&o)[kVec]) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    });
+  }
+  template <typename Epi, typename A>
   FASTACT_DEVICE void store(const Epi& epi, A dot) const {
+    for_each<A>([&](int j, const A(&g)[kVec], const A(&o)[kVec]) {
+      A d[kVec];
 #pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      if (kFirst + j < nvalid) {
-        A g[kVec], o[kVec];
-        to_acc(slot[j * nthreads], g);
-        to_acc(slot[(kUnits + j) * nthreads], o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
-        store_vector<in_t, kVec>(dxr + (kFirst + j) * step, from_acc<in_t>(g));
-      }
-    }
+      for (int k = 0; k < kVec; ++k) d[k] = epi.backward(g[k], o[k], dot);
+      store_vector<in_t, kVec>(dxr + j * step, from_acc<in_t>(d));
+    });
   }
 };
 
