@@ -992,7 +992,8 @@ def main(argv=None):
     misses = [m for r in results for m in r["misses"]]
     report = {
         "meta": {"fastact": fastact.__version__, "torch": torch.__version__, "device": name, "device_type": dev_type,
-                 "mode": mode, "grid": args.grid, "match": args.match, "threads": torch.get_num_threads(), "load_average": load, "python": platform.python_version(),
+                 "mode": mode, "grid": args.grid, "match": args.match, "threads": torch.get_num_threads(),
+                 "load_average": load, "python": platform.python_version(),
                  "date": datetime.datetime.now().isoformat(timespec="seconds"),
                  "timing": dataclasses.asdict(timing), "cpu_malloc_kept": malloc_kept,
                  "compile": None if compiler is None else {"seconds": compiler.spent_s, "budget_s": compiler.budget_s,

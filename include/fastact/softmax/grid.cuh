@@ -8,9 +8,10 @@
 // cluster rank r. Forward: cached as long_row.cuh's shared-memory clusters cache it (registers, and
 // shared memory in the 128-bit float-arithmetic forwards); backward: grad_output and output in
 // registers as block.cuh's backward, and with 16-byte units more of both in shared memory. The row's
-// partials meet in global memory (common.cuh: row_allreduce over GridExchange): each CTA stores its (max, sum) (backward: its sum of the backward term) in its slot and counts
-// itself on the row's counter; each waits for all of them, folds them in rank order, and writes its
-// part of the output from its cache.
+// partials meet in global memory (common.cuh: row_allreduce over GridExchange): each CTA stores its
+// (max, sum) (backward: its sum of the backward term) in its slot and counts itself on the row's
+// counter; each waits for all of them, folds them in rank order, and writes its part of the output
+// from its cache.
 //
 // A CTA waits for its row at most kGridWaitNs (dispatch.h: other kernels may hold the SMs its row
 // needs); one that gives up publishes its partial all the same, writes nothing, and lists its task;
