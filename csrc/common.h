@@ -270,6 +270,18 @@ inline std::optional<int64_t> bias_gelu_row_stride(const at::Tensor& x) {
   return collapsed_row_stride(x, x.dim() - 1);
 }
 
+// x as bias_gelu's kernels read it (forward and backward, CPU and CUDA): in place where
+// bias_gelu_row_stride allows, else a contiguous copy; row r at x.data + r * row_stride.
+struct BiasGeluInput {
+  at::Tensor x;
+  int64_t row_stride;
+};
+
+inline BiasGeluInput bias_gelu_input(const at::Tensor& x) {
+  if (const std::optional<int64_t> rs = bias_gelu_row_stride(x)) return {x, *rs};
+  return {x.contiguous(), x.size(-1)};
+}
+
 // The inputs of an elementwise op as its kernels read them (ElementRows), given its output `out`
 // (empty_like of its main input, so dense). An input in out's memory order is read at out's offsets;
 // when out is contiguous, an input that is a uniformly strided stack of rows (collapsed_row_stride:

@@ -238,18 +238,18 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
   return dx;
 }
 
-// bias_gelu: x read in place when contiguous or a strided stack of rows (bias_gelu_row_stride), else
-// made contiguous first; output contiguous, one pass.
+// bias_gelu: x read in place when contiguous or a strided stack of rows, else made contiguous first
+// (bias_gelu_input); output contiguous, one pass.
 at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const bool tanh = parse_tanh(approximate, "bias_gelu");
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);
-  const at::Tensor xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
+  const BiasGeluInput xin = bias_gelu_input(x);
+  const at::Tensor bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
-    kernels().of<scalar_t>().bias_gelu_fwd(xc.const_data_ptr<scalar_t>(), row_stride.value_or(cols),
+    kernels().of<scalar_t>().bias_gelu_fwd(xin.x.const_data_ptr<scalar_t>(), xin.row_stride,
                                           bc.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), rows, cols,
                                           tanh);
   });
@@ -267,12 +267,12 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
     dbias.zero_();
     return {dx, dbias};
   }
-  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);  // x read in place where it can be
-  const at::Tensor gc = grad_output.contiguous(), xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
+  const BiasGeluInput xin = bias_gelu_input(x);  // x read in place where it can be
+  const at::Tensor gc = grad_output.contiguous(), bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
-    kernels().of<scalar_t>().bias_gelu_bwd(gc.const_data_ptr<scalar_t>(), xc.const_data_ptr<scalar_t>(),
-                                          row_stride.value_or(cols), bc.const_data_ptr<scalar_t>(),
+    kernels().of<scalar_t>().bias_gelu_bwd(gc.const_data_ptr<scalar_t>(), xin.x.const_data_ptr<scalar_t>(),
+                                          xin.row_stride, bc.const_data_ptr<scalar_t>(),
                                           dx.mutable_data_ptr<scalar_t>(),
                                           dbias.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
   });

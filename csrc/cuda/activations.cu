@@ -103,8 +103,8 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   return dx;
 }
 
-// bias_gelu: x read in place when contiguous or a strided stack of rows (bias_gelu_row_stride), else
-// made contiguous first; output contiguous, one pass in memory order (the bias read through the cache
+// bias_gelu: x read in place when contiguous or a strided stack of rows, else made contiguous first
+// (bias_gelu_input); output contiguous, one pass in memory order (the bias read through the cache
 // with each access).
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
@@ -112,13 +112,13 @@ at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::stri
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);
-  const at::Tensor xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
-  const int64_t H = x.size(-1), rows = x.numel() / H, xs = row_stride.value_or(H);
+  const BiasGeluInput xin = bias_gelu_input(x);
+  const at::Tensor bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H, xs = xin.row_stride;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
     using T = cuda_type<scalar_t>;
-    const T* xp = in_ptr<scalar_t>(xc);
+    const T* xp = in_ptr<scalar_t>(xin.x);
     const T* bp = in_ptr<scalar_t>(bc);
     T* yp = out_ptr<scalar_t>(y);
     FASTACT_CHECK_LAUNCH(ActivationLaunchers<T>::bias_gelu(xp, xs, bp, yp, rows, H, approx, stream), "bias_gelu");
@@ -138,15 +138,15 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
   at::Tensor dx = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return {dx, at::zeros(bias.sizes(), bias.options())};
   at::Tensor dbias = at::empty(bias.sizes(), bias.options());
-  const std::optional<int64_t> row_stride = bias_gelu_row_stride(x);  // x read in place where it can be
-  const at::Tensor gc = grad_output.contiguous(), xc = row_stride ? x : x.contiguous(), bc = bias.contiguous();
-  const int64_t H = x.size(-1), rows = x.numel() / H, xs = row_stride.value_or(H);
+  const BiasGeluInput xin = bias_gelu_input(x);  // x read in place where it can be
+  const at::Tensor gc = grad_output.contiguous(), bc = bias.contiguous();
+  const int64_t H = x.size(-1), rows = x.numel() / H, xs = xin.row_stride;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
     using T = cuda_type<scalar_t>;
     using A = acc_t<T>;
     const T* gp = in_ptr<scalar_t>(gc);
-    const T* xp = in_ptr<scalar_t>(xc);
+    const T* xp = in_ptr<scalar_t>(xin.x);
     const T* bp = in_ptr<scalar_t>(bc);
     T* dxp = out_ptr<scalar_t>(dx);
     const int vec = bias_gelu_vec<T>(H, gp, xp, bp, dxp);

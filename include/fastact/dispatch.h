@@ -310,8 +310,10 @@ constexpr int softmax_grid_bwd_smem_elems(int vec, int out_bytes) {
   return vec > 1 && vec * out_bytes == 16 ? kGridBwdSmemBytes / 2 / out_bytes : 0;
 }
 
-// grid: a launch holds at most this many CTAs (one ticket space: whole rows, one launch).
-constexpr int64_t kGridMaxCtas = int64_t(1) << 30;
+// Blocks per launch at most (every softmax kernel). The row kernels launch again for the rest (each
+// takes the index of its first work item); the grid mode, one ticket space, takes at most this many
+// CTAs (plan_grid). Below 2^31 - 1 and a multiple of every cluster size.
+constexpr int64_t kMaxGridBlocks = int64_t(1) << 30;
 // grid: how long a CTA waits for the rest of its row before it gives up and leaves its part of the
 // output to the launch's last CTA (softmax/grid.cuh). Why a bound: other kernels running at the same
 // time (other streams; other processes under MPS) may hold the SMs that the row's missing CTAs need
@@ -696,7 +698,7 @@ inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool f
     if (t > max_threads) break;
     int64_t g = ceil_div(p.dim_size, int64_t(t) * e);
     if (forced && g < 2) g = 2;
-    if (g > p.sm_count || p.outer * g > kGridMaxCtas) continue;
+    if (g > p.sm_count || p.outer * g > kMaxGridBlocks) continue;
     SoftmaxPlan s;
     s.variant = v;
     s.mode = SoftmaxMode::kGrid;

@@ -353,6 +353,21 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
   extra.store(epi, row_stats.max, c, yr, s);
 }
 
+// This thread's units j < s.nvalid of one row of grad_output and output, as loaded: dy[j] and yv[j]
+// from dyr + j * s.step and yr + j * s.step (dyr, yr: the thread's unit 0).
+template <int kVec, int kVecs, typename out_t>
+FASTACT_DEVICE void load_backward_units(const out_t* __restrict__ dyr, const out_t* __restrict__ yr,
+                                        const ResidentSlice& s, AlignedVector<out_t, kVec> (&dy)[kVecs],
+                                        AlignedVector<out_t, kVec> (&yv)[kVecs]) {
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      dy[j] = load_vector<out_t, kVec>(dyr + j * s.step);
+      yv[j] = load_vector<out_t, kVec>(yr + j * s.step);
+    }
+  }
+}
+
 // The backward of one cached row, given this thread's units of grad_output and output as loaded:
 // the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
 // dxr + j * step (dxr: this thread's unit 0).
@@ -469,13 +484,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   const int64_t offset = row * dim + (ed.head + s.first);
   int round = 0;
   AlignedVector<out_t, kVec> dy[kVecs], yv[kVecs];
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < s.nvalid) {
-      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * s.step);
-      yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
-    }
-  }
+  load_backward_units<kVec>(grad_output + offset, output + offset, s, dy, yv);
   if constexpr (kEdges) {
     const int64_t r0 = row * dim;
     resident_backward<Epi, kVec, kVecs, A>(

@@ -31,10 +31,6 @@
 
 namespace fastact::softmax_impl {
 
-// Blocks per launch at most; the host launches again for the rest (each kernel takes the index of
-// its first work item). Below 2^31 - 1 and a multiple of every cluster size.
-constexpr int64_t kMaxGridBlocks = int64_t(1) << 30;
-
 template <typename A>
 FASTACT_HOST_DEVICE A neg_inf() {
   return -std::numeric_limits<A>::infinity();

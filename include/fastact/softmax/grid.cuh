@@ -20,7 +20,7 @@
 //
 // Workspace (dispatch.h softmax_grid_workspace; zeroed by the caller): the ticket and two counts, a
 // counter per row, a 16-byte slot per (row, rank), the list of tasks given up. One launch (at most
-// kGridMaxCtas CTAs).
+// kMaxGridBlocks CTAs).
 #pragma once
 
 #include <cstdlib>
@@ -109,6 +109,7 @@ struct GridForwardShape {
   static constexpr bool kSmem = Smem::kSupported;
   static constexpr int kRegVecs = kSmem ? Smem::kRegVecs : block_fwd_elems<out_t, kVec>() / kVec;
   static constexpr int kSmemVecs = kSmem ? Smem::kSmemVecs : 0;
+  static constexpr int kSmemUnits = kSmemVecs;  // 16-byte units of shared memory a thread
   static constexpr int kVecs = kRegVecs + kSmemVecs;
   static constexpr int kMaxThreads = kSmem ? kClusterSmemMaxThreads : kResidentMaxThreads;
   static constexpr int kMinBlocks = kSmem ? Smem::kMinBlocks : 1;
@@ -171,6 +172,7 @@ template <typename out_t, int kVec>
 struct GridBackwardShape {
   static constexpr int kRegVecs = block_bwd_elems<out_t, kVec>() / kVec;
   static constexpr int kSmemVecs = softmax_grid_bwd_smem_elems(kVec, sizeof(out_t)) / (kVec > 1 ? kVec : 1);
+  static constexpr int kSmemUnits = 2 * kSmemVecs;  // 16-byte units of shared memory a thread: both arrays
   static constexpr int kVecs = kRegVecs + kSmemVecs;
   static constexpr int kMaxThreads = kSmemVecs > 0 ? kGridBwdSmemMaxThreads : kResidentMaxThreads;
   static constexpr int kMinBlocks = kSmemVecs > 0 ? 2 : 1;
@@ -247,13 +249,7 @@ FASTACT_DEVICE void grid_backward_slice(const out_t* __restrict__ grad_output, c
   }
   copy_async_commit();
   AlignedVector<out_t, kVec> dy[kRegVecs], yv[kRegVecs];
-#pragma unroll
-  for (int j = 0; j < kRegVecs; ++j) {
-    if (j < s.nvalid) {
-      dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * s.step);
-      yv[j] = load_vector<out_t, kVec>(output + offset + j * s.step);
-    }
-  }
+  load_backward_units<kVec>(grad_output + offset, output + offset, s, dy, yv);
   if constexpr (kSmemVecs > 0) {
     using Extra = SharedGrads<out_t, in_t, kVec, kRegVecs, kSmemVecs>;
     resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group,
@@ -312,46 +308,38 @@ inline bool grid_plan_fits(const SoftmaxPlan& plan, int64_t dim, int max_threads
          per_row < (int64_t(1) << 31);
 }
 
-template <typename in_t, typename out_t, typename Epi, int kVec>
-cudaError_t grid_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
-                         const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
-  using Shape = GridForwardShape<in_t, out_t, kVec>;
-  constexpr auto kKernel = softmax_grid_fwd_kernel<in_t, out_t, Epi, kVec>;
+// Launches kKernel (Shape: its slice) over `rows` rows of plan.chunks CTAs, after checking the plan
+// against the slice; the kernel's arguments are args..., then the CTAs per row, the epilogue and the
+// workspace.
+template <auto kKernel, typename Shape, int kVec, typename Epi, typename... Args>
+cudaError_t launch_grid(int64_t rows, int64_t dim, const SoftmaxPlan& plan, void* workspace, cudaStream_t stream,
+                        Args... args) {
   if (workspace == nullptr) return cudaErrorInvalidValue;
+  const int ctas = static_cast<int>(plan.chunks);
   if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
-      !grid_plan_fits(plan, dim, Shape::kMaxThreads, Shape::kVecs * kVec))
+      !grid_plan_fits(plan, dim, Shape::kMaxThreads, Shape::kVecs * kVec) || rows * ctas > kMaxGridBlocks)
     return cudaErrorInvalidConfiguration;
-  const size_t smem = size_t(Shape::kSmemVecs) * plan.threads * 16;
-  if constexpr (Shape::kSmemVecs > 0) {
-    constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
+  if constexpr (Shape::kSmemUnits > 0) {
+    constexpr int kMaxSmem = Shape::kSmemUnits * Shape::kMaxThreads * 16;
     const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
     if (err != cudaSuccess) return err;
   }
-  const int ctas = static_cast<int>(plan.chunks);
-  if (rows * ctas > kGridMaxCtas) return cudaErrorInvalidConfiguration;
-  return launch<kKernel>(rows * ctas, plan.threads, smem, 1, stream, x, y, dim, row_stride, ctas, Epi{},
-                         grid_workspace_view(workspace, rows, ctas));
+  return launch<kKernel>(rows * ctas, plan.threads, size_t(Shape::kSmemUnits) * plan.threads * 16, 1, stream,
+                         args..., ctas, Epi{}, grid_workspace_view(workspace, rows, ctas));
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t grid_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                         const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
+  return launch_grid<softmax_grid_fwd_kernel<in_t, out_t, Epi, kVec>, GridForwardShape<in_t, out_t, kVec>, kVec, Epi>(
+      rows, dim, plan, workspace, stream, x, y, dim, row_stride);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t grid_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                           const SoftmaxPlan& plan, void* workspace, cudaStream_t stream) {
-  using Shape = GridBackwardShape<out_t, kVec>;
-  constexpr auto kKernel = softmax_grid_bwd_kernel<in_t, out_t, Epi, kVec>;
-  if (workspace == nullptr) return cudaErrorInvalidValue;
-  if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
-      !grid_plan_fits(plan, dim, Shape::kMaxThreads, Shape::kVecs * kVec))
-    return cudaErrorInvalidConfiguration;
-  const size_t smem = size_t(2 * Shape::kSmemVecs) * plan.threads * 16;
-  if constexpr (Shape::kSmemVecs > 0) {
-    constexpr int kMaxSmem = 2 * Shape::kSmemVecs * kGridBwdSmemMaxThreads * 16;
-    const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
-    if (err != cudaSuccess) return err;
-  }
-  const int ctas = static_cast<int>(plan.chunks);
-  if (rows * ctas > kGridMaxCtas) return cudaErrorInvalidConfiguration;
-  return launch<kKernel>(rows * ctas, plan.threads, smem, 1, stream, dy, y, dx, dim, ctas, Epi{},
-                         grid_workspace_view(workspace, rows, ctas));
+  return launch_grid<softmax_grid_bwd_kernel<in_t, out_t, Epi, kVec>, GridBackwardShape<out_t, kVec>, kVec, Epi>(
+      rows, dim, plan, workspace, stream, dy, y, dx, dim);
 }
 
 }  // namespace detail
