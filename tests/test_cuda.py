@@ -451,6 +451,48 @@ def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
     assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (columns, threads, cluster), s
 
 
+# (dtype, shape, dim, backward, the launch shapes explain may report: (columns, threads, cluster, mode)).
+_STRIDED_RULES = [
+    # element accesses (inner 1023), forward: the line halves to 32 bytes to stay in one CTA
+    (torch.bfloat16, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
+    # float stops at 64 bytes
+    (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
+    # element accesses, backward, a tile beyond one CTA: streamed, whole lines
+    (torch.float32, (2, 257, 1023), 1, True, {(32, 512, 1, "streamed twice")}),
+    (torch.bfloat16, (2, 257, 1023), 1, True, {(64, 512, 1, "streamed twice")}),
+    # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
+    # forward of 16384 halves the tile again and the others stream)
+    (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
+    (torch.float32, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "streamed twice")}),
+    (torch.bfloat16, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
+    (torch.bfloat16, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "streamed twice")}),
+    (torch.float32, (16385, 64), 0, False, {(2, 288, 16, "cached"), (8, 512, 1, "streamed twice")}),
+]
+
+
+@pytest.mark.parametrize("dtype,shape,dim,backward,shapes", _STRIDED_RULES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
+    """dispatch.h kStridedSectorBytes and the element backward's streaming: the strided plan takes
+    32-byte lines in one CTA for element forwards, streams element backwards whose tile needs more
+    than one CTA, and narrows the tiles of a D too long for a line's cluster over the largest cluster;
+    each of those plans gives the right result (outputs poisoned first)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("clusters need sm_90")
+    x = make_tensor(shape, dtype, "cuda")
+    y = torch.softmax(x, dim)
+    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, dim)
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), (cached|streamed twice)", s)
+    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)) in shapes, s
+    poison_allocator("cuda", x.numel() * dtype.itemsize)
+    if not backward:
+        assert_close(fastact.softmax(x, dim), torch.softmax(x.double(), dim), torch_actual=y, msg=s)
+    else:
+        g = make_tensor(shape, dtype, "cuda")
+        assert_close(ops.softmax_backward(g, y, dim, dtype), softmax_backward_ref(g, y, dim, False),
+                     torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
+
+
 _CLUSTER_CAP_SCRIPT = """
 import torch, fastact
 x = torch.randn(4, 262144, device="cuda")

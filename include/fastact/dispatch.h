@@ -364,6 +364,19 @@ constexpr int kStridedClusterAbove = 512;
 // so the half line stays. Only where clusters exist (sm_90), the case measured: without them a tile
 // that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
+// strided: the narrowest line of a D-row a tile takes, one 32-byte sector. Two rules go down to it
+// (plan_strided), both measured on the H100 with the kernel at forced shapes (threads x columns x
+// cluster, fraction of the limit; bench/NOTES.md, seventeenth session):
+// - forwards with element accesses (inner not a multiple of the vector width) halve their line while
+//   that keeps the tile in one CTA: [510, 257, 1023] bf16 dim 1 288 x 16 x 1 (32-byte lines) 0.504
+//   against 288 x 32 x 2 0.446 and the whole line 320 x 64 x 4 0.385. Float stops at 64 bytes in one
+//   CTA (288 x 16 x 1, 0.751; the whole line over a cluster of 2, 0.791, is left to a later rule);
+// - tiles whose D is too long for a line's tile in the clusters tried first (dim 0 of a tall matrix)
+//   narrow over the largest cluster the device runs (16 on the H100), CTAs of kStridedClusterAbove
+//   threads, before streaming: dim 0 of [16384, 4096] f32 / [16384, 8192] bf16, forward 512 x 4 x 16
+//   0.748 / 0.711 against streaming's 0.611 / 0.559; backward 512 x 2 x 16 0.657 / 0.667 against 0.569
+//   / 0.573.
+constexpr int kStridedSectorBytes = 32;
 // strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: whole lines, CTAs of
 // at most kStridedRawCtaThreads threads, and clusters of the smallest CTAs first
 // (kStridedRawClusterThreads). Why (H100, bf16 [*, D, 2048] dim 1, the one-exchange raw forward of the
@@ -739,11 +752,32 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   auto threads_for = [](int64_t cols, int64_t groups) { return round_up(cols * groups, cols > 32 ? cols : 32); };
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
   const int64_t c_line = c;
+  const bool elements = s.vec == 1;
+  auto stream = [&] {
+    // Streaming: whole lines (the narrower-line measurements above were all of cached tiles).
+    s.columns = int(c_line);
+    s.threads = int(threads_for(c_line, ceil_div(kStridedStreamThreads, c_line)));
+    s.cluster = 1;
+    s.streaming = true;
+    return s;
+  };
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
-  if (!raw && (c / 2) * s.vec * load_bytes >= kStridedMinRowBytes && c * g_needed > single_cap &&
-      (c / 2) * g_needed <= kStridedClusterAbove)
-    c /= 2;  // half a line in one CTA rather than a cluster (kStridedMinRowBytes)
+  if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
+    // Backwards with element accesses stream rather than split the tile over a cluster: a tile of
+    // kStridedStreamThreads threads is small enough that its second read comes from L2. Why (H100,
+    // [*, 257, 1023] dim 1, forced shapes): float 512 x 32 streaming 0.861 of the limit against 288 x
+    // 32 x 4 cached 0.577 and the best cached shape, 288 x 8 x 1, 0.612; bf16 512 x 64 streaming 0.611
+    // against 320 x 64 x 8 0.360 and 288 x 16 x 2 0.491.
+    if (elements && p.backward) return stream();
+    if (!raw) {
+      // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes, kStridedSectorBytes).
+      const int min_bytes = elements ? kStridedSectorBytes : kStridedMinRowBytes;
+      int64_t h = c;
+      while (h * g_needed > kStridedClusterAbove && (h / 2) * s.vec * load_bytes >= min_bytes) h /= 2;
+      if (h * g_needed <= kStridedClusterAbove) c = h;
+    }
+  }
   if (c * g_needed <= (raw ? kStridedRawCtaThreads : single_cap)) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
@@ -755,27 +789,32 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   }
-  if (clusters_available(p)) {
-    for (int t : kStridedRawClusterThreads) {
-      if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
-      // >= 2 at the first size tried: c * g_needed exceeds the single-CTA cap above
-      const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));
-      if (cl > cluster_cap(p, t, false)) continue;
-      const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
-      if (!smem_ok(threads, c, cl, false)) continue;
-      s.columns = int(c);
-      s.cluster = int(cl);
-      s.threads = int(threads);
-      s.streaming = false;
-      return s;
-    }
+  if (!clusters_available(p)) return stream();
+  auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
+    s.columns = int(cols);
+    s.cluster = int(cl);
+    s.threads = int(threads);
+    s.streaming = false;
+    return s;
+  };
+  for (int t : kStridedRawClusterThreads) {
+    if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
+    // >= 2 at the first size tried: c * g_needed exceeds the single-CTA cap above
+    const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));
+    if (cl > cluster_cap(p, t, false)) continue;
+    const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
+    if (smem_ok(threads, c, cl, false)) return cached(c, cl, threads);
   }
-  // Streaming: whole lines (the half-line measurements above were all of cached tiles).
-  s.columns = int(c_line);
-  s.threads = int(threads_for(c_line, ceil_div(kStridedStreamThreads, c_line)));
-  s.cluster = 1;
-  s.streaming = true;
-  return s;
+  // D too long for those: narrower tiles over the largest cluster (kStridedSectorBytes).
+  const int64_t groups = ceil_div(g_needed, cluster_cap(p, kStridedClusterAbove, true));  // per CTA
+  int64_t n = c_line;
+  while (n > 1 && n * groups > kStridedClusterAbove) n /= 2;
+  if (n * groups <= kStridedClusterAbove && n * s.vec * load_bytes >= kStridedSectorBytes) {
+    const int64_t cl = pow2_ceil(ceil_div(n * g_needed, kStridedClusterAbove));
+    const int64_t threads = threads_for(n, ceil_div(g_needed, cl));
+    if (smem_ok(threads, n, cl, false)) return cached(n, cl, threads);
+  }
+  return stream();
 }
 
 }  // namespace softmax_detail
@@ -872,9 +911,12 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = s.streaming ? "the softmax dim is not innermost; D too long to cache a tile of columns: two reads"
-                        : "the softmax dim is not innermost: threads along inner, D split over threads "
-                          "(and a cluster) with the tile cached: one read";
+    s.why = !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
+                           "(and a cluster) with the tile cached: one read"
+            : s.vec == 1 && p.backward
+                ? "the softmax dim is not innermost; a backward of element accesses whose tile needs more "
+                  "than one CTA: two reads, the second mostly from L2"
+                : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
     return s;
   }
   if (p.dim_size <= softmax_warp_max_dim(p.acc_bytes)) {
