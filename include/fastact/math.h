@@ -51,6 +51,20 @@ FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
 FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 
+// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float: the SFU's
+// __expf (ex2.approx of y * log2(e), a multiply and one MUFU where expf adds its range reduction),
+// error 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5
+// at y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log
+// backward at rows of 3072 was 4% slower than the softmax backward (277.1 against 266.3 us).
+FASTACT_HOST_DEVICE float exp_log_prob(float y) {
+#if defined(__CUDA_ARCH__)
+  return __expf(y);
+#else
+  return ::expf(y);
+#endif
+}
+FASTACT_HOST_DEVICE double exp_log_prob(double y) { return ::exp(y); }
+
 // F.gelu(x, approximate="none") = x/2 * (1 + erf(x / sqrt(2)))
 struct GeluErf {
   template <typename A>
@@ -140,7 +154,7 @@ struct LogSoftmaxEpilogue {
   }
   template <typename A>
   FASTACT_HOST_DEVICE A backward(A dy, A y, A row_sum) const {
-    return dy - exp_(y) * row_sum;
+    return dy - exp_log_prob(y) * row_sum;
   }
 };
 
