@@ -55,7 +55,9 @@ FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 // __expf (ex2.approx of y * log2(e), a multiply and one MUFU where expf adds its range reduction),
 // error 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5
 // at y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log
-// backward at rows of 3072 was 4% slower than the softmax backward (277.1 against 266.3 us).
+// backward at rows of 3072 was 4% slower than the softmax backward (277.1 against 266.3 us; now 264.8).
+// It costs 3.7% in clusters of 16 CTAs of 1024 threads (f32 rows of 262144; bench/NOTES.md, seventeenth
+// session) and nothing measurable elsewhere.
 FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 #if defined(__CUDA_ARCH__)
   return __expf(y);
