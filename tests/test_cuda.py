@@ -455,11 +455,14 @@ def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
 _STRIDED_RULES = [
     # element accesses (inner 1023), forward: the line halves to 32 bytes to stay in one CTA
     (torch.bfloat16, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
-    # float stops at 64 bytes
+    # float stops at 64 bytes (16 columns), and takes no fewer than 16 columns: at D = 513 a cluster
     (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
+    (torch.float32, (2, 513, 1023), 1, False, {(32, 288, 4, "cached")}),
     # element accesses, backward, a tile beyond one CTA: streamed, whole lines
     (torch.float32, (2, 257, 1023), 1, True, {(32, 512, 1, "streamed twice")}),
     (torch.bfloat16, (2, 257, 1023), 1, True, {(64, 512, 1, "streamed twice")}),
+    # ... while the tiles in flight fit L2 (50 MB on the H100): at D = 1000 the cluster stays
+    (torch.float32, (2, 1000, 1023), 1, True, {(32, 512, 8, "cached")}),
     # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
     # forward of 16384 halves the tile again and the others stream)
     (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),

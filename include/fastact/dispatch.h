@@ -364,18 +364,19 @@ constexpr int kStridedClusterAbove = 512;
 // so the half line stays. Only where clusters exist (sm_90), the case measured: without them a tile
 // that needs more than 1024 threads streams, as before.
 constexpr int kStridedMinRowBytes = 64;
-// strided: the narrowest line of a D-row a tile takes, one 32-byte sector. Two rules go down to it
-// (plan_strided), both measured on the H100 with the kernel at forced shapes (threads x columns x
-// cluster, fraction of the limit; bench/NOTES.md, seventeenth session):
-// - forwards with element accesses (inner not a multiple of the vector width) halve their line while
-//   that keeps the tile in one CTA: [510, 257, 1023] bf16 dim 1 288 x 16 x 1 (32-byte lines) 0.504
-//   against 288 x 32 x 2 0.446 and the whole line 320 x 64 x 4 0.385. Float stops at 64 bytes in one
-//   CTA (288 x 16 x 1, 0.751; the whole line over a cluster of 2, 0.791, is left to a later rule);
-// - tiles whose D is too long for a line's tile in the clusters tried first (dim 0 of a tall matrix)
+// strided: the narrowest lines a tile takes, measured on the H100 with the kernel at forced shapes
+// (threads x columns x cluster, fraction of the limit; bench/NOTES.md, seventeenth session).
+// - Forwards with element accesses (inner not a multiple of the vector width) halve their line while
+//   that keeps the tile in one CTA, down to kStridedMinElementColumns columns (half a warp a D-row):
+//   [510, 257, 1023] bf16 dim 1 288 x 16 x 1 (16 columns, 32 bytes) 0.504 against 288 x 32 x 2 0.446
+//   and the whole line 320 x 64 x 4 0.385; float [255, 257, 1023] 288 x 16 x 1 (64 bytes) 0.75-0.80.
+//   Not 8 columns: float [127, 513, 1023] 288 x 8 x 1 0.507 against 288 x 32 x 4 0.690.
+// - Tiles whose D is too long for a line's tile in the clusters tried first (dim 0 of a tall matrix)
 //   narrow over the largest cluster the device runs (16 on the H100), CTAs of kStridedClusterAbove
-//   threads, before streaming: dim 0 of [16384, 4096] f32 / [16384, 8192] bf16, forward 512 x 4 x 16
-//   0.748 / 0.711 against streaming's 0.611 / 0.559; backward 512 x 2 x 16 0.657 / 0.667 against 0.569
-//   / 0.573.
+//   threads, down to kStridedSectorBytes (and kStridedMinElementColumns), before streaming: dim 0 of
+//   [16384, 4096] f32 / [16384, 8192] bf16, forward 512 x 4 x 16 0.748 / 0.711 against streaming's
+//   0.611 / 0.559; backward 512 x 2 x 16 0.657 / 0.667 against 0.569 / 0.573.
+constexpr int kStridedMinElementColumns = 16;
 constexpr int kStridedSectorBytes = 32;
 // strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: whole lines, CTAs of
 // at most kStridedRawCtaThreads threads, and clusters of the smallest CTAs first
@@ -764,17 +765,21 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
-    // Backwards with element accesses stream rather than split the tile over a cluster: a tile of
-    // kStridedStreamThreads threads is small enough that its second read comes from L2. Why (H100,
-    // [*, 257, 1023] dim 1, forced shapes): float 512 x 32 streaming 0.861 of the limit against 288 x
-    // 32 x 4 cached 0.577 and the best cached shape, 288 x 8 x 1, 0.612; bf16 512 x 64 streaming 0.611
-    // against 320 x 64 x 8 0.360 and 288 x 16 x 2 0.491.
-    if (elements && p.backward) return stream();
+    // Backwards with element accesses stream rather than split the tile over a cluster while the
+    // tiles in flight (two CTAs of kStridedStreamThreads an SM, dy and y of a whole line) fit L2, so
+    // that a tile's second read comes from there. Why (H100, [*, D, 1023] dim 1, forced shapes,
+    // fraction of the limit, the cached plan -> 512 x whole-line streaming): float D = 257 0.580 ->
+    // 0.853, 400 0.585 -> 0.699, 513 0.536 -> 0.544, 700 0.505 -> 0.515, but 1000 (tiles of 256 KB,
+    // 67 MB in flight) 0.586 -> 0.503; bf16 257 0.358 -> 0.609, 513 0.376 -> 0.490, 700 0.285 -> 0.456.
+    const int64_t stream_tile_bytes = c_line * p.dim_size * 2 * p.out_bytes;
+    if (elements && p.backward && 2 * int64_t(p.sm_count) * stream_tile_bytes <= p.l2_bytes) return stream();
     if (!raw) {
-      // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes, kStridedSectorBytes).
-      const int min_bytes = elements ? kStridedSectorBytes : kStridedMinRowBytes;
+      // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes, kStridedMinElementColumns).
+      auto narrow_ok = [&](int64_t cols) {
+        return elements ? cols >= kStridedMinElementColumns : cols * s.vec * load_bytes >= kStridedMinRowBytes;
+      };
       int64_t h = c;
-      while (h * g_needed > kStridedClusterAbove && (h / 2) * s.vec * load_bytes >= min_bytes) h /= 2;
+      while (h * g_needed > kStridedClusterAbove && narrow_ok(h / 2)) h /= 2;
       if (h * g_needed <= kStridedClusterAbove) c = h;
     }
   }
@@ -805,11 +810,15 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     const int64_t threads = threads_for(c, ceil_div(g_needed, cl));
     if (smem_ok(threads, c, cl, false)) return cached(c, cl, threads);
   }
-  // D too long for those: narrower tiles over the largest cluster (kStridedSectorBytes).
+  // D too long for those: narrower tiles over the largest cluster (kStridedSectorBytes,
+  // kStridedMinElementColumns). Not for element backwards, which stream (H100, bf16 [65, 2000, 1023]
+  // dim 1: 512 x 32 x 16 0.329 of the limit against streaming's 0.397).
+  if (elements && p.backward) return stream();
   const int64_t groups = ceil_div(g_needed, cluster_cap(p, kStridedClusterAbove, true));  // per CTA
   int64_t n = c_line;
   while (n > 1 && n * groups > kStridedClusterAbove) n /= 2;
-  if (n * groups <= kStridedClusterAbove && n * s.vec * load_bytes >= kStridedSectorBytes) {
+  if (n * groups <= kStridedClusterAbove && n * s.vec * load_bytes >= kStridedSectorBytes &&
+      (!elements || n >= kStridedMinElementColumns)) {
     const int64_t cl = pow2_ceil(ceil_div(n * g_needed, kStridedClusterAbove));
     const int64_t threads = threads_for(n, ceil_div(g_needed, cl));
     if (smem_ok(threads, n, cl, false)) return cached(n, cl, threads);
