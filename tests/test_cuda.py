@@ -431,6 +431,12 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
         assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s
 
 
+def _clusters_capped():
+    """FASTACT_MAX_CLUSTER below 8 turns clusters off (softmax/launch.cuh probe_clusters)."""
+    env = os.environ.get("FASTACT_MAX_CLUSTER")
+    return env is not None and (int(env) if env.strip().lstrip("-").isdigit() else 0) < 8
+
+
 @pytest.mark.parametrize(
     "dtype,d,columns,threads,cluster",
     [
@@ -443,8 +449,8 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
 def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
     """dispatch.h kStridedRawCtaThreads / kStridedRawClusterThreads: the strided forward of raw 16-bit
     rows takes whole lines in CTAs of at most 256 threads, clusters beyond; float keeps its rule."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("clusters need sm_90")
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     x = make_tensor((2, d, 2048), dtype, "cuda")
     s = fastact.explain("softmax", x, 1)
     m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), cached", s)
@@ -461,11 +467,12 @@ _STRIDED_RULES = [
     # element accesses, backward, a tile beyond one CTA: streamed, whole lines
     (torch.float32, (2, 257, 1023), 1, True, {(32, 512, 1, "streamed twice")}),
     (torch.bfloat16, (2, 257, 1023), 1, True, {(64, 512, 1, "streamed twice")}),
-    # ... while the tiles in flight fit L2 (50 MB on the H100): at D = 1000 the cluster stays
-    (torch.float32, (2, 1000, 1023), 1, True, {(32, 512, 8, "cached")}),
+    # ... while the tiles in flight fit L2 (two CTAs an SM; on the H100's 50 MB, D = 1000 keeps its cluster)
+    (torch.float32, (2, 1000, 1023), 1, True, "l2"),
     # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
     # forward of 16384 halves the tile again and the others stream)
-    (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
+    # (a device whose 16-clusters fill it at 1024 threads takes those in the cluster loop first)
+    (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached"), (8, 1024, 16, "cached")}),
     (torch.float32, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "streamed twice")}),
     (torch.bfloat16, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
     (torch.bfloat16, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "streamed twice")}),
@@ -480,13 +487,19 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
     32-byte lines in one CTA for element forwards, streams element backwards whose tile needs more
     than one CTA, and narrows the tiles of a D too long for a line's cluster over the largest cluster;
     each of those plans gives the right result (outputs poisoned first)."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("clusters need sm_90")
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    if shapes == "l2":  # dispatch.h strided_element_stream_fits_l2, columns = 32 (float's whole line)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        fits = 2 * props.multi_processor_count * 32 * shape[1] * 2 * dtype.itemsize <= props.L2_cache_size
+        shapes = {(32, 512, 1, "streamed twice")} if fits else {(32, 512, 8, "cached")}
     x = make_tensor(shape, dtype, "cuda")
     y = torch.softmax(x, dim)
     s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, dim)
     m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), (cached|streamed twice)", s)
     assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)) in shapes, s
+    if backward and m.group(4) == "streamed twice" and "element accesses" in s:
+        assert "the second mostly from L2" in s, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     if not backward:
         assert_close(fastact.softmax(x, dim), torch.softmax(x.double(), dim), torch_actual=y, msg=s)

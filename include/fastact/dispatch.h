@@ -367,7 +367,8 @@ constexpr int kStridedMinRowBytes = 64;
 // strided: the narrowest lines a tile takes, measured on the H100 with the kernel at forced shapes
 // (threads x columns x cluster, fraction of the limit; bench/NOTES.md, seventeenth session).
 // - Forwards with element accesses (inner not a multiple of the vector width) halve their line while
-//   that keeps the tile in one CTA, down to kStridedMinElementColumns columns (half a warp a D-row):
+//   that keeps the tile in one CTA, down to kStridedMinElementColumns columns (half a warp a D-row), or
+//   to kStridedMinRowBytes where that is narrower (float64, as for vectors); with clusters only:
 //   [510, 257, 1023] bf16 dim 1 288 x 16 x 1 (16 columns, 32 bytes) 0.504 against 288 x 32 x 2 0.446
 //   and the whole line 320 x 64 x 4 0.385; float [255, 257, 1023] 288 x 16 x 1 (64 bytes) 0.75-0.80.
 //   Not 8 columns: float [127, 513, 1023] 288 x 8 x 1 0.507 against 288 x 32 x 4 0.690.
@@ -728,6 +729,13 @@ inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool f
   return false;
 }
 
+// Whether a streamed strided backward of element accesses keeps its tiles in flight in L2: two CTAs
+// of kStridedStreamThreads an SM, dy and y of `columns` columns each (plan_strided streams such a
+// backward rather than split its tile over a cluster; its second read then comes from L2).
+inline bool strided_element_stream_fits_l2(const SoftmaxProblem& p, int64_t columns) {
+  return 2 * int64_t(p.sm_count) * columns * p.dim_size * 2 * p.out_bytes <= p.l2_bytes;
+}
+
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   s.variant = SoftmaxVariant::kStrided;
@@ -771,12 +779,12 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     // fraction of the limit, the cached plan -> 512 x whole-line streaming): float D = 257 0.580 ->
     // 0.853, 400 0.585 -> 0.699, 513 0.536 -> 0.544, 700 0.505 -> 0.515, but 1000 (tiles of 256 KB,
     // 67 MB in flight) 0.586 -> 0.503; bf16 257 0.358 -> 0.609, 513 0.376 -> 0.490, 700 0.285 -> 0.456.
-    const int64_t stream_tile_bytes = c_line * p.dim_size * 2 * p.out_bytes;
-    if (elements && p.backward && 2 * int64_t(p.sm_count) * stream_tile_bytes <= p.l2_bytes) return stream();
-    if (!raw) {
-      // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes, kStridedMinElementColumns).
+    if (elements && p.backward && strided_element_stream_fits_l2(p, c_line)) return stream();
+    if (!raw && clusters_available(p)) {
+      // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
+      // down to kStridedMinElementColumns where that is narrower).
       auto narrow_ok = [&](int64_t cols) {
-        return elements ? cols >= kStridedMinElementColumns : cols * s.vec * load_bytes >= kStridedMinRowBytes;
+        return cols * s.vec * load_bytes >= kStridedMinRowBytes || (elements && cols >= kStridedMinElementColumns);
       };
       int64_t h = c;
       while (h * g_needed > kStridedClusterAbove && narrow_ok(h / 2)) h /= 2;
@@ -922,7 +930,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
     s.why = !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"
-            : s.vec == 1 && p.backward
+            : s.vec == 1 && p.backward && strided_element_stream_fits_l2(p, s.columns)
                 ? "the softmax dim is not innermost; a backward of element accesses whose tile needs more "
                   "than one CTA: two reads, the second mostly from L2"
                 : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
