@@ -459,7 +459,7 @@ def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
 
 # (dtype, shape, dim, backward, the launch shapes explain may report: (columns, threads, cluster, mode)).
 _STRIDED_RULES = [
-    # element accesses (inner 1023), forward: the line halves to 32 bytes to stay in one CTA
+    # element accesses (inner 1023), forward: the line halves to 16 columns (bf16: 32 bytes) to stay in one CTA
     (torch.bfloat16, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
     # float stops at 64 bytes (16 columns), and takes no fewer than 16 columns: at D = 513 a cluster
     (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
@@ -483,10 +483,11 @@ _STRIDED_RULES = [
 @pytest.mark.parametrize("dtype,shape,dim,backward,shapes", _STRIDED_RULES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
-    """dispatch.h kStridedSectorBytes and the element backward's streaming: the strided plan takes
-    32-byte lines in one CTA for element forwards, streams element backwards whose tile needs more
-    than one CTA, and narrows the tiles of a D too long for a line's cluster over the largest cluster;
-    each of those plans gives the right result (outputs poisoned first)."""
+    """dispatch.h kStridedMinElementColumns, kStridedSectorBytes and strided_element_stream_fits_l2: the
+    strided plan narrows element forwards to lines of 16 columns in one CTA, streams element backwards
+    whose tile needs more than one CTA while the tiles in flight fit L2, and narrows the tiles of a D
+    too long for a line's cluster over the largest cluster; each of those plans gives the right result
+    (outputs poisoned first)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     if shapes == "l2":  # dispatch.h strided_element_stream_fits_l2, columns = 32 (float's whole line)

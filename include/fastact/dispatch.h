@@ -770,6 +770,13 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = true;
     return s;
   };
+  auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
+    s.columns = int(cols);
+    s.cluster = int(cl);
+    s.threads = int(threads);
+    s.streaming = false;
+    return s;
+  };
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
@@ -796,20 +803,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
            smem_ok(threads_for(c * 2, g_needed), c * 2, 1, false))
       c *= 2;
-    s.columns = int(c);
-    s.threads = int(threads_for(c, g_needed));
-    s.cluster = 1;
-    s.streaming = false;
-    return s;
+    return cached(c, 1, threads_for(c, g_needed));
   }
   if (!clusters_available(p)) return stream();
-  auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
-    s.columns = int(cols);
-    s.cluster = int(cl);
-    s.threads = int(threads);
-    s.streaming = false;
-    return s;
-  };
   for (int t : kStridedRawClusterThreads) {
     if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
     // >= 2 at the first size tried: c * g_needed exceeds the single-CTA cap above
