@@ -464,11 +464,18 @@ _STRIDED_RULES = [
     # float stops at 64 bytes (16 columns), and takes no fewer than 16 columns: at D = 513 a cluster
     (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
     (torch.float32, (2, 513, 1023), 1, False, {(32, 288, 4, "cached")}),
-    # element accesses, backward, a tile beyond one CTA: streamed, whole lines
-    (torch.float32, (2, 257, 1023), 1, True, {(32, 512, 1, "streamed twice")}),
-    (torch.bfloat16, (2, 257, 1023), 1, True, {(64, 512, 1, "streamed twice")}),
-    # ... while the tiles in flight fit L2 (two CTAs an SM; on the H100's 50 MB, D = 1000 keeps its cluster)
-    (torch.float32, (2, 1000, 1023), 1, True, "l2"),
+    # element accesses, backward, a tile beyond one CTA: streamed, each thread ~64 bytes of each array
+    # (strided_element_stream_shape; "stream" computes the shape from the device's SMs and L2)
+    (torch.float32, (2, 257, 1023), 1, True, "stream"),
+    (torch.bfloat16, (2, 257, 1023), 1, True, "stream"),
+    (torch.float32, (2, 513, 1023), 1, True, "stream"),
+    (torch.bfloat16, (2, 513, 1023), 1, True, "stream"),
+    (torch.float32, (2, 1000, 1023), 1, True, "stream"),
+    (torch.bfloat16, (2, 2000, 1023), 1, True, "stream"),
+    (torch.float64, (2, 513, 1023), 1, True, "stream"),
+    (torch.float32, (7, 1600, 13), 1, True, "stream"),
+    # ... where no shape's tiles in flight fit L2 (float D = 2000 on the H100), the cached cluster
+    (torch.float32, (2, 2000, 1023), 1, True, "stream"),
     # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
     # forward of 16384 halves the tile again and the others stream)
     # (a device whose 16-clusters fill it at 1024 threads takes those in the cluster loop first)
@@ -480,20 +487,45 @@ _STRIDED_RULES = [
 ]
 
 
+def _pow2_floor(n):
+    return 1 << (n.bit_length() - 1)
+
+
+def _element_stream_shapes(d, size, line):
+    """dispatch.h strided_element_stream_shape, written again from its comment: the streamed shapes
+    (512 or 1024 threads, columns a power of two from 16, or the line if narrower, to the line) whose
+    tiles in flight fit L2 with every SM full (2048 threads, each ceil(D / G) elements of two arrays);
+    the one whose share is closest to 64 bytes, then columns nearest 32. None fits: the cached plans
+    (any cluster)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    best = None
+    cols = min(16, line)
+    while cols <= line:
+        for threads in (512, 1024):
+            share = -(-d // (threads // cols)) * size
+            if props.multi_processor_count * 2048 * share * 2 > props.L2_cache_size:
+                continue
+            key = (max(share, 64) / min(share, 64), abs(cols.bit_length() - 6))
+            if best is None or key < best[0]:
+                best = (key, (cols, threads, 1, "streamed twice"))
+        cols *= 2
+    if best is None:
+        return {(line, t, c, "cached") for t in range(32, 1025, 32) for c in (2, 4, 8, 16)}
+    return {best[1]}
+
+
 @pytest.mark.parametrize("dtype,shape,dim,backward,shapes", _STRIDED_RULES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
-    """dispatch.h kStridedMinElementColumns, kStridedSectorBytes and strided_element_stream_fits_l2: the
+    """dispatch.h kStridedMinElementColumns, kStridedSectorBytes and strided_element_stream_shape: the
     strided plan narrows element forwards to lines of 16 columns in one CTA, streams element backwards
-    whose tile needs more than one CTA while the tiles in flight fit L2, and narrows the tiles of a D
+    whose tile needs more than one CTA in the shape the L2 rule picks, and narrows the tiles of a D
     too long for a line's cluster over the largest cluster; each of those plans gives the right result
     (outputs poisoned first)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    if shapes == "l2":  # dispatch.h strided_element_stream_fits_l2, columns = 32 (float's whole line)
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        fits = 2 * props.multi_processor_count * 32 * shape[1] * 2 * dtype.itemsize <= props.L2_cache_size
-        shapes = {(32, 512, 1, "streamed twice")} if fits else {(32, 512, 8, "cached")}
+    if shapes == "stream":
+        shapes = _element_stream_shapes(shape[1], dtype.itemsize, min(128 // dtype.itemsize, _pow2_floor(shape[2])))
     x = make_tensor(shape, dtype, "cuda")
     y = torch.softmax(x, dim)
     s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, dim)

@@ -378,6 +378,26 @@ constexpr int kStridedMinRowBytes = 64;
 //   [16384, 4096] f32 / [16384, 8192] bf16, forward 512 x 4 x 16 0.748 / 0.711 against streaming's
 //   0.611 / 0.559; backward 512 x 2 x 16 0.657 / 0.667 against 0.569 / 0.573.
 constexpr int kStridedMinElementColumns = 16;
+// strided backward with element accesses, streamed (strided_element_stream_shape): each thread's share
+// of its column, in bytes of grad_output (and as many of output), that the launch shape aims at; CTAs
+// of kStridedElementStreamThreads. Why (H100, [*, D, 1023] dim 1, forced streaming shapes threads x
+// columns, fraction of the limit; bench/NOTES.md seventeenth session): the best shape's share was
+// 50-88 bytes at every D, ~64 at most, and at equal shares the columns nearer 32 won: float D = 257
+// 512 x 32 (64 bytes) 0.853, 400 1024 x 32 (52) 0.770 against 512 x 16 (52) 0.755, 513 1024 x 32
+// (68) 0.808 against 512 x 16 0.745, 700 1024 x 32 (88) 0.778 against 512 x 16 0.659, 1000 1024 x 16
+// (64) 0.723 against 1024 x 32 (128) 0.562; bf16 257 512 x 64 (66) 0.609, 400 512 x 32 (50) 0.548
+// against 1024 x 64 (50) 0.464, 700 512 x 32 (88) 0.538 against 1024 x 64 0.500, 1000 1024 x 32 (64)
+// 0.523 against 512 x 16 0.485, 2000 1024 x 16 (64) 0.468. The whole line in 512 threads (the rule
+// before) ran float D = 513 at 0.544, 700 at 0.515; at float D = 2000 no shape fits L2 and the cached
+// plan (0.512) beats streaming (1024 x 16, 128 bytes: below 0.47). This rule against the one before,
+// on the H100 (nineteenth session): float D = 400 / 513 / 700 / 1000 / 1400 0.70 / 0.54 / 0.52 / 0.58
+// / 0.48 -> 0.77 / 0.81 / 0.76 / 0.73 / 0.65; bf16 513 / 1000 / 2000 0.50 / 0.35 / 0.40 -> 0.60 / 0.53
+// / 0.47; float64 513 0.53 -> 0.85; float [*, 1600, 13] 0.46 -> 0.70.
+constexpr int kStridedElementStreamBytes = 64;
+constexpr int kStridedElementStreamThreads[] = {512, 1024};
+// Threads an SM holds at most: 2048 on sm_80 and sm_90 (fewer elsewhere, which only makes the L2 check
+// of strided_element_stream_shape stricter).
+constexpr int kSmMaxThreads = 2048;
 constexpr int kStridedSectorBytes = 32;
 // strided forward with raw 16-bit rows (softmax_strided_raw), clusters available: whole lines, CTAs of
 // at most kStridedRawCtaThreads threads, and clusters of the smallest CTAs first
@@ -729,11 +749,54 @@ inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool f
   return false;
 }
 
-// Whether a streamed strided backward of element accesses keeps its tiles in flight in L2: two CTAs
-// of kStridedStreamThreads an SM, dy and y of `columns` columns each (plan_strided streams such a
-// backward rather than split its tile over a cluster; its second read then comes from L2).
-inline bool strided_element_stream_fits_l2(const SoftmaxProblem& p, int64_t columns) {
-  return 2 * int64_t(p.sm_count) * columns * p.dim_size * 2 * p.out_bytes <= p.l2_bytes;
+// The columns of a strided tile's line: a 128-byte line of one D-row (kStridedRowBytes), at most the
+// column vectors of one outer index (so a block's line is contiguous), a power of two.
+inline int64_t strided_line_columns(const SoftmaxProblem& p, int vec) {
+  const int load_bytes = p.backward ? p.out_bytes : p.in_bytes;
+  int64_t c = kStridedRowBytes / (int64_t(vec) * load_bytes);
+  if (c < 1) c = 1;
+  const int64_t c_cap = pow2_floor(p.inner / vec);
+  return c > c_cap ? c_cap : c;
+}
+
+struct StridedStreamShape {
+  int threads = 0;
+  int columns = 0;
+};
+
+// The streamed launch shape of a backward with element accesses whose tile needs more than one CTA
+// (plan_strided), or false where it should not stream. Each thread's share of its column, ceil(D / G)
+// D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
+// kStridedElementStreamBytes bytes of each; of shapes equally close (the same G), the one whose
+// columns are nearest a warp's 32, so that a warp reads one D-row. CTAs of 512 or 1024 threads,
+// columns a power of two from kStridedMinElementColumns (or the whole line, if narrower) to the whole
+// line. Only shapes whose tiles in flight fit L2, every SM full (kSmMaxThreads threads, each its share
+// of both arrays): a tile's second read then comes from there. None fits: false (the plan caches).
+inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, StridedStreamShape* out) {
+  const int64_t target = kStridedElementStreamBytes;
+  int64_t best_hi = 0, best_lo = 1, best_dist = 0;
+  bool found = false;
+  const int64_t narrowest = line < kStridedMinElementColumns ? line : kStridedMinElementColumns;
+  for (int64_t cols = narrowest; cols <= line; cols *= 2) {
+    for (int threads : kStridedElementStreamThreads) {
+      if (cols > threads) continue;
+      const int64_t bytes = ceil_div(p.dim_size, threads / cols) * p.out_bytes;  // a thread's share, one array
+      if (int64_t(p.sm_count) * kSmMaxThreads * bytes * 2 > p.l2_bytes) continue;
+      // Closeness to the target as the ratio hi / lo >= 1; then columns nearest 32 (log2 distance).
+      const int64_t hi = bytes > target ? bytes : target;
+      const int64_t lo = bytes > target ? target : bytes;
+      const int64_t l2c = log2_ceil(cols);
+      const int64_t dist = l2c > 5 ? l2c - 5 : 5 - l2c;
+      if (!found || hi * best_lo < best_hi * lo || (hi * best_lo == best_hi * lo && dist < best_dist)) {
+        found = true;
+        best_hi = hi;
+        best_lo = lo;
+        best_dist = dist;
+        if (out) *out = {threads, int(cols)};
+      }
+    }
+  }
+  return found;
 }
 
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
@@ -746,12 +809,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int load_bytes = p.backward ? p.out_bytes : p.in_bytes;
   const int64_t inner_units = p.inner / s.vec;
   const int64_t total_cols = p.outer * inner_units;
-  // Columns per block: a 128-byte line of one D-row, at most the column vectors of one outer index
-  // (so a block's line is contiguous), a power of two.
-  int64_t c = kStridedRowBytes / (int64_t(s.vec) * load_bytes);
-  if (c < 1) c = 1;
-  const int64_t c_cap = pow2_floor(inner_units);
-  if (c > c_cap) c = c_cap;
+  int64_t c = strided_line_columns(p, s.vec);  // columns per block
   const int64_t d = p.dim_size;
   const int64_t g_needed = ceil_div(d, kv);  // D-groups (threads per column) that cache a column
   auto smem_ok = [&](int64_t threads, int64_t cols, int64_t cluster, bool streaming) {
@@ -780,13 +838,17 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
-    // Backwards with element accesses stream rather than split the tile over a cluster while the
-    // tiles in flight (two CTAs of kStridedStreamThreads an SM, dy and y of a whole line) fit L2, so
-    // that a tile's second read comes from there. Why (H100, [*, D, 1023] dim 1, forced shapes,
-    // fraction of the limit, the cached plan -> 512 x whole-line streaming): float D = 257 0.580 ->
-    // 0.853, 400 0.585 -> 0.699, 513 0.536 -> 0.544, 700 0.505 -> 0.515, but 1000 (tiles of 256 KB,
-    // 67 MB in flight) 0.586 -> 0.503; bf16 257 0.358 -> 0.609, 513 0.376 -> 0.490, 700 0.285 -> 0.456.
-    if (elements && p.backward && strided_element_stream_fits_l2(p, c_line)) return stream();
+    // Backwards with element accesses stream rather than split the tile over a cluster where
+    // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
+    // says why).
+    StridedStreamShape e;
+    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e)) {
+      s.columns = e.columns;
+      s.threads = e.threads;
+      s.cluster = 1;
+      s.streaming = true;
+      return s;
+    }
     if (!raw && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
       // down to kStridedMinElementColumns where that is narrower).
@@ -918,6 +980,15 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
   return SoftmaxPlan{};
 }
 
+// Whether strided plan `s` is the streamed element backward of strided_element_stream_shape.
+inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  using namespace softmax_detail;
+  StridedStreamShape e;
+  return s.vec == 1 && p.backward && s.streaming &&
+         strided_element_stream_shape(p, strided_line_columns(p, 1), &e) && e.threads == s.threads &&
+         e.columns == s.columns;
+}
+
 // The dispatcher: the variant for `p`, with its plan and (in plan.why) the reason.
 inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   using namespace softmax_detail;
@@ -926,7 +997,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
     s.why = !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"
-            : s.vec == 1 && p.backward && strided_element_stream_fits_l2(p, s.columns)
+            : strided_element_streams(p, s)
                 ? "the softmax dim is not innermost; a backward of element accesses whose tile needs more "
                   "than one CTA: two reads, the second mostly from L2"
                 : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
