@@ -37,7 +37,7 @@ def softmax_cases(dtype):
               ((2, 513, 33), 1), ((16385, 16), 0)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
-    # streamed in CTAs of 1024 threads); 128-bit: a small CTA,
+    # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit); 128-bit: a small CTA,
     # half a line in 512 threads, a cluster, a partial tile, and dim 0 of a tall matrix (narrow tiles over
     # a cluster of 16)
     for shape, dim in shapes:

@@ -383,7 +383,7 @@ constexpr int kStridedMinElementColumns = 16;
 // of kStridedElementStreamThreads. Why (H100, [*, D, 1023] dim 1, forced streaming shapes threads x
 // columns, fraction of the limit; bench/NOTES.md seventeenth session): the best shape's share was
 // 50-88 bytes at every D, ~64 at most, and at equal shares the columns nearer 32 won: float D = 257
-// 512 x 32 (64 bytes) 0.853, 400 1024 x 32 (52) 0.770 against 512 x 16 (52) 0.755, 513 1024 x 32
+// 512 x 32 (68 bytes) 0.853, 400 1024 x 32 (52) 0.770 against 512 x 16 (52) 0.755, 513 1024 x 32
 // (68) 0.808 against 512 x 16 0.745, 700 1024 x 32 (88) 0.778 against 512 x 16 0.659, 1000 1024 x 16
 // (64) 0.723 against 1024 x 32 (128) 0.562; bf16 257 512 x 64 (66) 0.609, 400 512 x 32 (50) 0.548
 // against 1024 x 64 (50) 0.464, 700 512 x 32 (88) 0.538 against 1024 x 64 0.500, 1000 1024 x 32 (64)
@@ -767,8 +767,9 @@ struct StridedStreamShape {
 // The streamed launch shape of a backward with element accesses whose tile needs more than one CTA
 // (plan_strided), or false where it should not stream. Each thread's share of its column, ceil(D / G)
 // D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
-// kStridedElementStreamBytes bytes of each; of shapes equally close (the same G), the one whose
-// columns are nearest a warp's 32, so that a warp reads one D-row. CTAs of 512 or 1024 threads,
+// kStridedElementStreamBytes bytes of each; of shapes equally close, the one whose columns are nearest
+// a warp's 32, so that a warp reads one D-row (then the first tried: 512 threads before 1024, narrower
+// columns first). CTAs of 512 or 1024 threads,
 // columns a power of two from kStridedMinElementColumns (or the whole line, if narrower) to the whole
 // line. Only shapes whose tiles in flight fit L2, every SM full (kSmMaxThreads threads, each its share
 // of both arrays): a tile's second read then comes from there. None fits: false (the plan caches).
@@ -821,7 +822,8 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int64_t c_line = c;
   const bool elements = s.vec == 1;
   auto stream = [&] {
-    // Streaming: whole lines (the narrower-line measurements above were all of cached tiles).
+    // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
+    // finds no shape): whole lines in kStridedStreamThreads.
     s.columns = int(c_line);
     s.threads = int(threads_for(c_line, ceil_div(kStridedStreamThreads, c_line)));
     s.cluster = 1;
@@ -877,8 +879,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     if (smem_ok(threads, c, cl, false)) return cached(c, cl, threads);
   }
   // D too long for those: narrower tiles over the largest cluster (kStridedSectorBytes,
-  // kStridedMinElementColumns). Not for element backwards, which stream (H100, bf16 [65, 2000, 1023]
-  // dim 1: 512 x 32 x 16 0.329 of the limit against streaming's 0.397).
+  // kStridedMinElementColumns). Not for element backwards, which stream whole lines here (no shape of
+  // strided_element_stream_shape fits L2; H100, bf16 [65, 2000, 1023] dim 1, before that rule took it:
+  // 512 x 32 x 16 0.329 of the limit against whole-line streaming's 0.397).
   if (elements && p.backward) return stream();
   const int64_t groups = ceil_div(g_needed, cluster_cap(p, kStridedClusterAbove, true));  // per CTA
   int64_t n = c_line;
