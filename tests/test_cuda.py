@@ -464,6 +464,11 @@ _STRIDED_RULES = [
     # float stops at 64 bytes (16 columns), and takes no fewer than 16 columns: at D = 513 a cluster
     (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
     (torch.float32, (2, 513, 1023), 1, False, {(32, 288, 4, "cached")}),
+    # float element forwards of short D widen to 512 threads where the inner holds a whole line
+    # (kStridedMinFloatElementThreads), not below (inner 3: 128 threads, as other short tiles)
+    (torch.float32, (2, 64, 1023), 1, False, {(128, 512, 1, "cached")}),
+    (torch.float32, (2, 100, 49), 1, False, {(64, 448, 1, "cached")}),
+    (torch.float32, (5, 100, 3), 1, False, {(16, 128, 1, "cached")}),
     # element accesses, backward, a tile beyond one CTA: streamed, each thread ~64 bytes of each array
     # (strided_element_stream_shape; "stream" computes the shape from the device's SMs and L2)
     (torch.float32, (2, 257, 1023), 1, True, "stream"),
@@ -525,8 +530,9 @@ def _element_stream_shapes(d, size, line):
 @pytest.mark.parametrize("dtype,shape,dim,backward,shapes", _STRIDED_RULES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
-    """dispatch.h kStridedMinElementColumns, kStridedSectorBytes and strided_element_stream_shape: the
-    strided plan narrows element forwards to lines of 16 columns in one CTA, streams element backwards
+    """dispatch.h kStridedMinElementColumns, kStridedMinFloatElementThreads, kStridedSectorBytes and
+    strided_element_stream_shape: the strided plan narrows element forwards to lines of 16 columns in one
+    CTA, widens short float element forwards to 512 threads, streams element backwards
     whose tile needs more than one CTA in the shape the L2 rule picks, and narrows the tiles of a D
     too long for a line's cluster over the largest cluster; each of those plans gives the right result
     (outputs poisoned first)."""

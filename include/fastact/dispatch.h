@@ -348,6 +348,16 @@ constexpr int kStridedMaxThreads = 1024;
 // strided: for short D, widen the tile (more columns) until a block has this many threads.
 // Why: tiny blocks cap the resident threads per SM at 32 blocks x 32 threads.
 constexpr int kStridedMinThreads = 128;
+// strided forward of 4-byte inputs in element accesses, short D, inner of at least a whole 128-byte
+// line: widen to this many threads instead. Why (H100, f32 [*, D, 1023] and [*, D, 49] dim 1, forced
+// shapes, fraction of the limit, each on three allocations of the tensor; bench/NOTES.md nineteenth
+// session): one 128-byte line a D-row in small CTAs ran at 0.63-0.78 (inner 1023, D = 32 / 48 / 64 /
+// 128: 128 x 64 0.78, 96 x 32 0.69, 128 x 32 0.68, 256 x 32 0.68) or between 0.69 and 0.89 with where
+// the tensor lay (D = 100, 224 x 32); widened to 512 threads (2-16 lines a D-row) 0.87-0.95 on every
+// allocation (512 x 256 0.94, 384 x 128 0.89, 512 x 128 0.92, 512 x 64 0.90, D = 100 448 x 64 0.87);
+// inner 49 0.62-0.86 -> 0.81-0.95. Not for narrower inners: inner 3 lost (D = 100 0.78-0.84 -> 0.39)
+// and inner 13 was mixed (D = 32 0.87 -> 0.81, D = 128 0.67 -> 0.82).
+constexpr int kStridedMinFloatElementThreads = 512;
 // strided, D too long to cache: threads per block of the streaming (two-read) mode.
 constexpr int kStridedStreamThreads = 512;
 // strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
@@ -863,8 +873,13 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     }
   }
   if (c * g_needed <= (raw ? kStridedRawCtaThreads : single_cap)) {
-    // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads.
-    while (c * 2 * g_needed <= kStridedMinThreads && c * 2 <= pow2_ceil(total_cols) &&
+    // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads
+    // (kStridedMinFloatElementThreads for forwards of 4-byte inputs in element accesses whose outer
+    // index holds a whole line).
+    const bool float_elements = elements && !p.backward && load_bytes == 4 && p.acc_bytes == 4 &&
+                                c_line * load_bytes == kStridedRowBytes;
+    const int64_t min_threads = float_elements ? kStridedMinFloatElementThreads : kStridedMinThreads;
+    while (c * 2 * g_needed <= min_threads && c * 2 <= pow2_ceil(total_cols) &&
            smem_ok(threads_for(c * 2, g_needed), c * 2, 1, false))
       c *= 2;
     return cached(c, 1, threads_for(c, g_needed));
