@@ -355,8 +355,8 @@ constexpr int kStridedMinThreads = 128;
 // 128: 128 x 64 0.78, 96 x 32 0.69, 128 x 32 0.68, 256 x 32 0.68) or between 0.69 and 0.89 with where
 // the tensor lay (D = 100, 224 x 32); widened to 512 threads (2-16 lines a D-row) 0.87-0.95 on every
 // allocation (512 x 256 0.94, 384 x 128 0.89, 512 x 128 0.92, 512 x 64 0.90, D = 100 448 x 64 0.87);
-// inner 49 0.62-0.86 -> 0.81-0.95. Not for narrower inners: inner 3 lost (D = 100 0.78-0.84 -> 0.39)
-// and inner 13 was mixed (D = 32 0.87 -> 0.81, D = 128 0.67 -> 0.82).
+// inner 49 0.62-0.86 -> 0.65-0.95 (0.65: one allocation at D = 128). Not for narrower inners: inner 3
+// lost (D = 100 0.78-0.84 -> 0.39) and inner 13 was mixed (D = 32 0.87 -> 0.81, D = 128 0.67 -> 0.82).
 constexpr int kStridedMinFloatElementThreads = 512;
 // strided, D too long to cache: threads per block of the streaming (two-read) mode.
 constexpr int kStridedStreamThreads = 512;
