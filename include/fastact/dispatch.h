@@ -779,10 +779,10 @@ struct StridedStreamShape {
 // D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
 // kStridedElementStreamBytes bytes of each; of shapes equally close, the one whose columns are nearest
 // a warp's 32, so that a warp reads one D-row (then the first tried: 512 threads before 1024, narrower
-// columns first). CTAs of 512 or 1024 threads,
-// columns a power of two from kStridedMinElementColumns (or the whole line, if narrower) to the whole
-// line. Only shapes whose tiles in flight fit L2, every SM full (kSmMaxThreads threads, each its share
-// of both arrays): a tile's second read then comes from there. None fits: false (the plan caches).
+// columns first). CTAs of 512 or 1024 threads, columns a power of two from kStridedMinElementColumns
+// (or the whole line, if narrower) to the whole line. Only shapes whose tiles in flight fit L2, every
+// SM full (kSmMaxThreads threads, each its share of both arrays): a tile's second read then comes from
+// there. None fits: false (the plan caches).
 inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, StridedStreamShape* out) {
   const int64_t target = kStridedElementStreamBytes;
   int64_t best_hi = 0, best_lo = 1, best_dist = 0;
@@ -831,15 +831,16 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
   const int64_t c_line = c;
   const bool elements = s.vec == 1;
-  auto stream = [&] {
-    // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
-    // finds no shape): whole lines in kStridedStreamThreads.
-    s.columns = int(c_line);
-    s.threads = int(threads_for(c_line, ceil_div(kStridedStreamThreads, c_line)));
+  auto streamed = [&](int64_t cols, int64_t threads) {
+    s.columns = int(cols);
+    s.threads = int(threads);
     s.cluster = 1;
     s.streaming = true;
     return s;
   };
+  // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
+  // finds no shape): whole lines in kStridedStreamThreads.
+  auto stream = [&] { return streamed(c_line, threads_for(c_line, ceil_div(kStridedStreamThreads, c_line))); };
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
     s.columns = int(cols);
     s.cluster = int(cl);
@@ -854,13 +855,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
     // says why).
     StridedStreamShape e;
-    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e)) {
-      s.columns = e.columns;
-      s.threads = e.threads;
-      s.cluster = 1;
-      s.streaming = true;
-      return s;
-    }
+    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e)) return streamed(e.columns, e.threads);
     if (!raw && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
       // down to kStridedMinElementColumns where that is narrower).
