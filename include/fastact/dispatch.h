@@ -358,7 +358,12 @@ constexpr int kStridedMinThreads = 128;
 // inner 49 0.62-0.86 -> 0.65-0.95 (0.65: one allocation at D = 128). Not for narrower inners: inner 3
 // lost (D = 100 0.78-0.84 -> 0.39) and inner 13 was mixed (D = 32 0.87 -> 0.81, D = 128 0.67 -> 0.82).
 constexpr int kStridedMinFloatElementThreads = 512;
-// strided, D too long to cache: threads per block of the streaming (two-read) mode.
+// strided, D too long to cache: threads per block of the streaming (two-read) mode. With clusters, a
+// streamed launch whose CTAs (one a tile) would hold fewer threads than the device does
+// (sm_count x kSmMaxThreads) splits each tile's D over a cluster: the smallest that fills the device, at
+// most cluster_cap (strided_stream_cluster). Why (H100, f32 [65536, 1024] dim 0: 32 tiles of 512
+// threads, forced shapes, fraction of the limit; bench/NOTES.md twentieth session): forward 0.31 ->
+// 0.57 at cluster 16 (the best shape tried, 256 x 8 x 8, 0.58), backward 0.45 -> 0.54 (best 0.57).
 constexpr int kStridedStreamThreads = 512;
 // strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
 // Why: as kVecMaxThreadsWithClusters (two CTAs per SM overlap each other's reductions).
@@ -403,6 +408,11 @@ constexpr int kStridedMinElementColumns = 16;
 // on the H100 (nineteenth session): float D = 400 / 513 / 700 / 1000 / 1400 0.70 / 0.54 / 0.52 / 0.58
 // / 0.48 -> 0.77 / 0.81 / 0.76 / 0.73 / 0.65; bf16 513 / 1000 / 2000 0.50 / 0.35 / 0.40 -> 0.60 / 0.53
 // / 0.47; float64 513 0.53 -> 0.85; float [*, 1600, 13] 0.46 -> 0.70.
+// With clusters the same share may also come from splitting D over a cluster (each CTA streams its
+// slice): shapes without a cluster first, so a cluster is taken only where it comes strictly closer
+// to the target or to 32 columns. H100, twentieth session: float [46, 1400, 1023] 1024 x 16 x 1 (88
+// bytes, 0.64) -> 512 x 32 x 4 (88 bytes, 0.72); bf16 [65, 2000, 1023] 1024 x 16 x 1 (126 bytes, 0.47)
+// -> 512 x 32 x 4 (64 bytes, 0.56).
 constexpr int kStridedElementStreamBytes = 64;
 constexpr int kStridedElementStreamThreads[] = {512, 1024};
 // Threads an SM holds at most: 2048 on sm_80 and sm_90 (fewer elsewhere, which only makes the L2 check
@@ -772,42 +782,66 @@ inline int64_t strided_line_columns(const SoftmaxProblem& p, int vec) {
 struct StridedStreamShape {
   int threads = 0;
   int columns = 0;
+  int cluster = 1;
 };
 
 // The streamed launch shape of a backward with element accesses whose tile needs more than one CTA
 // (plan_strided), or false where it should not stream. Each thread's share of its column, ceil(D / G)
 // D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
 // kStridedElementStreamBytes bytes of each; of shapes equally close, the one whose columns are nearest
-// a warp's 32, so that a warp reads one D-row (then the first tried: 512 threads before 1024, narrower
-// columns first). CTAs of 512 or 1024 threads, columns a power of two from kStridedMinElementColumns
-// (or the whole line, if narrower) to the whole line. Only shapes whose tiles in flight fit L2, every
-// SM full (kSmMaxThreads threads, each its share of both arrays): a tile's second read then comes from
-// there. None fits: false (the plan caches).
+// a warp's 32, so that a warp reads one D-row; then the first tried. The order tried: without a
+// cluster, narrower columns first, 512 threads before 1024 at each; then, where clusters exist, D split
+// over a cluster of 2 up to cluster_cap CTAs (a thread's share is then ceil(D / (G x cluster))
+// D-rows), CTAs of 512 threads before 1024, smaller clusters first. So a cluster is taken only where it
+// comes strictly closer, and of equal cluster shapes the smaller CTAs. CTAs of 512 or 1024 threads,
+// columns a power of two from kStridedMinElementColumns (or the whole line, if narrower) to the whole
+// line. Only shapes whose tiles in flight fit L2, every SM full (kSmMaxThreads threads, each its share
+// of both arrays): a tile's second read then comes from there. None fits: false (the plan caches).
 inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, StridedStreamShape* out) {
   const int64_t target = kStridedElementStreamBytes;
   int64_t best_hi = 0, best_lo = 1, best_dist = 0;
   bool found = false;
   const int64_t narrowest = line < kStridedMinElementColumns ? line : kStridedMinElementColumns;
-  for (int64_t cols = narrowest; cols <= line; cols *= 2) {
-    for (int threads : kStridedElementStreamThreads) {
-      if (cols > threads) continue;
-      const int64_t bytes = ceil_div(p.dim_size, threads / cols) * p.out_bytes;  // a thread's share, one array
-      if (int64_t(p.sm_count) * kSmMaxThreads * bytes * 2 > p.l2_bytes) continue;
-      // Closeness to the target as the ratio hi / lo >= 1; then columns nearest 32 (log2 distance).
-      const int64_t hi = bytes > target ? bytes : target;
-      const int64_t lo = bytes > target ? target : bytes;
-      const int64_t l2c = log2_ceil(cols);
-      const int64_t dist = l2c > 5 ? l2c - 5 : 5 - l2c;
-      if (!found || hi * best_lo < best_hi * lo || (hi * best_lo == best_hi * lo && dist < best_dist)) {
-        found = true;
-        best_hi = hi;
-        best_lo = lo;
-        best_dist = dist;
-        if (out) *out = {threads, int(cols)};
-      }
+  auto consider = [&](int cl, int64_t cols, int threads) {
+    if (cols > threads) return;
+    const int64_t groups = int64_t(threads / cols) * cl;  // D-groups over the cluster
+    if (cl > 1 && groups > p.dim_size) return;           // threads without a D-row
+    const int64_t bytes = ceil_div(p.dim_size, groups) * p.out_bytes;  // a thread's share, one array
+    if (int64_t(p.sm_count) * kSmMaxThreads * bytes * 2 > p.l2_bytes) return;
+    // Closeness to the target as the ratio hi / lo >= 1; then columns nearest 32 (log2 distance).
+    const int64_t hi = bytes > target ? bytes : target;
+    const int64_t lo = bytes > target ? target : bytes;
+    const int64_t l2c = log2_ceil(cols);
+    const int64_t dist = l2c > 5 ? l2c - 5 : 5 - l2c;
+    if (!found || hi * best_lo < best_hi * lo || (hi * best_lo == best_hi * lo && dist < best_dist)) {
+      found = true;
+      best_hi = hi;
+      best_lo = lo;
+      best_dist = dist;
+      if (out) *out = {threads, int(cols), cl};
     }
+  };
+  for (int64_t cols = narrowest; cols <= line; cols *= 2)
+    for (int threads : kStridedElementStreamThreads) consider(1, cols, threads);
+  if (clusters_available(p)) {
+    for (int threads : kStridedElementStreamThreads)
+      for (int cl = 2; cl <= cluster_cap(p, threads, false); cl *= 2)
+        for (int64_t cols = narrowest; cols <= line; cols *= 2) consider(cl, cols, threads);
   }
   return found;
+}
+
+// The cluster of a streamed launch of `tiles` tiles in CTAs of `threads` (kStridedStreamThreads says
+// why): 1 where the CTAs fill the device, else the smallest power of two that does, at most
+// cluster_cap and at most what leaves every CTA of the cluster a D-row a thread.
+inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_t threads, int64_t cols) {
+  if (!clusters_available(p)) return 1;
+  const int64_t device = int64_t(p.sm_count) * kSmMaxThreads;
+  const int64_t groups = threads / cols;
+  const int cap = cluster_cap(p, int(threads), false);
+  int cl = 1;
+  while (cl < cap && tiles * threads * cl < device && int64_t(cl) * 2 * groups <= p.dim_size) cl *= 2;
+  return cl;
 }
 
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
@@ -831,16 +865,22 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const int single_cap = clusters_available(p) ? kStridedClusterAbove : kStridedMaxThreads;
   const int64_t c_line = c;
   const bool elements = s.vec == 1;
-  auto streamed = [&](int64_t cols, int64_t threads) {
+  auto streamed = [&](int64_t cols, int64_t threads, int cl) {
     s.columns = int(cols);
     s.threads = int(threads);
-    s.cluster = 1;
+    s.cluster = cl;
     s.streaming = true;
     return s;
   };
   // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
-  // finds no shape): whole lines in kStridedStreamThreads.
-  auto stream = [&] { return streamed(c_line, threads_for(c_line, ceil_div(kStridedStreamThreads, c_line))); };
+  // finds no shape): whole lines in kStridedStreamThreads, over a cluster where the tiles alone leave
+  // the device short of threads (strided_stream_cluster).
+  auto stream = [&] {
+    const int64_t threads = threads_for(c_line, ceil_div(kStridedStreamThreads, c_line));
+    int cl = strided_stream_cluster(p, ceil_div(total_cols, c_line), threads, c_line);
+    while (cl > 1 && !smem_ok(threads, c_line, cl, true)) cl /= 2;
+    return streamed(c_line, threads, cl);
+  };
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
     s.columns = int(cols);
     s.cluster = int(cl);
@@ -855,7 +895,9 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
     // says why).
     StridedStreamShape e;
-    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e)) return streamed(e.columns, e.threads);
+    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e) &&
+        smem_ok(e.threads, e.columns, e.cluster, true))
+      return streamed(e.columns, e.threads, e.cluster);
     if (!raw && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
       // down to kStridedMinElementColumns where that is narrower).
@@ -999,7 +1041,7 @@ inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& 
   StridedStreamShape e;
   return s.vec == 1 && p.backward && s.streaming &&
          strided_element_stream_shape(p, strided_line_columns(p, 1), &e) && e.threads == s.threads &&
-         e.columns == s.columns;
+         e.columns == s.columns && e.cluster == s.cluster;
 }
 
 // The dispatcher: the variant for `p`, with its plan and (in plan.why) the reason.

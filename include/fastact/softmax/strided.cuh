@@ -15,8 +15,10 @@
 //     within a warp, shared memory across warps, partials pushed into every CTA of a cluster), as in
 //     the row kernels: in float one exchange of (max, sum) pairs (strided_pair_forward), in float64 a
 //     max and then a sum (strided_cached_forward).
-//   streaming mode (kStreaming = true; D too long to cache; cluster == 1): an online (max, sum)
-//     pass down the column, then the write pass: two reads.
+//   streaming mode (kStreaming = true; D too long to cache): the CTA of cluster rank r streams its
+//     slice of D-rows [r * S, (r + 1) * S), S = ceil(D / cluster) (strided_slice; all of D without a
+//     cluster): an online (max, sum) pass (the backward: the dot), the exchange, then the write pass
+//     over the same slice. Two reads, the second mostly from L2 while the slices in flight fit it.
 // One tile per CTA (or per cluster).
 #pragma once
 
@@ -61,6 +63,20 @@ FASTACT_DEVICE StridedThread strided_thread(int columns, int cluster, int rows_p
 // a power of two (the host checks).
 FASTACT_DEVICE int64_t strided_tile(int64_t first_tile, int cluster) {
   return first_tile + (blockIdx.x >> (__ffs(cluster) - 1));
+}
+
+// The D-rows [lo, hi) that this CTA streams (streaming mode): its cluster rank's slice of
+// ceil(D / cluster) rows; empty where the thread's column does not exist.
+struct StridedSlice {
+  int64_t lo, hi;
+};
+
+FASTACT_DEVICE StridedSlice strided_slice(const StridedThread& t, bool column_ok, int64_t dim, int cluster) {
+  if (!column_ok) return {0, 0};
+  const int64_t per = (dim + cluster - 1) / cluster;
+  const int64_t lo = int64_t(t.rank) * per;
+  const int64_t hi = lo + per;
+  return {lo < dim ? lo : dim, hi < dim ? hi : dim};
 }
 
 // Where this thread's column vector of tile `tile` starts.
@@ -240,7 +256,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   constexpr int kRows = F::kRows;
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  exchange_init(column_scratch<A>(smem_raw).bar, kStreaming ? 1 : cluster);
+  exchange_init(column_scratch<A>(smem_raw).bar, cluster);
   const StridedThread t = strided_thread(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const in_t* xc = x + col.base;
@@ -263,13 +279,15 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
                                                              column_scratch<A>(smem_raw), round, t.C, cluster);
     }
   } else {
-    // Streaming: D-rows g, g + G, ... in batches of kU; masked rows are -inf (exp(-inf) adds 0).
+    // Streaming: the slice's D-rows lo + g, lo + g + G, ... in batches of kU; masked rows are -inf
+    // (exp(-inf) adds 0).
     const int64_t step = int64_t(t.G) * inner;
-    const int64_t dim_rows = col.ok ? dim : 0;
+    const StridedSlice sl = strided_slice(t, col.ok, dim, cluster);
+    const int64_t dim_rows = sl.hi;
     P st[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
-    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
       const in_t* xp = xc + d * inner;
       A v[kVec][kU];
 #pragma unroll
@@ -287,11 +305,11 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
 #pragma unroll
       for (int k = 0; k < kVec; ++k) online_update(st[k], v[k]);
     }
-    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, cluster);
     A cst[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) cst[k] = epi.row_constant(st[k].sum);
-    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
       const in_t* xp = xc + d * inner;
       out_t* yp = yc + d * inner;
       AlignedVector<in_t, kVec> in[kU];
@@ -324,7 +342,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ColumnScratch<A> smem = column_scratch<A>(smem_raw);
-  exchange_init(smem.bar, kStreaming ? 1 : cluster);
+  exchange_init(smem.bar, cluster);
   const StridedThread t = strided_thread(columns, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const out_t* dyc = grad_output + col.base;
@@ -370,8 +388,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
     }
   } else {
     const int64_t step = int64_t(t.G) * inner;
-    const int64_t dim_rows = col.ok ? dim : 0;
-    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+    const StridedSlice sl = strided_slice(t, col.ok, dim, cluster);
+    const int64_t dim_rows = sl.hi;
+    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
       const int64_t off = d * inner;
       AlignedVector<out_t, kVec> dy[kU], yv[kU];
 #pragma unroll
@@ -392,8 +411,8 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
         }
       }
     }
-    column_allreduce(dot, SumOp<A>(), smem, round, t.C, 1);
-    for (int64_t d = t.g; d < dim_rows; d += int64_t(t.G) * kU) {
+    column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
+    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
       const int64_t off = d * inner;
       AlignedVector<out_t, kVec> dy[kU], yv[kU];
 #pragma unroll
@@ -443,7 +462,6 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   using A = acc_t<out_t>;
   using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
   constexpr int kRows = F::kRows;
-  if (streaming) cluster = 1;
   const auto smem =
       size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, streaming ? sizeof(MaxSum<A>) : F::kValueBytes));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
@@ -451,7 +469,7 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
   if (streaming)
     return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true>>(
-        ntiles, threads, smem, 1, stream, x, y, outer, dim, inner, columns, 1, Epi{});
+        ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
   return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false>>(
       ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
 }
@@ -461,14 +479,13 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
                              int threads, int columns, int cluster, bool streaming, cudaStream_t stream) {
   using A = acc_t<out_t>;
   constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(acc_t<out_t>));
-  if (streaming) cluster = 1;
   const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, sizeof(A)));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
   if (streaming)
     return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true>>(
-        ntiles, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, 1, Epi{});
+        ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
   return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false>>(
       ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
 }
