@@ -361,9 +361,12 @@ constexpr int kStridedMinFloatElementThreads = 512;
 // strided, D too long to cache: threads per block of the streaming (two-read) mode. With clusters, a
 // streamed launch whose CTAs (one a tile) would hold fewer threads than the device does
 // (sm_count x kSmMaxThreads) splits each tile's D over a cluster: the smallest that fills the device, at
-// most cluster_cap (strided_stream_cluster). Why (H100, f32 [65536, 1024] dim 0: 32 tiles of 512
-// threads, forced shapes, fraction of the limit; bench/NOTES.md twentieth session): forward 0.31 ->
-// 0.57 at cluster 16 (the best shape tried, 256 x 8 x 8, 0.58), backward 0.45 -> 0.54 (best 0.57).
+// most cluster_cap (strided_stream_cluster; 8 at 512 threads on the H100). Why (H100, dim 0 of tall
+// matrices, 8-32 tiles, each plan forced on the same tensors, two allocations, fraction of the limit;
+// bench/NOTES.md twentieth session): f32 [65536, 1024] forward 0.32 -> 0.47-0.52, backward 0.47 ->
+// 0.54; bf16 [65536, 2048] 0.17 -> 0.41-0.44 / 0.43 -> 0.53; f32 [262144, 256] 0.09 -> 0.48 / 0.17
+// -> 0.57. Where the tiles already half fill the device (f32 [8, 40000, 1024] dim 1, 256 tiles:
+// cluster 4) within 2% of no cluster.
 constexpr int kStridedStreamThreads = 512;
 // strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
 // Why: as kVecMaxThreadsWithClusters (two CTAs per SM overlap each other's reductions).
@@ -410,9 +413,12 @@ constexpr int kStridedMinElementColumns = 16;
 // / 0.47; float64 513 0.53 -> 0.85; float [*, 1600, 13] 0.46 -> 0.70.
 // With clusters the same share may also come from splitting D over a cluster (each CTA streams its
 // slice): shapes without a cluster first, so a cluster is taken only where it comes strictly closer
-// to the target or to 32 columns. H100, twentieth session: float [46, 1400, 1023] 1024 x 16 x 1 (88
-// bytes, 0.64) -> 512 x 32 x 4 (88 bytes, 0.72); bf16 [65, 2000, 1023] 1024 x 16 x 1 (126 bytes, 0.47)
-// -> 512 x 32 x 4 (64 bytes, 0.56).
+// to the target or to 32 columns. H100, twentieth session, each plan forced on the same tensors, two
+// allocations: float [65, 1000, 1023] 1024 x 16 x 1 (64 bytes, 0.72) -> 512 x 32 x 4 (64 bytes,
+// 0.77-0.78); [46, 1400, 1023] 1024 x 16 x 1 (88 bytes, 0.65) -> 512 x 32 x 4 (88 bytes, 0.73); [33,
+// 2000, 1023], cached before (no shape without a cluster fits L2), 512 x 32 x 16 cached 0.53 -> 512 x
+// 32 x 8 0.72-0.73; bf16 [65, 2000, 1023] 1024 x 16 x 1 (126 bytes, 0.48) -> 512 x 32 x 4 (64 bytes,
+// 0.51-0.57); float64 [21, 1500, 1023] cached 0.71-0.78 -> 512 x 16 x 8 0.75.
 constexpr int kStridedElementStreamBytes = 64;
 constexpr int kStridedElementStreamThreads[] = {512, 1024};
 // Threads an SM holds at most: 2048 on sm_80 and sm_90 (fewer elsewhere, which only makes the L2 check
