@@ -484,24 +484,25 @@ _STRIDED_RULES = [
     (torch.float32, (2, 2000, 1023), 1, True, "stream"),
     (torch.float64, (2, 1500, 1023), 1, True, "stream"),
     # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
-    # forward of 16384 halves the tile again and the others stream, over a cluster: 2 tiles)
+    # forward of 16384 halves the tile again and the others, 2 tiles, take the split mode)
     # (a device whose 16-clusters fill it at 1024 threads takes those in the cluster loop first)
     (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached"), (8, 1024, 16, "cached")}),
-    (torch.float32, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 8, "streamed twice")}),
+    (torch.float32, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "split")}),
     (torch.bfloat16, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
-    (torch.bfloat16, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 8, "streamed twice")}),
-    (torch.float32, (16385, 64), 0, False, {(2, 288, 16, "cached"), (8, 512, 8, "streamed twice")}),
-    # D too long for any cached tile, and too few tiles to fill the device: streamed over a cluster
-    # (strided_stream_cluster; 16 where the device runs 16-clusters of 512 threads, else 8)
-    (torch.float32, (65536, 64), 0, False, {(8, 512, 16, "streamed twice"), (8, 512, 8, "streamed twice")}),
-    (torch.float32, (65536, 64), 0, True, {(8, 512, 16, "streamed twice"), (8, 512, 8, "streamed twice")}),
-    (torch.bfloat16, (65536, 64), 0, False, {(8, 512, 16, "streamed twice"), (8, 512, 8, "streamed twice")}),
-    (torch.bfloat16, (65536, 64), 0, True, {(8, 512, 16, "streamed twice"), (8, 512, 8, "streamed twice")}),
-    (torch.float64, (65536, 64), 0, True, {(8, 512, 16, "streamed twice"), (8, 512, 8, "streamed twice")}),
-    # ... element accesses too (inner 3: a line of 2 columns, D-rows split over the cluster)
-    (torch.float32, (100000, 3), 0, False, {(2, 512, 16, "streamed twice"), (2, 512, 8, "streamed twice"),
-                                            (2, 800, 16, "cached")}),
-    (torch.bfloat16, (65536, 33), 0, False, {(32, 512, 16, "streamed twice"), (32, 512, 8, "streamed twice")}),
+    (torch.bfloat16, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "split")}),
+    (torch.float32, (16385, 64), 0, False, {(2, 288, 16, "cached"), (8, 512, 1, "split")}),
+    # D too long for any cached tile, and too few tiles to fill the device even over a cluster: the split
+    # mode (chunks of D, a CTA each, partials through the workspace)
+    (torch.float32, (65536, 64), 0, False, {(8, 512, 1, "split")}),
+    (torch.float32, (65536, 64), 0, True, {(8, 512, 1, "split")}),
+    (torch.bfloat16, (65536, 64), 0, False, {(8, 512, 1, "split")}),
+    (torch.bfloat16, (65536, 64), 0, True, {(8, 512, 1, "split")}),
+    (torch.float64, (65536, 64), 0, True, {(8, 512, 1, "split")}),
+    (torch.float32, (4, 65536, 8), 1, True, {(2, 512, 1, "split")}),  # tiles over 4 outer indices
+    # ... element accesses too (inner 3: a line of 2 columns; inner 33: a partial second tile)
+    (torch.float32, (100000, 3), 0, False, {(2, 512, 1, "split"), (2, 800, 16, "cached")}),
+    (torch.bfloat16, (65536, 33), 0, False, {(32, 512, 1, "split")}),
+    (torch.float32, (65536, 33), 0, True, {(32, 512, 1, "split")}),
 ]
 
 
@@ -576,9 +577,11 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
     x = make_tensor(shape, dtype, "cuda")
     y = torch.softmax(x, dim)
     s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, dim)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), (cached|streamed twice)", s)
-    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)) in shapes, s
-    if backward and m.group(4) == "streamed twice" and "element accesses" in s:
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), (cached|streamed twice)"
+                  r"(, \d+ chunks of D)?", s)
+    mode = "split" if m and m.group(5) else m and m.group(4)
+    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), mode) in shapes, s
+    if backward and mode == "streamed twice" and "element accesses" in s:
         assert "the second mostly from L2" in s, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     if not backward:

@@ -368,6 +368,17 @@ constexpr int kStridedMinFloatElementThreads = 512;
 // -> 0.57. Where the tiles already half fill the device (f32 [8, 40000, 1024] dim 1, 256 tiles:
 // cluster 4) within 2% of no cluster.
 constexpr int kStridedStreamThreads = 512;
+// strided, streamed, where even the cluster of strided_stream_cluster leaves the device short of threads
+// (a few tiles of a very long D: dim 0 of [1048576, 64]) and the caller provides a workspace: the split
+// mode, D cut into chunks of at least kStridedSplitMinRows rows a D-group, a CTA each, as many as fill
+// the device kStridedSplitWaves times (strided_split_chunks). Why (H100, twentieth session, each plan
+// forced on the same tensors, two allocations, fraction of the limit): f32 [1048576, 64] dim 0 (2
+// tiles) streamed over a cluster of 8 0.18 -> split 0.45-0.56 forward (256 chunks; 1024: 0.39-0.47,
+// 2048: 0.22), 0.31 -> 0.55 backward; [4194304, 16] 0.10 -> 0.56-0.59; bf16 [1048576, 128] 0.09 -> 0.35-
+// 0.39 (512 chunks; 1024: 0.22); [2000000, 33] (element accesses) 0.05 -> 0.22; f32 [65536, 1024] (32
+// tiles) 0.47-0.52 -> 0.53-0.57 forward, 0.53 -> 0.55 backward; [262144, 256] (8 tiles) 0.47-0.49 ->
+// 0.46-0.56 forward, 0.56-0.57 -> 0.53-0.54 backward. The best counts came to one or two fills of the
+// device: each apply CTA folds all of its tile's partials, so more chunks cost L2 traffic.
 // strided, with clusters available: a tile needing more than 512 threads is split over a cluster.
 // Why: as kVecMaxThreadsWithClusters (two CTAs per SM overlap each other's reductions).
 constexpr int kStridedClusterAbove = 512;
@@ -421,6 +432,8 @@ constexpr int kStridedMinElementColumns = 16;
 // 0.51-0.57); float64 [21, 1500, 1023] cached 0.71-0.78 -> 512 x 16 x 8 0.75.
 constexpr int kStridedElementStreamBytes = 64;
 constexpr int kStridedElementStreamThreads[] = {512, 1024};
+constexpr int kStridedSplitMinRows = 16;
+constexpr int kStridedSplitWaves = 1;
 // Threads an SM holds at most: 2048 on sm_80 and sm_90 (fewer elsewhere, which only makes the L2 check
 // of strided_element_stream_shape stricter).
 constexpr int kSmMaxThreads = 2048;
@@ -496,8 +509,10 @@ struct SoftmaxPlan {
   int threads = 0;         // per block
   int cluster = 1;         // CTAs per row (resident) or per tile (strided); 1: no cluster
   int warp_log2 = 0;       // warp: log2 of the padded row
-  int64_t chunks = 1;      // split: chunks (CTAs) per row; 1: one kernel, a block per row. grid: CTAs per row
+  int64_t chunks = 1;      // split: chunks (CTAs) per row; 1: one kernel, a block per row. grid: CTAs per row.
+                           // strided (streaming): chunks of D per tile, a CTA each; > 1: the split mode
   int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
+  int64_t workspace_bytes = 0;  // strided split mode: bytes of the partials (softmax_workspace_bytes)
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
@@ -837,6 +852,16 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
   return found;
 }
 
+// The chunks of D per tile of the split mode (kStridedStreamThreads says when): enough (tile, chunk)
+// CTAs of `threads` for kStridedSplitWaves device fills, at most one per kStridedSplitMinRows D-rows a
+// D-group; < 2: no split.
+inline int64_t strided_split_chunks(const SoftmaxProblem& p, int64_t tiles, int64_t threads, int64_t cols) {
+  const int64_t device = int64_t(p.sm_count) * kSmMaxThreads;
+  const int64_t want = ceil_div(kStridedSplitWaves * device, tiles * threads);
+  const int64_t most = p.dim_size / (int64_t(kStridedSplitMinRows) * (threads / cols));
+  return want < most ? want : most;
+}
+
 // The cluster of a streamed launch of `tiles` tiles in CTAs of `threads` (kStridedStreamThreads says
 // why): 1 where the CTAs fill the device, else the smallest power of two that does, at most
 // cluster_cap and at most what leaves every CTA of the cluster a D-row a thread.
@@ -881,10 +906,21 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
   // finds no shape): whole lines in kStridedStreamThreads, over a cluster where the tiles alone leave
   // the device short of threads (strided_stream_cluster).
+  // Where even that leaves the device short of threads, the split mode (kStridedSplitMinRows).
   auto stream = [&] {
     const int64_t threads = threads_for(c_line, ceil_div(kStridedStreamThreads, c_line));
-    int cl = strided_stream_cluster(p, ceil_div(total_cols, c_line), threads, c_line);
+    const int64_t tiles = ceil_div(total_cols, c_line);
+    int cl = strided_stream_cluster(p, tiles, threads, c_line);
     while (cl > 1 && !smem_ok(threads, c_line, cl, true)) cl /= 2;
+    if (p.workspace && p.sm_count > 0 && tiles * threads * cl < int64_t(p.sm_count) * kSmMaxThreads) {
+      const int64_t chunks = strided_split_chunks(p, tiles, threads, c_line);
+      if (chunks >= 2 && smem_ok(threads, c_line, 1, true)) {
+        streamed(c_line, threads, 1);
+        s.chunks = chunks;
+        s.workspace_bytes = tiles * chunks * c_line * s.vec * softmax_strided_value_bytes(p.backward, true, p.acc_bytes);
+        return s;
+      }
+    }
     return streamed(c_line, threads, cl);
   };
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
@@ -1061,6 +1097,9 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
             : strided_element_streams(p, s)
                 ? "the softmax dim is not innermost; a backward of element accesses whose tile needs more "
                   "than one CTA: two reads, the second mostly from L2"
+            : s.chunks > 1
+                ? "the softmax dim is not innermost; D too long to cache, and too few tiles of columns to fill "
+                  "the device: D split into chunks, a CTA each, partials through a workspace, two reads"
                 : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
     return s;
   }
@@ -1102,6 +1141,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
 
 // Bytes of the zeroed workspace the launcher needs for `s` on `outer` rows (0: none; grid plans only).
 inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
+  if (s.mode == SoftmaxMode::kStrided) return s.workspace_bytes;
   return s.mode == SoftmaxMode::kGrid ? softmax_grid_workspace(outer, s.chunks).bytes : 0;
 }
 
@@ -1138,8 +1178,13 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                         static_cast<long long>(s.chunks), static_cast<long long>(s.group_rows), s.threads, access);
       break;
     case SoftmaxMode::kStrided:
-      n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, %s, %s]", s.columns,
-                        s.threads, s.cluster, s.streaming ? "streamed twice" : "cached", access);
+      if (s.chunks > 1) {
+        n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, streamed twice, %lld "
+                          "chunks of D, %s]", s.columns, s.threads, s.cluster, static_cast<long long>(s.chunks), access);
+      } else {
+        n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, %s, %s]", s.columns,
+                          s.threads, s.cluster, s.streaming ? "streamed twice" : "cached", access);
+      }
       break;
     case SoftmaxMode::kGrid:
       n = std::snprintf(buf, sizeof(buf),

@@ -19,13 +19,15 @@
 //     slice of D-rows [r * S, (r + 1) * S), S = ceil(D / cluster) (strided_slice; all of D without a
 //     cluster): an online (max, sum) pass (the backward: the dot), the exchange, then the write pass
 //     over the same slice. Two reads, the second mostly from L2 while the slices in flight fit it.
-// One tile per CTA (or per cluster).
+// One tile per CTA (or per cluster); or, in split mode (chunks > 1: too few tiles to fill the device),
+// a CTA per (tile, chunk of D), partials through a workspace, two launches (see the split kernels).
 #pragma once
 
 #include <limits>
 #include <type_traits>
 
 #include "fastact/softmax/common.cuh"
+#include "fastact/softmax/split.cuh"  // SplitPhase
 
 namespace fastact::softmax_impl {
 
@@ -229,6 +231,120 @@ FASTACT_DEVICE void strided_pair_forward(Rows& rows, int nrows, out_t* __restric
   strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, M, f);
 }
 
+// Streaming passes over D-rows [lo, hi) of this thread's column (D-rows lo + g, lo + g + G, ... in
+// batches of kU accesses; step = G * inner): the online (max, sum) of the input per lane (masked rows are
+// -inf: exp(-inf) adds 0) ...
+template <typename A, typename in_t, int kVec, int kU>
+FASTACT_DEVICE void strided_stream_stats(const in_t* __restrict__ xc, int64_t lo, int64_t hi, const StridedThread& t,
+                                         int64_t inner, MaxSum<A> (&st)[kVec]) {
+  const int64_t step = int64_t(t.G) * inner;
+  for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
+    const in_t* xp = xc + d * inner;
+    A v[kVec][kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      A w[kVec];
+      if (d + int64_t(q) * t.G < hi) {
+        to_acc(load_vector<in_t, kVec>(xp + q * step), w);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) w[k] = neg_inf<A>();
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v[k][q] = w[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) online_update(st[k], v[k]);
+  }
+}
+
+// ... and the write pass with the column's (max, row constant) per lane.
+template <typename A, typename in_t, typename out_t, typename Epi, int kVec, int kU>
+FASTACT_DEVICE void strided_stream_write(const in_t* __restrict__ xc, out_t* __restrict__ yc, int64_t lo, int64_t hi,
+                                         const StridedThread& t, int64_t inner, const Epi& epi, const A (&m)[kVec],
+                                         const A (&cst)[kVec]) {
+  const int64_t step = int64_t(t.G) * inner;
+  for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
+    const in_t* xp = xc + d * inner;
+    out_t* yp = yc + d * inner;
+    AlignedVector<in_t, kVec> in[kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) in[q] = load_vector<in_t, kVec>(xp + q * step);
+    }
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) {
+        A o[kVec];
+        to_acc(in[q], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = epi.forward(o[k], m[k], cst[k]);
+        store_vector<out_t, kVec>(yp + q * step, from_acc<out_t>(o));
+      }
+    }
+  }
+}
+
+// The backward's passes: dot[k] += the backward terms of D-rows [lo, hi) ...
+template <typename A, typename out_t, typename Epi, int kVec, int kU>
+FASTACT_DEVICE void strided_stream_dot(const out_t* __restrict__ dyc, const out_t* __restrict__ yc, int64_t lo,
+                                       int64_t hi, const StridedThread& t, int64_t inner, const Epi& epi,
+                                       A (&dot)[kVec]) {
+  const int64_t step = int64_t(t.G) * inner;
+  for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
+    const int64_t off = d * inner;
+    AlignedVector<out_t, kVec> dy[kU], yv[kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) {
+        dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
+        if constexpr (Epi::kTermUsesOutput) yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) {
+        A g[kVec], o[kVec];
+        to_acc(dy[q], g);
+        to_acc(yv[q], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
+      }
+    }
+  }
+}
+
+// ... and the write pass of grad_input with the column's dot.
+template <typename A, typename in_t, typename out_t, typename Epi, int kVec, int kU>
+FASTACT_DEVICE void strided_stream_backward_write(const out_t* __restrict__ dyc, const out_t* __restrict__ yc,
+                                                  in_t* __restrict__ dxc, int64_t lo, int64_t hi,
+                                                  const StridedThread& t, int64_t inner, const Epi& epi,
+                                                  const A (&dot)[kVec]) {
+  const int64_t step = int64_t(t.G) * inner;
+  for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
+    const int64_t off = d * inner;
+    AlignedVector<out_t, kVec> dy[kU], yv[kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) {
+        dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
+        yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) {
+        A g[kVec], o[kVec];
+        to_acc(dy[q], g);
+        to_acc(yv[q], o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot[k]);
+        store_vector<in_t, kVec>(dxc + off + q * step, from_acc<in_t>(g));
+      }
+    }
+  }
+}
+
 // The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (kRaw,
 // softmax_strided_raw), else converted to the accumulation type. In float both run
 // strided_pair_forward (Cache: KeepInput for raw rows, else ForwardCache); float64 rows
@@ -279,55 +395,20 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
                                                              column_scratch<A>(smem_raw), round, t.C, cluster);
     }
   } else {
-    // Streaming: the slice's D-rows lo + g, lo + g + G, ... in batches of kU; masked rows are -inf
-    // (exp(-inf) adds 0).
-    const int64_t step = int64_t(t.G) * inner;
+    // Streaming: an online pass over the slice, the exchange, the write pass.
     const StridedSlice sl = strided_slice(t, col.ok, dim, cluster);
-    const int64_t dim_rows = sl.hi;
     P st[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
-    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
-      const in_t* xp = xc + d * inner;
-      A v[kVec][kU];
-#pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        A w[kVec];
-        if (d + int64_t(q) * t.G < dim_rows) {
-          to_acc(load_vector<in_t, kVec>(xp + q * step), w);
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) w[k] = neg_inf<A>();
-        }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) v[k][q] = w[k];
-      }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) online_update(st[k], v[k]);
-    }
+    strided_stream_stats<A, in_t, kVec, kU>(xc, sl.lo, sl.hi, t, inner, st);
     column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, cluster);
-    A cst[kVec];
+    A m[kVec], cst[kVec];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) cst[k] = epi.row_constant(st[k].sum);
-    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
-      const in_t* xp = xc + d * inner;
-      out_t* yp = yc + d * inner;
-      AlignedVector<in_t, kVec> in[kU];
-#pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) in[q] = load_vector<in_t, kVec>(xp + q * step);
-      }
-#pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) {
-          A o[kVec];
-          to_acc(in[q], o);
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) o[k] = epi.forward(o[k], st[k].max, cst[k]);
-          store_vector<out_t, kVec>(yp + q * step, from_acc<out_t>(o));
-        }
-      }
+    for (int k = 0; k < kVec; ++k) {
+      m[k] = st[k].max;
+      cst[k] = epi.row_constant(st[k].sum);
     }
+    strided_stream_write<A, in_t, out_t, Epi, kVec, kU>(xc, yc, sl.lo, sl.hi, t, inner, epi, m, cst);
   }
 }
 
@@ -387,53 +468,107 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
       }
     }
   } else {
-    const int64_t step = int64_t(t.G) * inner;
     const StridedSlice sl = strided_slice(t, col.ok, dim, cluster);
-    const int64_t dim_rows = sl.hi;
-    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
-      const int64_t off = d * inner;
-      AlignedVector<out_t, kVec> dy[kU], yv[kU];
-#pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) {
-          dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
-          if constexpr (Epi::kTermUsesOutput) yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) {
-          A g[kVec], o[kVec];
-          to_acc(dy[q], g);
-          to_acc(yv[q], o);
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
-        }
-      }
-    }
+    strided_stream_dot<A, out_t, Epi, kVec, kU>(dyc, yc, sl.lo, sl.hi, t, inner, epi, dot);
     column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
-    for (int64_t d = sl.lo + t.g; d < dim_rows; d += int64_t(t.G) * kU) {
-      const int64_t off = d * inner;
-      AlignedVector<out_t, kVec> dy[kU], yv[kU];
+    strided_stream_backward_write<A, in_t, out_t, Epi, kVec, kU>(dyc, yc, dxc, sl.lo, sl.hi, t, inner, epi, dot);
+  }
+}
+
+// Split mode (a streamed plan with chunks > 1: D too long to cache, and too few tiles to fill the device
+// even over a cluster): D cut into `chunks` chunks, chunk k the D-rows [k * D / chunks, (k + 1) * D /
+// chunks); two kernels over the (tile, chunk) items, item = tile * chunks + k, a CTA each:
+//   kSplitStats: the chunk's partial per column lane, (max, sum) pairs (backward: the dot), block-reduced
+//     over its D-groups and written to the workspace at ws[(item * C + c) * kVec + lane];
+//   kSplitApply: the CTA folds its tile's `chunks` partials (its D-groups take every G-th, then the
+//     column all-reduce: the same order in every CTA of the tile, so all its chunks use the same bits),
+//     then streams its chunk again and writes it. The apply launch runs the items in reverse, so its
+//     first CTAs read what the stats launch read last, while that is still in L2.
+// Two reads of the input (of grad_output and output); the workspace is the caller's
+// (softmax_workspace_bytes). cluster is 1.
+template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_fwd_kernel(
+    const in_t* __restrict__ x, out_t* __restrict__ y, int64_t outer, int64_t dim, int64_t inner, int columns,
+    int64_t chunks, int64_t items, MaxSum<acc_t<out_t>>* __restrict__ ws, Epi epi, int64_t first_item) {
+  using A = acc_t<out_t>;
+  using P = MaxSum<A>;
+  constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const StridedThread t = strided_thread(columns, 1, 0);
+  int64_t item = first_item + blockIdx.x;
+  if constexpr (kPhase == kSplitApply) item = items - 1 - item;
+  const int64_t tile = item / chunks;
+  const int64_t k = item - tile * chunks;
+  const StridedColumn col = strided_column<kVec>(t, tile, outer, dim, inner);
+  const int64_t lo = k * dim / chunks;
+  const int64_t hi = col.ok ? (k + 1) * dim / chunks : lo;
+  int round = 0;
+  P st[kVec];
 #pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) {
-          dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
-          yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
-        }
-      }
+  for (int q = 0; q < kVec; ++q) st[q] = OnlineOp<A>::identity();
+  if constexpr (kPhase == kSplitStats) {
+    strided_stream_stats<A, in_t, kVec, kU>(x + col.base, lo, hi, t, inner, st);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
+    if (t.g == 0 && col.ok) {
 #pragma unroll
-      for (int q = 0; q < kU; ++q) {
-        if (d + int64_t(q) * t.G < dim_rows) {
-          A g[kVec], o[kVec];
-          to_acc(dy[q], g);
-          to_acc(yv[q], o);
+      for (int q = 0; q < kVec; ++q) ws[(item * t.C + t.c) * kVec + q] = st[q];
+    }
+  } else {
+    if (col.ok) {
+      for (int64_t j = t.g; j < chunks; j += t.G) {
 #pragma unroll
-          for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot[k]);
-          store_vector<in_t, kVec>(dxc + off + q * step, from_acc<in_t>(g));
-        }
+        for (int q = 0; q < kVec; ++q) st[q] = OnlineOp<A>()(st[q], ws[((tile * chunks + j) * t.C + t.c) * kVec + q]);
       }
     }
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
+    A m[kVec], cst[kVec];
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) {
+      m[q] = st[q].max;
+      cst[q] = epi.row_constant(st[q].sum);
+    }
+    strided_stream_write<A, in_t, out_t, Epi, kVec, kU>(x + col.base, y + col.base, lo, hi, t, inner, epi, m, cst);
+  }
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_bwd_kernel(
+    const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
+    int64_t outer, int64_t dim, int64_t inner, int columns, int64_t chunks, int64_t items,
+    acc_t<out_t>* __restrict__ ws, Epi epi, int64_t first_item) {
+  using A = acc_t<out_t>;
+  constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const StridedThread t = strided_thread(columns, 1, 0);
+  int64_t item = first_item + blockIdx.x;
+  if constexpr (kPhase == kSplitApply) item = items - 1 - item;
+  const int64_t tile = item / chunks;
+  const int64_t k = item - tile * chunks;
+  const StridedColumn col = strided_column<kVec>(t, tile, outer, dim, inner);
+  const int64_t lo = k * dim / chunks;
+  const int64_t hi = col.ok ? (k + 1) * dim / chunks : lo;
+  int round = 0;
+  A dot[kVec];
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) dot[q] = A(0);
+  if constexpr (kPhase == kSplitStats) {
+    strided_stream_dot<A, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base, lo, hi, t, inner, epi,
+                                                 dot);
+    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
+    if (t.g == 0 && col.ok) {
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) ws[(item * t.C + t.c) * kVec + q] = dot[q];
+    }
+  } else {
+    if (col.ok) {
+      for (int64_t j = t.g; j < chunks; j += t.G) {
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) dot[q] += ws[((tile * chunks + j) * t.C + t.c) * kVec + q];
+      }
+    }
+    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
+    strided_stream_backward_write<A, in_t, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base,
+                                                                 grad_input + col.base, lo, hi, t, inner, epi, dot);
   }
 }
 
@@ -488,6 +623,43 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
         ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
   return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false>>(
       ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
+}
+
+
+// The split mode's two launches (chunks > 1; `workspace`: softmax_workspace_bytes of the plan).
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
+                                  int columns, int64_t chunks, void* workspace, cudaStream_t stream) {
+  using A = acc_t<out_t>;
+  const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, 1, sizeof(MaxSum<A>)));
+  const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, kVec, smem);
+  if (ok != cudaSuccess) return ok;
+  if (workspace == nullptr || chunks < 2 || chunks > dim) return cudaErrorInvalidValue;
+  const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
+  auto* ws = static_cast<MaxSum<A>*>(workspace);
+  const cudaError_t err = launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
+      items, threads, smem, 1, stream, x, y, outer, dim, inner, columns, chunks, items, ws, Epi{});
+  if (err != cudaSuccess) return err;
+  return launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitApply>>(
+      items, threads, smem, 1, stream, x, y, outer, dim, inner, columns, chunks, items, ws, Epi{});
+}
+
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t strided_split_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim,
+                                   int64_t inner, int threads, int columns, int64_t chunks, void* workspace,
+                                   cudaStream_t stream) {
+  using A = acc_t<out_t>;
+  const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, 1, sizeof(A)));
+  const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, kVec, smem);
+  if (ok != cudaSuccess) return ok;
+  if (workspace == nullptr || chunks < 2 || chunks > dim) return cudaErrorInvalidValue;
+  const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
+  auto* ws = static_cast<A*>(workspace);
+  const cudaError_t err = launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
+      items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, chunks, items, ws, Epi{});
+  if (err != cudaSuccess) return err;
+  return launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitApply>>(
+      items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, chunks, items, ws, Epi{});
 }
 
 }  // namespace detail
