@@ -45,7 +45,10 @@
 //   strided   inner > 1. Threads along the contiguous inner dim (16-byte vectors of inner when
 //             aligned), several threads splitting D with a shared-memory combine, the tile of
 //             columns cached in registers (one HBM read; on sm_90 a cluster splits long D), or
-//             streamed twice when D is too long to cache. No transposing copy.
+//             streamed twice when D is too long to cache (each tile's D split over a cluster where
+//             the tiles alone leave the device short of threads; where even that does, D cut into
+//             chunks, a CTA each, partials through the caller's workspace: the split mode). No
+//             transposing copy.
 #pragma once
 
 #include <cstdint>
