@@ -40,7 +40,7 @@ def softmax_cases(dtype):
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
     # float and float64 backwards streamed over a cluster of 4); 128-bit: a small CTA, half a line in 512
     # threads, a cluster, a partial tile, dim 0 of a tall matrix (narrow tiles over a cluster of 16), and
-    # dim 0 of 65536 rows (one tile, streamed over a cluster of 16)
+    # dim 0 of 65536 rows (one tile: the split mode, chunks of D through a workspace)
     for shape, dim in shapes:
         for misaligned in (False, True):
             n = torch.Size(shape).numel()

@@ -920,15 +920,19 @@ def test_backward_ops_allocate_only_their_gradients():
     x = make_tensor((4096, 4096), torch.float32, "cuda")
     y = torch.softmax(x, -1)
     g = make_tensor((4096, 4096), torch.float32, "cuda")
-    for name, fn in [
-        ("softmax_backward", lambda: ops.softmax_backward(g, y, -1, torch.float32)),
-        ("log_softmax_backward", lambda: ops.log_softmax_backward(g, y, -1, torch.float32)),
-        ("softmax_backward-strided", lambda: ops.softmax_backward(g, y, 0, torch.float32)),
-        ("gelu_backward", lambda: ops.gelu_backward(g, x, "tanh")),
-        ("sigmoid_backward", lambda: ops.sigmoid_backward(g, y)),
+    # Over dim 0 a device without clusters takes the strided split mode, whose workspace holds one float a
+    # (tile, chunk, column): 4096 columns x chunks x 4 bytes (dispatch.h plan_strided), a small fraction of dx.
+    split = re.search(r"(\d+) chunks of D", fastact.explain("softmax_backward", y, 0))
+    strided_ws = -(-4096 * int(split.group(1)) * 4 // 512) * 512 if split else 0
+    for name, fn, ws in [
+        ("softmax_backward", lambda: ops.softmax_backward(g, y, -1, torch.float32), 0),
+        ("log_softmax_backward", lambda: ops.log_softmax_backward(g, y, -1, torch.float32), 0),
+        ("softmax_backward-strided", lambda: ops.softmax_backward(g, y, 0, torch.float32), strided_ws),
+        ("gelu_backward", lambda: ops.gelu_backward(g, x, "tanh"), 0),
+        ("sigmoid_backward", lambda: ops.sigmoid_backward(g, y), 0),
     ]:
         dx, extra = _extra_peak(fn)
-        assert extra <= _bytes(dx), f"{name}: {extra} bytes allocated for a {_bytes(dx)}-byte gradient"
+        assert extra <= _bytes(dx) + ws, f"{name}: {extra} bytes allocated for a {_bytes(dx)}-byte gradient"
     # fused fp16-input gradient of an fp32 output: written in fp16 directly
     dx, extra = _extra_peak(lambda: ops.softmax_backward(g, y, -1, torch.float16))
     assert dx.dtype == torch.float16 and extra <= _bytes(dx), extra
@@ -1001,6 +1005,33 @@ def _lse_long_row(row):
     chunk = 1 << 28
     parts = torch.stack([torch.logsumexp(row[i : i + chunk].float(), 0) for i in range(0, row.numel(), chunk)])
     return torch.logsumexp(parts, 0)
+
+
+@pytest.mark.huge
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_strided_stream_over_cluster(backward):
+    """dispatch.h strided_stream_cluster with 128-bit accesses: [8, 40000, 1024] dim 1 (f32, 1.3 GB) has
+    256 tiles of a D too long to cache; on the H100 each streams over a cluster of 4 (the device is then
+    full, so no split). The result against float64, outputs poisoned first."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    shape = (8, 40000, 1024)
+    x = make_tensor(shape, torch.float32, "cuda")
+    y = torch.softmax(x, 1)
+    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, 1)
+    m = re.search(r"\[8 column\(s\) x 512 threads per CTA, cluster (\d+), streamed twice, 128-bit", s)
+    assert m and int(m.group(1)) > 1 and "chunks of D" not in s, s
+    poison_allocator("cuda", x.numel() * 4)
+    if not backward:
+        got = fastact.softmax(x, 1)
+        want = torch.softmax(x.double(), 1)
+        del x
+        assert_close(got, want, torch_actual=y, msg=s)
+    else:
+        g = make_tensor(shape, torch.float32, "cuda")
+        del x
+        assert_close(ops.softmax_backward(g, y, 1, torch.float32), softmax_backward_ref(g, y, 1, False),
+                     torch_actual=softmax_backward_torch(g, y, 1, torch.float32, False), msg=s)
 
 
 @pytest.mark.huge

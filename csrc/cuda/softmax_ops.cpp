@@ -4,6 +4,7 @@
 // are instantiated per dtype in softmax_{float,double,half,bf16}.cu.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -50,12 +51,14 @@ SoftmaxPlan plan_for(SoftmaxVariant v, const SoftmaxProblem& p, const char* op) 
 
 int acc_bytes_of(at::ScalarType t) { return t == at::kDouble ? 8 : 4; }
 
-// The zeroed workspace a plan needs (dispatch.h softmax_workspace_bytes; grid plans only), from the
-// caching allocator on the current stream (so CUDA graphs capture its memset); undefined when none.
+// The workspace a plan needs (dispatch.h softmax_workspace_bytes: grid plans, zeroed; strided split
+// plans), from the caching allocator on the current stream (so CUDA graphs capture its memset);
+// undefined when none.
 at::Tensor workspace_for(const SoftmaxPlan& plan, int64_t outer, const at::Tensor& like) {
   const int64_t bytes = softmax_workspace_bytes(plan, outer);
   if (bytes == 0) return at::Tensor();
-  return at::zeros({bytes}, like.options().dtype(at::kByte));
+  const auto options = like.options().dtype(at::kByte);
+  return softmax_workspace_zeroed(plan) ? at::zeros({bytes}, options) : at::empty({bytes}, options);
 }
 
 template <typename in_t, typename out_t>

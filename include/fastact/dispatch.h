@@ -484,8 +484,9 @@ struct SoftmaxProblem {
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
   int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
-  // The caller hands the launcher a zeroed workspace of softmax_workspace_bytes(plan, outer) bytes
-  // (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no grid mode).
+  // The caller hands the launcher a workspace of softmax_workspace_bytes(plan, outer) bytes, zeroed
+  // for grid plans (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no
+  // grid mode, no strided split mode).
   bool workspace = false;
 };
 
@@ -915,7 +916,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     const int64_t tiles = ceil_div(total_cols, c_line);
     int cl = strided_stream_cluster(p, tiles, threads, c_line);
     while (cl > 1 && !smem_ok(threads, c_line, cl, true)) cl /= 2;
-    if (p.workspace && p.sm_count > 0 && tiles * threads * cl < int64_t(p.sm_count) * kSmMaxThreads) {
+    if (p.workspace && p.sm_count > 0 && tiles > 0 && tiles * threads * cl < int64_t(p.sm_count) * kSmMaxThreads) {
       const int64_t chunks = strided_split_chunks(p, tiles, threads, c_line);
       if (chunks >= 2 && smem_ok(threads, c_line, 1, true)) {
         streamed(c_line, threads, 1);
@@ -1142,7 +1143,10 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   return s;
 }
 
-// Bytes of the zeroed workspace the launcher needs for `s` on `outer` rows (0: none; grid plans only).
+// Bytes of the workspace the launcher needs for `s` on `outer` rows (0: none): grid plans (zeroed), and
+// strided split plans (any contents; the size plan_strided computed for the problem's shape, which the
+// launcher checks).
+inline bool softmax_workspace_zeroed(const SoftmaxPlan& s) { return s.mode == SoftmaxMode::kGrid; }
 inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
   if (s.mode == SoftmaxMode::kStrided) return s.workspace_bytes;
   return s.mode == SoftmaxMode::kGrid ? softmax_grid_workspace(outer, s.chunks).bytes : 0;

@@ -13,9 +13,9 @@
 // Returns the first launch error (cudaSuccess if none); cudaErrorInvalidValue / ...Configuration /
 // ...MisalignedAddress for a plan that does not fit the arguments. No allocation, no host sync, no
 // static device state: safe under CUDA graph capture on any stream. `workspace`: for grid plans
-// and strided split plans (softmax_workspace_bytes(plan, outer) > 0), that many bytes, zeroed, on the
-// launch's device, for this launch alone (the torch ops take it from the caching allocator); null for
-// any other plan.
+// and strided split plans (softmax_workspace_bytes(plan, outer) > 0), that many bytes (zeroed for grid
+// plans: softmax_workspace_zeroed) on the launch's device, for this launch alone (the torch ops take it
+// from the caching allocator); null for any other plan.
 //
 // Where each variant lives: warp.cuh (warp), vec.cuh (vec), scalar.cuh (scalar), long_row.cuh
 // (long_row), split.cuh (split), grid.cuh (grid, and long_row beyond a cluster), strided.cuh (strided);
@@ -174,9 +174,11 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
     if (plan.chunks > 1) {  // split mode
       if (!plan.streaming || plan.cluster != 1) return cudaErrorInvalidValue;
       return vec ? strided_split_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, inner, plan.threads,
-                                                                    plan.columns, plan.chunks, workspace, stream)
+                                                                    plan.columns, plan.chunks, workspace,
+                                                                    plan.workspace_bytes, stream)
                  : strided_split_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, inner, plan.threads,
-                                                                   plan.columns, plan.chunks, workspace, stream);
+                                                                   plan.columns, plan.chunks, workspace,
+                                                                    plan.workspace_bytes, stream);
     }
     return vec ? strided_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, inner, plan.threads, plan.columns,
                                                             plan.cluster, plan.streaming, stream)
@@ -243,9 +245,11 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
     if (plan.chunks > 1) {  // split mode
       if (!plan.streaming || plan.cluster != 1) return cudaErrorInvalidValue;
       return vec ? strided_split_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, inner, plan.threads,
-                                                                     plan.columns, plan.chunks, workspace, stream)
+                                                                     plan.columns, plan.chunks, workspace,
+                                                                    plan.workspace_bytes, stream)
                  : strided_split_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, inner, plan.threads,
-                                                                    plan.columns, plan.chunks, workspace, stream);
+                                                                    plan.columns, plan.chunks, workspace,
+                                                                    plan.workspace_bytes, stream);
     }
     return vec ? strided_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, inner, plan.threads,
                                                              plan.columns, plan.cluster, plan.streaming, stream)

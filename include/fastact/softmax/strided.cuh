@@ -486,6 +486,48 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
 //     first CTAs read what the stats launch read last, while that is still in L2.
 // Two reads of the input (of grad_output and output); the workspace is the caller's
 // (softmax_workspace_bytes). cluster is 1.
+// This CTA's (tile, chunk) item of a split launch (the apply launch runs them in reverse), its thread's
+// column, and the chunk's D-rows [lo, hi) (empty where the column does not exist).
+struct StridedChunk {
+  int64_t item, tile, lo, hi;
+  StridedColumn col;
+};
+
+template <int kVec, int kPhase>
+FASTACT_DEVICE StridedChunk strided_split_item(const StridedThread& t, int64_t first_item, int64_t items,
+                                               int64_t chunks, int64_t outer, int64_t dim, int64_t inner) {
+  StridedChunk w;
+  w.item = first_item + blockIdx.x;
+  if constexpr (kPhase == kSplitApply) w.item = items - 1 - w.item;
+  w.tile = w.item / chunks;
+  const int64_t k = w.item - w.tile * chunks;
+  w.col = strided_column<kVec>(t, w.tile, outer, dim, inner);
+  w.lo = k * dim / chunks;
+  w.hi = w.col.ok ? (k + 1) * dim / chunks : w.lo;
+  return w;
+}
+
+// The stats launch: D-group 0 of each existing column writes its lanes' partials of item w.item ...
+template <typename V, int kVec>
+FASTACT_DEVICE void strided_split_store(V* __restrict__ ws, const StridedThread& t, const StridedChunk& w,
+                                        const V (&v)[kVec]) {
+  if (t.g != 0 || !w.col.ok) return;
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) ws[(w.item * t.C + t.c) * kVec + q] = v[q];
+}
+
+// ... and the apply launch: v[q] = op(v[q], the partials of chunks g, g + G, ... of the tile), before the
+// block's column all-reduce.
+template <typename V, int kVec, typename Op>
+FASTACT_DEVICE void strided_split_fold(const V* __restrict__ ws, const StridedThread& t, const StridedChunk& w,
+                                       int64_t chunks, Op op, V (&v)[kVec]) {
+  if (!w.col.ok) return;
+  for (int64_t j = t.g; j < chunks; j += t.G) {
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) v[q] = op(v[q], ws[((w.tile * chunks + j) * t.C + t.c) * kVec + q]);
+  }
+}
+
 template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_fwd_kernel(
     const in_t* __restrict__ x, out_t* __restrict__ y, int64_t outer, int64_t dim, int64_t inner, int columns,
@@ -495,13 +537,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_f
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const StridedThread t = strided_thread(columns, 1, 0);
-  int64_t item = first_item + blockIdx.x;
-  if constexpr (kPhase == kSplitApply) item = items - 1 - item;
-  const int64_t tile = item / chunks;
-  const int64_t k = item - tile * chunks;
-  const StridedColumn col = strided_column<kVec>(t, tile, outer, dim, inner);
-  const int64_t lo = k * dim / chunks;
-  const int64_t hi = col.ok ? (k + 1) * dim / chunks : lo;
+  const StridedChunk w = strided_split_item<kVec, kPhase>(t, first_item, items, chunks, outer, dim, inner);
+  const StridedColumn& col = w.col;
+  const int64_t lo = w.lo, hi = w.hi;
   int round = 0;
   P st[kVec];
 #pragma unroll
@@ -509,17 +547,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_f
   if constexpr (kPhase == kSplitStats) {
     strided_stream_stats<A, in_t, kVec, kU>(x + col.base, lo, hi, t, inner, st);
     column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
-    if (t.g == 0 && col.ok) {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) ws[(item * t.C + t.c) * kVec + q] = st[q];
-    }
+    strided_split_store(ws, t, w, st);
   } else {
-    if (col.ok) {
-      for (int64_t j = t.g; j < chunks; j += t.G) {
-#pragma unroll
-        for (int q = 0; q < kVec; ++q) st[q] = OnlineOp<A>()(st[q], ws[((tile * chunks + j) * t.C + t.c) * kVec + q]);
-      }
-    }
+    strided_split_fold(ws, t, w, chunks, OnlineOp<A>(), st);
     column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
     A m[kVec], cst[kVec];
 #pragma unroll
@@ -540,13 +570,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_b
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const StridedThread t = strided_thread(columns, 1, 0);
-  int64_t item = first_item + blockIdx.x;
-  if constexpr (kPhase == kSplitApply) item = items - 1 - item;
-  const int64_t tile = item / chunks;
-  const int64_t k = item - tile * chunks;
-  const StridedColumn col = strided_column<kVec>(t, tile, outer, dim, inner);
-  const int64_t lo = k * dim / chunks;
-  const int64_t hi = col.ok ? (k + 1) * dim / chunks : lo;
+  const StridedChunk w = strided_split_item<kVec, kPhase>(t, first_item, items, chunks, outer, dim, inner);
+  const StridedColumn& col = w.col;
+  const int64_t lo = w.lo, hi = w.hi;
   int round = 0;
   A dot[kVec];
 #pragma unroll
@@ -555,17 +581,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_b
     strided_stream_dot<A, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base, lo, hi, t, inner, epi,
                                                  dot);
     column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
-    if (t.g == 0 && col.ok) {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) ws[(item * t.C + t.c) * kVec + q] = dot[q];
-    }
+    strided_split_store(ws, t, w, dot);
   } else {
-    if (col.ok) {
-      for (int64_t j = t.g; j < chunks; j += t.G) {
-#pragma unroll
-        for (int q = 0; q < kVec; ++q) dot[q] += ws[((tile * chunks + j) * t.C + t.c) * kVec + q];
-      }
-    }
+    strided_split_fold(ws, t, w, chunks, SumOp<A>(), dot);
     column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
     strided_stream_backward_write<A, in_t, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base,
                                                                  grad_input + col.base, lo, hi, t, inner, epi, dot);
@@ -626,15 +644,32 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
 }
 
 
-// The split mode's two launches (chunks > 1; `workspace`: softmax_workspace_bytes of the plan).
-template <typename in_t, typename out_t, typename Epi, int kVec>
-cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
-                                  int columns, int64_t chunks, void* workspace, cudaStream_t stream) {
-  using A = acc_t<out_t>;
-  const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, 1, sizeof(MaxSum<A>)));
-  const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, kVec, smem);
+// Checks a split plan against the problem: cudaSuccess if it runs with `workspace_bytes` of workspace
+// (values of `value_bytes`, one per (tile, chunk, column lane)).
+inline cudaError_t strided_split_ok(int threads, int columns, int64_t chunks, int64_t outer, int64_t dim,
+                                    int64_t inner, int vec, size_t smem, const void* workspace,
+                                    int64_t workspace_bytes, int value_bytes) {
+  const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, vec, smem);
   if (ok != cudaSuccess) return ok;
   if (workspace == nullptr || chunks < 2 || chunks > dim) return cudaErrorInvalidValue;
+  const int64_t tiles = (outer * (inner / vec) + columns - 1) / columns;
+  if (tiles > (int64_t(1) << 40) / (chunks * columns * vec * value_bytes) ||
+      tiles * chunks * columns * vec * value_bytes > workspace_bytes)
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// The split mode's two launches (chunks > 1; `workspace`: softmax_workspace_bytes of the plan, whose
+// size is `workspace_bytes`).
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
+                                  int columns, int64_t chunks, void* workspace, int64_t workspace_bytes,
+                                  cudaStream_t stream) {
+  using A = acc_t<out_t>;
+  const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, 1, sizeof(MaxSum<A>)));
+  const cudaError_t ok = strided_split_ok(threads, columns, chunks, outer, dim, inner, kVec, smem, workspace,
+                                          workspace_bytes, int(sizeof(MaxSum<A>)));
+  if (ok != cudaSuccess) return ok;
   const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
   auto* ws = static_cast<MaxSum<A>*>(workspace);
   const cudaError_t err = launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
@@ -647,12 +682,12 @@ cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_split_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim,
                                    int64_t inner, int threads, int columns, int64_t chunks, void* workspace,
-                                   cudaStream_t stream) {
+                                   int64_t workspace_bytes, cudaStream_t stream) {
   using A = acc_t<out_t>;
   const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, 1, sizeof(A)));
-  const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, kVec, smem);
+  const cudaError_t ok = strided_split_ok(threads, columns, chunks, outer, dim, inner, kVec, smem, workspace,
+                                          workspace_bytes, int(sizeof(A)));
   if (ok != cudaSuccess) return ok;
-  if (workspace == nullptr || chunks < 2 || chunks > dim) return cudaErrorInvalidValue;
   const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
   auto* ws = static_cast<A*>(workspace);
   const cudaError_t err = launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
