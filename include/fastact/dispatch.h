@@ -369,7 +369,9 @@ constexpr int kStridedMinFloatElementThreads = 512;
 // bench/NOTES.md twentieth session): f32 [65536, 1024] forward 0.32 -> 0.47-0.52, backward 0.47 ->
 // 0.54; bf16 [65536, 2048] 0.17 -> 0.41-0.44 / 0.43 -> 0.53; f32 [262144, 256] 0.09 -> 0.48 / 0.17
 // -> 0.57. Where the tiles already half fill the device (f32 [8, 40000, 1024] dim 1, 256 tiles:
-// cluster 4) within 2% of no cluster.
+// cluster 4) within 2% of no cluster. Those dim-0 shapes, whose cluster still leaves the device short,
+// now take the split mode below where the caller provides a workspace (the torch ops do); the cluster
+// serves where it fills the device ([8, 40000, 1024]) and callers without a workspace.
 constexpr int kStridedStreamThreads = 512;
 // strided, streamed, where even the cluster of strided_stream_cluster leaves the device short of threads
 // (a few tiles of a very long D: dim 0 of [1048576, 64]) and the caller provides a workspace: the split
