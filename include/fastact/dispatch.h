@@ -468,6 +468,12 @@ inline int64_t softmax_strided_smem_bytes(int64_t threads, int64_t columns, int 
   return kColumnBarrierBytes + (2 * reps * (cl + 1) + 2 * cl + 2 * cluster * cl) * value_bytes;
 }
 
+// The column tiles of a strided launch: outer x inner / vec column vectors, `columns` a tile (the last
+// may be partial). The dispatcher and the launchers (softmax/strided.cuh) count them alike.
+inline int64_t softmax_strided_tiles(int64_t outer, int64_t inner, int vec, int64_t columns) {
+  return (outer * (inner / vec) + columns - 1) / columns;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 struct SoftmaxProblem {
@@ -812,6 +818,9 @@ struct StridedStreamShape {
   int cluster = 1;
 };
 
+// Threads the device holds with every SM full (kSmMaxThreads each).
+inline int64_t device_threads(const SoftmaxProblem& p) { return int64_t(p.sm_count) * kSmMaxThreads; }
+
 // The streamed launch shape of a backward with element accesses whose tile needs more than one CTA
 // (plan_strided), or false where it should not stream. Each thread's share of its column, ceil(D / G)
 // D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
@@ -834,7 +843,7 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
     const int64_t groups = int64_t(threads / cols) * cl;  // D-groups over the cluster
     if (cl > 1 && groups > p.dim_size) return;           // threads without a D-row
     const int64_t bytes = ceil_div(p.dim_size, groups) * p.out_bytes;  // a thread's share, one array
-    if (int64_t(p.sm_count) * kSmMaxThreads * bytes * 2 > p.l2_bytes) return;
+    if (device_threads(p) * bytes * 2 > p.l2_bytes) return;
     // Closeness to the target as the ratio hi / lo >= 1; then columns nearest 32 (log2 distance).
     const int64_t hi = bytes > target ? bytes : target;
     const int64_t lo = bytes > target ? target : bytes;
@@ -862,8 +871,7 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
 // CTAs of `threads` for kStridedSplitWaves device fills, at most one per kStridedSplitMinRows D-rows a
 // D-group; < 2: no split.
 inline int64_t strided_split_chunks(const SoftmaxProblem& p, int64_t tiles, int64_t threads, int64_t cols) {
-  const int64_t device = int64_t(p.sm_count) * kSmMaxThreads;
-  const int64_t want = ceil_div(kStridedSplitWaves * device, tiles * threads);
+  const int64_t want = ceil_div(kStridedSplitWaves * device_threads(p), tiles * threads);
   const int64_t most = p.dim_size / (int64_t(kStridedSplitMinRows) * (threads / cols));
   return want < most ? want : most;
 }
@@ -873,11 +881,10 @@ inline int64_t strided_split_chunks(const SoftmaxProblem& p, int64_t tiles, int6
 // cluster_cap and at most what leaves every CTA of the cluster a D-row a thread.
 inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_t threads, int64_t cols) {
   if (!clusters_available(p)) return 1;
-  const int64_t device = int64_t(p.sm_count) * kSmMaxThreads;
   const int64_t groups = threads / cols;
   const int cap = cluster_cap(p, int(threads), false);
   int cl = 1;
-  while (cl < cap && tiles * threads * cl < device && int64_t(cl) * 2 * groups <= p.dim_size) cl *= 2;
+  while (cl < cap && tiles * threads * cl < device_threads(p) && int64_t(cl) * 2 * groups <= p.dim_size) cl *= 2;
   return cl;
 }
 
@@ -915,10 +922,10 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   // Where even that leaves the device short of threads, the split mode (kStridedSplitMinRows).
   auto stream = [&] {
     const int64_t threads = threads_for(c_line, ceil_div(kStridedStreamThreads, c_line));
-    const int64_t tiles = ceil_div(total_cols, c_line);
+    const int64_t tiles = softmax_strided_tiles(p.outer, p.inner, s.vec, c_line);
     int cl = strided_stream_cluster(p, tiles, threads, c_line);
     while (cl > 1 && !smem_ok(threads, c_line, cl, true)) cl /= 2;
-    if (p.workspace && p.sm_count > 0 && tiles > 0 && tiles * threads * cl < int64_t(p.sm_count) * kSmMaxThreads) {
+    if (p.workspace && p.sm_count > 0 && tiles > 0 && tiles * threads * cl < device_threads(p)) {
       const int64_t chunks = strided_split_chunks(p, tiles, threads, c_line);
       if (chunks >= 2 && smem_ok(threads, c_line, 1, true)) {
         streamed(c_line, threads, 1);

@@ -178,7 +178,7 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                                                                     plan.workspace_bytes, stream)
                  : strided_split_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, inner, plan.threads,
                                                                    plan.columns, plan.chunks, workspace,
-                                                                    plan.workspace_bytes, stream);
+                                                                   plan.workspace_bytes, stream);
     }
     return vec ? strided_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, inner, plan.threads, plan.columns,
                                                             plan.cluster, plan.streaming, stream)
@@ -246,7 +246,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
       if (!plan.streaming || plan.cluster != 1) return cudaErrorInvalidValue;
       return vec ? strided_split_backward<in_t, out_t, Epilogue, kW>(dy, y, dx, outer, dim, inner, plan.threads,
                                                                      plan.columns, plan.chunks, workspace,
-                                                                    plan.workspace_bytes, stream)
+                                                                     plan.workspace_bytes, stream)
                  : strided_split_backward<in_t, out_t, Epilogue, 1>(dy, y, dx, outer, dim, inner, plan.threads,
                                                                     plan.columns, plan.chunks, workspace,
                                                                     plan.workspace_bytes, stream);

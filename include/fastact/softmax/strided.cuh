@@ -486,6 +486,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
 //     first CTAs read what the stats launch read last, while that is still in L2.
 // Two reads of the input (of grad_output and output); the workspace is the caller's
 // (softmax_workspace_bytes). cluster is 1.
+
 // This CTA's (tile, chunk) item of a split launch (the apply launch runs them in reverse), its thread's
 // column, and the chunk's D-rows [lo, hi) (empty where the column does not exist).
 struct StridedChunk {
@@ -619,7 +620,7 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
       size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, streaming ? sizeof(MaxSum<A>) : F::kValueBytes));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
-  const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
+  const int64_t ntiles = softmax_strided_tiles(outer, inner, kVec, columns);
   if (streaming)
     return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true>>(
         ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
@@ -635,14 +636,13 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
   const auto smem = size_t(softmax_strided_smem_bytes(threads, columns, kVec, cluster, sizeof(A)));
   const cudaError_t ok = strided_plan_ok(threads, columns, cluster, streaming, dim, kRows, inner, kVec, smem);
   if (ok != cudaSuccess) return ok;
-  const int64_t ntiles = (outer * (inner / kVec) + columns - 1) / columns;
+  const int64_t ntiles = softmax_strided_tiles(outer, inner, kVec, columns);
   if (streaming)
     return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true>>(
         ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
   return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false>>(
       ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
 }
-
 
 // Checks a split plan against the problem: cudaSuccess if it runs with `workspace_bytes` of workspace
 // (values of `value_bytes`, one per (tile, chunk, column lane)).
@@ -652,7 +652,7 @@ inline cudaError_t strided_split_ok(int threads, int columns, int64_t chunks, in
   const cudaError_t ok = strided_plan_ok(threads, columns, 1, true, dim, 1, inner, vec, smem);
   if (ok != cudaSuccess) return ok;
   if (workspace == nullptr || chunks < 2 || chunks > dim) return cudaErrorInvalidValue;
-  const int64_t tiles = (outer * (inner / vec) + columns - 1) / columns;
+  const int64_t tiles = softmax_strided_tiles(outer, inner, vec, columns);
   if (tiles > (int64_t(1) << 40) / (chunks * columns * vec * value_bytes) ||
       tiles * chunks * columns * vec * value_bytes > workspace_bytes)
     return cudaErrorInvalidValue;
@@ -670,7 +670,7 @@ cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_
   const cudaError_t ok = strided_split_ok(threads, columns, chunks, outer, dim, inner, kVec, smem, workspace,
                                           workspace_bytes, int(sizeof(MaxSum<A>)));
   if (ok != cudaSuccess) return ok;
-  const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
+  const int64_t items = softmax_strided_tiles(outer, inner, kVec, columns) * chunks;
   auto* ws = static_cast<MaxSum<A>*>(workspace);
   const cudaError_t err = launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
       items, threads, smem, 1, stream, x, y, outer, dim, inner, columns, chunks, items, ws, Epi{});
@@ -688,7 +688,7 @@ cudaError_t strided_split_backward(const out_t* dy, const out_t* y, in_t* dx, in
   const cudaError_t ok = strided_split_ok(threads, columns, chunks, outer, dim, inner, kVec, smem, workspace,
                                           workspace_bytes, int(sizeof(A)));
   if (ok != cudaSuccess) return ok;
-  const int64_t items = (outer * (inner / kVec) + columns - 1) / columns * chunks;
+  const int64_t items = softmax_strided_tiles(outer, inner, kVec, columns) * chunks;
   auto* ws = static_cast<A*>(workspace);
   const cudaError_t err = launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
       items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, chunks, items, ws, Epi{});
