@@ -34,13 +34,16 @@ def softmax_cases(dtype):
     shapes = [((3, 1), -1), ((5, 33), -1), ((4, 1024), -1), ((2, 1025), -1), ((2, 4104), -1),
               ((2, 70000), -1), ((5, 20011), -1), ((3, 37, 5), 1), ((2, 64, 130), 1),
               ((2, 64, 64), 1), ((2, 1024, 64), 1), ((2, 2048, 64), 1), ((3, 100, 40), 1), ((2, 257, 33), 1),
-              ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0)]
+              ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0), ((16384, 33), 0),
+              ((65536, 100), 0)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
     # float and float64 backwards streamed over a cluster of 4); 128-bit: a small CTA, half a line in 512
     # threads, a cluster, a partial tile, dim 0 of a tall matrix (narrow tiles over a cluster of 16), and
-    # dim 0 of 65536 rows (one tile: the split mode, chunks of D through a workspace)
+    # dim 0 of 65536 rows (one tile: the split mode, chunks of D through a workspace); dim 0 of 16384 x 33
+    # and 65536 x 100: tiles of a whole outer index (33 columns in 512 threads, the last 17 idle; 100
+    # elements, 25 or 50 vectors), split
     for shape, dim in shapes:
         for misaligned in (False, True):
             n = torch.Size(shape).numel()

@@ -499,10 +499,19 @@ _STRIDED_RULES = [
     (torch.bfloat16, (65536, 64), 0, True, {(8, 512, 1, "split")}),
     (torch.float64, (65536, 64), 0, True, {(8, 512, 1, "split")}),
     (torch.float32, (4, 65536, 8), 1, True, {(2, 512, 1, "split")}),  # tiles over 4 outer indices
-    # ... element accesses too (inner 3: a line of 2 columns; inner 33: a partial second tile)
-    (torch.float32, (100000, 3), 0, False, {(2, 512, 1, "split"), (2, 800, 16, "cached")}),
-    (torch.bfloat16, (65536, 33), 0, False, {(32, 512, 1, "split")}),
-    (torch.float32, (65536, 33), 0, True, {(32, 512, 1, "split")}),
+    # ... in tiles of a whole outer index where a line does not divide its column vectors
+    # (kStridedWholeOuterUnits: 3 or 33 elements, 25 vectors of [*, 100]; not a power of two, the threads
+    # past the last whole D-group idle)
+    (torch.float32, (100000, 3), 0, False, {(3, 512, 1, "split"), (2, 800, 16, "cached")}),
+    (torch.bfloat16, (65536, 33), 0, False, {(33, 512, 1, "split")}),
+    (torch.float32, (65536, 33), 0, True, {(33, 512, 1, "split")}),
+    (torch.float64, (65536, 33), 0, False, {(33, 512, 1, "split")}),
+    (torch.float32, (65536, 100), 0, False, {(25, 512, 1, "split")}),
+    (torch.float32, (65536, 100), 0, True, {(25, 512, 1, "split")}),
+    (torch.bfloat16, (65536, 100), 0, True, {(100, 512, 1, "split")}),
+    # ... and streamed over a cluster where 66 tiles fill the device with one (8 CTAs on 132 SMs)
+    (torch.float32, (66, 16384, 33), 1, False, {(33, 512, 8, "streamed twice"), (33, 512, 4, "streamed twice")}),
+    (torch.float32, (66, 16384, 33), 1, True, {(33, 512, 8, "streamed twice"), (33, 512, 4, "streamed twice")}),
 ]
 
 
@@ -562,11 +571,13 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
     to lines of 16 columns in one CTA, widens short float element forwards to 512 threads, streams
     element backwards whose tile needs more than one CTA in the shape the L2 rule picks (D over a
     cluster where that comes closer), narrows the tiles of a D too long for a line's cluster over the
-    largest cluster, and streams the few tiles of a D too long for any of those over a cluster; each
-    of those plans gives the right result (outputs poisoned first)."""
+    largest cluster, and streams the few tiles of a D too long for any of those over a cluster (or
+    splits D), in tiles of a whole outer index where a line does not divide it (kStridedWholeOuterUnits);
+    each of those plans gives the right result (outputs poisoned first)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    if shapes == "stream":
+    element_stream = shapes == "stream"
+    if element_stream:
         shapes = _element_stream_shapes(shape[1], dtype.itemsize, min(128 // dtype.itemsize, _pow2_floor(shape[2])))
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if (props.multi_processor_count, props.L2_cache_size) == (132, 50 << 20) and (dtype, shape) in _H100_STREAMS:
@@ -581,7 +592,7 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                   r"(, \d+ chunks of D)?", s)
     mode = "split" if m and m.group(5) else m and m.group(4)
     assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), mode) in shapes, s
-    if backward and mode == "streamed twice" and "element accesses" in s:
+    if element_stream and mode == "streamed twice":
         assert "the second mostly from L2" in s, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     if not backward:

@@ -439,6 +439,19 @@ constexpr int kStridedElementStreamBytes = 64;
 constexpr int kStridedElementStreamThreads[] = {512, 1024};
 constexpr int kStridedSplitMinRows = 16;
 constexpr int kStridedSplitWaves = 1;
+// strided, streamed (and split): where a line does not divide an outer index's column vectors and
+// those are at most kStridedWholeOuterUnits, a tile is all of them (not a power of two: softmax/
+// strided.cuh's AnyColumns) in kStridedStreamThreads threads (the threads past the last whole D-group
+// idle), so that the tile's D-rows lie end to end and its D-groups read one contiguous run. With
+// lines, the tile past the last whole line holds the rest (dim 0 of [N, 33]: a tile of 1 column, a
+// 32-byte sector per 4-byte element) and misaligned lines touch an extra sector. Why (H100, forced
+// shapes, fraction of the limit; bench/NOTES.md, twenty-first session): dim 0 f32 [2000000, 33] split
+// 512 x 32 0.22 -> 512 x 33 0.46 (bwd 0.24 -> 0.48; torch.compile 0.34), bf16 0.14 -> 0.33, f32
+// [1000000, 100] (25 vectors) 0.29 -> 0.53, [4000000, 3] 0.18 -> 0.43, [1000000, 65] 0.24 -> 0.44,
+// [8000000, 7] 0.19 -> 0.47; dim 1 of f32 [4, 65536, 33] 0.29 -> 0.40 (bwd 0.31 -> 0.46). Two outer
+// indices a tile (66 columns) ran at 0.33. Cached plans keep lines: there whole outer indices won at
+// [10240, 512, 13] (0.57 -> 0.70) but lost at inner 49 and 1023.
+constexpr int kStridedWholeOuterUnits = 128;
 // Threads an SM holds at most: 2048 on sm_80 and sm_90 (fewer elsewhere, which only makes the L2 check
 // of strided_element_stream_shape stricter).
 constexpr int kSmMaxThreads = 2048;
@@ -459,11 +472,12 @@ constexpr int kStridedMaxSmem = 48 * 1024;
 
 // Bytes of the strided kernel's reduction buffers (ColumnScratch in softmax/common.cuh): two
 // mbarriers, then values of `value_bytes` red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L];
-// R = threads / 32 when C < 32, else threads / C.
+// R = threads / 32 when C < 32 is a power of two (column_warp_levels), else threads / C.
 constexpr int kColumnBarrierBytes = 16;
 inline int64_t softmax_strided_smem_bytes(int64_t threads, int64_t columns, int lanes, int64_t cluster,
                                           int64_t value_bytes) {
-  const int64_t reps = columns < 32 ? threads / 32 : threads / columns;
+  const bool warp_levels = columns < 32 && (columns & (columns - 1)) == 0;
+  const int64_t reps = warp_levels ? threads / 32 : threads / columns;
   const int64_t cl = columns * lanes;
   return kColumnBarrierBytes + (2 * reps * (cl + 1) + 2 * cl + 2 * cluster * cl) * value_bytes;
 }
@@ -917,24 +931,28 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     return s;
   };
   // Streaming where D is too long to cache (and element backwards for which strided_element_stream_shape
-  // finds no shape): whole lines in kStridedStreamThreads, over a cluster where the tiles alone leave
-  // the device short of threads (strided_stream_cluster).
-  // Where even that leaves the device short of threads, the split mode (kStridedSplitMinRows).
+  // finds no shape): whole lines (or whole outer indices: kStridedWholeOuterUnits) in
+  // kStridedStreamThreads, over a cluster where the tiles alone leave the device short of threads
+  // (strided_stream_cluster). Where even that leaves the device short of threads, the split mode
+  // (kStridedSplitMinRows).
   auto stream = [&] {
-    const int64_t threads = threads_for(c_line, ceil_div(kStridedStreamThreads, c_line));
-    const int64_t tiles = softmax_strided_tiles(p.outer, p.inner, s.vec, c_line);
-    int cl = strided_stream_cluster(p, tiles, threads, c_line);
-    while (cl > 1 && !smem_ok(threads, c_line, cl, true)) cl /= 2;
+    const bool whole = inner_units % c_line != 0 && inner_units <= kStridedWholeOuterUnits &&
+                       smem_ok(kStridedStreamThreads, inner_units, 1, true);
+    const int64_t cols = whole ? inner_units : c_line;
+    const int64_t threads = whole ? kStridedStreamThreads : threads_for(c_line, ceil_div(kStridedStreamThreads, c_line));
+    const int64_t tiles = softmax_strided_tiles(p.outer, p.inner, s.vec, cols);
+    int cl = strided_stream_cluster(p, tiles, threads, cols);
+    while (cl > 1 && !smem_ok(threads, cols, cl, true)) cl /= 2;
     if (p.workspace && p.sm_count > 0 && tiles > 0 && tiles * threads * cl < device_threads(p)) {
-      const int64_t chunks = strided_split_chunks(p, tiles, threads, c_line);
-      if (chunks >= 2 && smem_ok(threads, c_line, 1, true)) {
-        streamed(c_line, threads, 1);
+      const int64_t chunks = strided_split_chunks(p, tiles, threads, cols);
+      if (chunks >= 2 && smem_ok(threads, cols, 1, true)) {
+        streamed(cols, threads, 1);
         s.chunks = chunks;
-        s.workspace_bytes = tiles * chunks * c_line * s.vec * softmax_strided_value_bytes(p.backward, true, p.acc_bytes);
+        s.workspace_bytes = tiles * chunks * cols * s.vec * softmax_strided_value_bytes(p.backward, true, p.acc_bytes);
         return s;
       }
     }
-    return streamed(c_line, threads, cl);
+    return streamed(cols, threads, cl);
   };
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
     s.columns = int(cols);

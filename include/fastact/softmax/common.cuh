@@ -470,21 +470,25 @@ FASTACT_DEVICE constexpr bool row_gave_up(int /*cluster*/) { return false; }
 FASTACT_DEVICE bool row_gave_up(const GridExchange& g) { return !g.folded && *g.gave_up != 0; }
 
 // ------------------------------------------------------------------------------------------------
-// Column all-reduce (strided kernel): thread tid owns column c = tid % C (C = `columns`, a power of
-// two) and holds L lanes (the elements of its vector along inner); threads with the same c split D.
-// Reduces each (column, lane) over all threads of its column, in the block and then the cluster.
+// Column all-reduce (strided kernel): thread tid owns column c = tid % C (C = `columns`) of D-group
+// tid / C, and holds L lanes (the elements of its vector along inner); threads with the same c split D.
+// Reduces each (column, lane) over all threads of its column, in the block and then the cluster. How
+// tid splits into (D-group, column) is the kernel's column map (a line's int, or AnyColumns, below);
+// with AnyColumns, the blockDim.x % C threads past the last whole D-group contribute nothing.
 //
 // Dynamic shared memory (ColumnScratch): two mbarriers (kColumnBarrierBytes), then V values
 // red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L], where R, the representatives per column,
-// is one per warp when C < 32 (the warp first reduces its own D-groups by shuffles, column_warp_levels:
-// a reduce-scatter, so that each of its C * L values is folded by one lane and written from there)
-// and one per D-group when C >= 32; red's rows are padded by one value so that the folding lanes below spread over
-// the banks (at most 2-way conflicts for 4-byte values, where P lanes of each of 32 / P values read).
+// is one per warp when C < 32 is a power of two (the warp first reduces its own D-groups by shuffles,
+// column_warp_levels: a reduce-scatter, so that each of its C * L values is folded by one lane and
+// written from there) and one per D-group otherwise; red's rows are padded by one value so that the
+// folding lanes below spread over the banks (at most 2-way conflicts for 4-byte values, where P lanes
+// of each of 32 / P values read).
 // Size: softmax_strided_smem_bytes (dispatch.h). Buffers alternate by round as in RowScratch (each
 // round has two block barriers). In a cluster, each CTA pushes its block's C * L values into slots
 // cta[ring][its rank] of every CTA, as row_allreduce does (after exchange_init), and folds its own
 // slots in rank order: bitwise the same result in every CTA, and no CTA reads another's memory.
-// blockDim.x a multiple of 32 and of C. Result: valid in every thread, identical for a column.
+// blockDim.x a multiple of 32 (and, for a line, of C). Result: valid in every thread, identical
+// for a column.
 template <typename V>
 struct ColumnScratch {
   uint64_t* bar;  // [2], the cluster exchange's
@@ -495,6 +499,32 @@ template <typename V>
 FASTACT_DEVICE ColumnScratch<V> column_scratch(unsigned char* smem) {
   return {reinterpret_cast<uint64_t*>(smem), reinterpret_cast<V*>(smem + kColumnBarrierBytes)};
 }
+
+// Column maps: how thread index i of a strided tile of C columns splits into D-group i / C and column
+// i % C, and G, the whole D-groups of the block. A kernel parameter:
+//   int (a line): C a power of two dividing blockDim.x: shifts.
+//   AnyColumns (any_columns on the host): any C <= blockDim.x (whole outer indices, strided.cuh); the
+//     threads past G * C idle. i / C = (i * magic) >> 21, magic = ceil(2^21 / C), for i < 1024: exact,
+//     since i * magic / 2^21 = i / C + i * e / (C * 2^21) with e = magic * C - 2^21 < C and i * e <
+//     2^20. A multiply, not a division by a runtime value (~20 instructions).
+// Lines stay a plain int, computed as before AnyColumns existed: passed as a struct (a kernel parameter
+// copied once rather than reloaded where used), the same shifts made some kernels at their 64-register
+// cap spill and lose 2-4% (bench/NOTES.md, twenty-first session).
+struct AnyColumns {
+  int columns, whole_groups;
+  unsigned magic;
+  FASTACT_DEVICE int group(int i) const { return static_cast<int>((static_cast<unsigned>(i) * magic) >> 21); }
+  FASTACT_DEVICE int column(int i) const { return i - group(i) * columns; }
+};
+
+inline AnyColumns any_columns(int columns, int threads) {
+  return {columns, threads / columns, ((1u << 21) + static_cast<unsigned>(columns) - 1) / static_cast<unsigned>(columns)};
+}
+
+template <typename Cols>
+constexpr bool kAnyColumns = std::is_same_v<Cols, AnyColumns>;
+FASTACT_DEVICE int map_columns(int columns) { return columns; }
+FASTACT_DEVICE int map_columns(const AnyColumns& m) { return m.columns; }
 
 // For each of the `values` q, store(q, the fold over i < n of load(i, q)). P consecutive lanes fold
 // one value (each a strided share of the n partials, then shuffles), P a power of two <= 32, <= n,
@@ -545,25 +575,35 @@ FASTACT_DEVICE void column_warp_levels(V (&vals)[L], Op op, int C, int lane, int
   }
 }
 
-template <int L, typename V, typename Op>
-FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, int& round, int columns,
+template <int L, typename V, typename Op, typename Cols>
+FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, int& round, Cols cols,
                                      int cluster) {
   const int r = round++;
   const int ring = r & 1;
   const int nthreads = blockDim.x;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
-  const int C = columns;
-  const int log_c = __ffs(C) - 1;
-  const int R = C < kWarpSize ? nthreads / kWarpSize : nthreads >> log_c;
+  const int C = map_columns(cols);
+  const int log_c = __ffs(C) - 1;  // lines
+  const bool warp_levels = C < kWarpSize && (!kAnyColumns<Cols> || (C & (C - 1)) == 0);
+  const int R = [&] {
+    if constexpr (kAnyColumns<Cols>) return warp_levels ? nthreads / kWarpSize : cols.whole_groups;
+    else return C < kWarpSize ? nthreads / kWarpSize : nthreads >> log_c;
+  }();
   const int CL = C * L;
   const int stride = CL + 1;                                 // red's padded row
   V* red = sm.values + ring * R * stride;                    // [R][C * L + 1]
   V* res = sm.values + 2 * R * stride + ring * CL;           // [C][L]
   V* cta = sm.values + 2 * R * stride + 2 * CL + ring * cluster * CL;  // [cluster][C * L]
-  const int c = tid & (C - 1);
-  const int j = C < kWarpSize ? tid / kWarpSize : tid >> log_c;
-  if (C < kWarpSize) {
+  const int c = [&] {
+    if constexpr (kAnyColumns<Cols>) return cols.column(tid);
+    else return tid & (C - 1);
+  }();
+  const int j = [&] {
+    if constexpr (kAnyColumns<Cols>) return warp_levels ? tid / kWarpSize : cols.group(tid);
+    else return C < kWarpSize ? tid / kWarpSize : tid >> log_c;
+  }();
+  if (warp_levels) {
     // Lanes l and l ^ mask (mask = C, 2C, ..., 16) hold the same column. Reduce-scatter while a lane
     // holds more than one value: it keeps half of its values (the upper half where lane & mask) and
     // folds in its partner's copy of that half, so each level moves and combines half as many values
@@ -582,7 +622,7 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, i
         if (k < len) red[j * stride + c * L + off + k] = vals[k];
       }
     }
-  } else {
+  } else if (!kAnyColumns<Cols> || j < R) {
 #pragma unroll
     for (int k = 0; k < L; ++k) red[j * stride + c * L + k] = vals[k];
   }

@@ -4,9 +4,12 @@
 //
 // A column vector is kVec consecutive columns of one outer index (kVec = 128-bit width when
 // inner % width == 0 and the pointers are aligned, else 1), read as one access per D-row. A block
-// owns a tile of C consecutive column vectors (C = `columns`, a power of two: a 128-byte line of a
-// D-row) and T = blockDim.x threads: thread t works on column vector c = t % C of the tile and
-// D-group g = t / C of G = T / C, so a warp reads whole lines of consecutive D-rows (coalesced).
+// owns a tile of C consecutive column vectors and T = blockDim.x threads: thread t works on column
+// vector c = t % C of the tile and D-group g = t / C of G = T / C, so a warp reads whole lines of
+// consecutive D-rows (coalesced). C is a power of two, a 128-byte line of a D-row (an int column map); or,
+// streaming only, all the column vectors of an outer index (AnyColumns: the T % C threads past G * C
+// idle), whose D-rows lie end to end, so that the G D-groups read one contiguous run, whatever the
+// alignment and however few the columns (dispatch.h kStridedWholeOuterUnits says when).
 //   cached mode (kStreaming = false): the CTA of cluster rank r caches D-rows
 //       d = r * G * kRows + g + j * G,  j < kRows  (kRows = softmax_strided_rows)
 //     in registers (the host guarantees cluster * G * kRows >= D): one HBM read; in the forward with
@@ -42,24 +45,44 @@ FASTACT_DEVICE int cached_rows(int64_t d_first, int64_t dim, int G) {
   return n < kRows ? n : kRows;
 }
 
-// The tile's geometry as one thread sees it (the same for every tile). C is a power of two: shifts,
-// not divisions by a runtime value.
+// The tile's geometry as one thread sees it (the same for every tile), from the kernel's column map
+// (common.cuh): a line's count of columns (a power of two: shifts), or AnyColumns.
 struct StridedThread {
   int C, c, g, G, rank;
+  bool active;      // g < G (always, for a line)
   int64_t d_first;  // first D-row of this thread (cached mode: in this CTA's slice)
 };
 
-FASTACT_DEVICE StridedThread strided_thread(int columns, int cluster, int rows_per_thread) {
-  StridedThread t;
+FASTACT_DEVICE void strided_split_thread(int columns, StridedThread& t) {
   const int log_c = __ffs(columns) - 1;
   t.C = columns;
   t.c = threadIdx.x & (columns - 1);
   t.g = threadIdx.x >> log_c;
   t.G = blockDim.x >> log_c;
+  t.active = true;
+}
+
+FASTACT_DEVICE void strided_split_thread(const AnyColumns& cols, StridedThread& t) {
+  t.C = cols.columns;
+  t.c = cols.column(threadIdx.x);
+  t.g = cols.group(threadIdx.x);
+  t.G = cols.whole_groups;
+  t.active = t.g < t.G;
+}
+
+template <typename Cols>
+FASTACT_DEVICE StridedThread strided_thread(Cols cols, int cluster, int rows_per_thread) {
+  StridedThread t;
+  strided_split_thread(cols, t);
   t.rank = cluster_rank(cluster);
   t.d_first = int64_t(t.rank) * t.G * rows_per_thread + t.g;
   return t;
 }
+
+// What column_allreduce takes: a line's count as t.C (as the kernels passed it before AnyColumns), or
+// the AnyColumns map.
+FASTACT_DEVICE int reduce_columns(const StridedThread& t, int) { return t.C; }
+FASTACT_DEVICE const AnyColumns& reduce_columns(const StridedThread&, const AnyColumns& cols) { return cols; }
 
 // The tile of this CTA in a launch of one tile per CTA (cluster) whose first is `first_tile`; cluster is
 // a power of two (the host checks).
@@ -83,7 +106,7 @@ FASTACT_DEVICE StridedSlice strided_slice(const StridedThread& t, bool column_ok
 
 // Where this thread's column vector of tile `tile` starts.
 struct StridedColumn {
-  bool ok;       // it exists (the last tile may be partial)
+  bool ok;       // it exists (the last tile may be partial), and the thread is active
   int64_t base;  // element offset of its D-row 0
 };
 
@@ -93,7 +116,7 @@ FASTACT_DEVICE StridedColumn strided_column(const StridedThread& t, int64_t tile
   const int64_t inner_units = inner / kVec;
   const int64_t cv = tile * t.C + t.c;
   StridedColumn col;
-  col.ok = cv < outer * inner_units;
+  col.ok = t.active && cv < outer * inner_units;
   int64_t o = 0, iv = 0;
   if (col.ok) divmod_nonneg(cv, inner_units, o, iv);
   col.base = o * dim * inner + iv * kVec;
@@ -175,18 +198,18 @@ FASTACT_DEVICE void strided_keep_and_sum(Rows& rows, int nrows, const A (&m)[kVe
 // The cached forward of one tile in float64 (float runs strided_pair_forward), once this thread's
 // D-rows j < nrows are in `rows`: the column max, the kept values and their column sum, and the
 // outputs at yc + j * step. Every thread of the CTA (cluster) calls it, nrows = 0 included.
-template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t>
+template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename A, typename out_t, typename Cols>
 FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
-                                           ColumnScratch<A> smem, int& round, int columns, int cluster) {
+                                           ColumnScratch<A> smem, int& round, Cols cols, int cluster) {
   A m[kVec], s[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) m[k] = neg_inf<A>();
   rows.max_into(nrows, m);
-  column_allreduce(m, MaxOp<A>(), smem, round, columns, cluster);
+  column_allreduce(m, MaxOp<A>(), smem, round, cols, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = A(0);
   strided_keep_and_sum<Cache, kVec, kRows>(rows, nrows, m, s);
-  column_allreduce(s, SumOp<A>(), smem, round, columns, cluster);
+  column_allreduce(s, SumOp<A>(), smem, round, cols, cluster);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) s[k] = epi.row_constant(s[k]);
   strided_store_rows<Cache, kVec, kRows>(rows, nrows, yc, step, epi, m, s);
@@ -203,9 +226,9 @@ FASTACT_DEVICE void strided_cached_forward(Rows& rows, int nrows, out_t* __restr
 // (and a cluster wait) that the whole CTA waits at, with its rows in registers and no loads in flight;
 // the H100 diag at [32, 1024, 2048] dim 1 (bf16): 512 x 8 x 2 119.2 -> 103.8 us, the best shape
 // 108.2 -> 103.8 (bench/NOTES.md, eleventh session); float: twelfth session.
-template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename out_t>
+template <typename Cache, int kVec, int kRows, typename Rows, typename Epi, typename out_t, typename Cols>
 FASTACT_DEVICE void strided_pair_forward(Rows& rows, int nrows, out_t* __restrict__ yc, int64_t step, const Epi& epi,
-                                         ColumnScratch<MaxSum<float>> smem, int& round, int columns, int cluster) {
+                                         ColumnScratch<MaxSum<float>> smem, int& round, Cols cols, int cluster) {
   using A = float;
   MaxSum<A> st[kVec];
   A m[kVec];
@@ -221,7 +244,7 @@ FASTACT_DEVICE void strided_pair_forward(Rows& rows, int nrows, out_t* __restric
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = {m[k], s[k]};
   }
-  column_allreduce(st, FiniteMaxSumOp(), smem, round, columns, cluster);
+  column_allreduce(st, FiniteMaxSumOp(), smem, round, cols, cluster);
   A M[kVec], f[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
@@ -361,11 +384,11 @@ struct StridedForwardCache {
   static constexpr int kValueBytes = softmax_strided_value_bytes(false, false, sizeof(A));
 };
 
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming, typename Cols>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_kernel(
     const in_t* __restrict__ x,  // [outer, D, inner]
     out_t* __restrict__ y,       // [outer, D, inner]
-    int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
+    int64_t outer, int64_t dim, int64_t inner, Cols cols, int cluster, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
   using P = MaxSum<A>;
   using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
@@ -373,7 +396,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   exchange_init(column_scratch<A>(smem_raw).bar, cluster);
-  const StridedThread t = strided_thread(columns, cluster, kRows);
+  const StridedThread t = strided_thread(cols, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const in_t* xc = x + col.base;
   out_t* yc = y + col.base;
@@ -389,10 +412,10 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     }
     if constexpr (std::is_same_v<A, float>) {
       strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
-                                                           column_scratch<P>(smem_raw), round, t.C, cluster);
+                                                           column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
     } else {
       strided_cached_forward<ForwardCache<Epi>, kVec, kRows>(rows, nrows, yc + first, step, epi,
-                                                             column_scratch<A>(smem_raw), round, t.C, cluster);
+                                                             column_scratch<A>(smem_raw), round, reduce_columns(t, cols), cluster);
     }
   } else {
     // Streaming: an online pass over the slice, the exchange, the write pass.
@@ -401,7 +424,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
 #pragma unroll
     for (int k = 0; k < kVec; ++k) st[k] = OnlineOp<A>::identity();
     strided_stream_stats<A, in_t, kVec, kU>(xc, sl.lo, sl.hi, t, inner, st);
-    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, cluster);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
     A m[kVec], cst[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -412,19 +435,19 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   }
 }
 
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming>
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming, typename Cols>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_kernel(
     const out_t* __restrict__ grad_output,  // [outer, D, inner]
     const out_t* __restrict__ output,       // [outer, D, inner]
     in_t* __restrict__ grad_input,          // [outer, D, inner]
-    int64_t outer, int64_t dim, int64_t inner, int columns, int cluster, Epi epi, int64_t first_tile) {
+    int64_t outer, int64_t dim, int64_t inner, Cols cols, int cluster, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
   constexpr int kRows = softmax_strided_rows(true, kVec, sizeof(in_t), sizeof(out_t), sizeof(A));
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ColumnScratch<A> smem = column_scratch<A>(smem_raw);
   exchange_init(smem.bar, cluster);
-  const StridedThread t = strided_thread(columns, cluster, kRows);
+  const StridedThread t = strided_thread(cols, cluster, kRows);
   const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const out_t* dyc = grad_output + col.base;
   const out_t* yc = output + col.base;
@@ -455,7 +478,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
         for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
       }
     }
-    column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
+    column_allreduce(dot, SumOp<A>(), smem, round, reduce_columns(t, cols), cluster);
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
@@ -470,7 +493,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
   } else {
     const StridedSlice sl = strided_slice(t, col.ok, dim, cluster);
     strided_stream_dot<A, out_t, Epi, kVec, kU>(dyc, yc, sl.lo, sl.hi, t, inner, epi, dot);
-    column_allreduce(dot, SumOp<A>(), smem, round, t.C, cluster);
+    column_allreduce(dot, SumOp<A>(), smem, round, reduce_columns(t, cols), cluster);
     strided_stream_backward_write<A, in_t, out_t, Epi, kVec, kU>(dyc, yc, dxc, sl.lo, sl.hi, t, inner, epi, dot);
   }
 }
@@ -529,15 +552,15 @@ FASTACT_DEVICE void strided_split_fold(const V* __restrict__ ws, const StridedTh
   }
 }
 
-template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase>
+template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase, typename Cols>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_fwd_kernel(
-    const in_t* __restrict__ x, out_t* __restrict__ y, int64_t outer, int64_t dim, int64_t inner, int columns,
+    const in_t* __restrict__ x, out_t* __restrict__ y, int64_t outer, int64_t dim, int64_t inner, Cols cols,
     int64_t chunks, int64_t items, MaxSum<acc_t<out_t>>* __restrict__ ws, Epi epi, int64_t first_item) {
   using A = acc_t<out_t>;
   using P = MaxSum<A>;
   constexpr int kU = softmax_stream_unroll(kVec, sizeof(A));
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const StridedThread t = strided_thread(columns, 1, 0);
+  const StridedThread t = strided_thread(cols, 1, 0);
   const StridedChunk w = strided_split_item<kVec, kPhase>(t, first_item, items, chunks, outer, dim, inner);
   const StridedColumn& col = w.col;
   const int64_t lo = w.lo, hi = w.hi;
@@ -547,11 +570,11 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_f
   for (int q = 0; q < kVec; ++q) st[q] = OnlineOp<A>::identity();
   if constexpr (kPhase == kSplitStats) {
     strided_stream_stats<A, in_t, kVec, kU>(x + col.base, lo, hi, t, inner, st);
-    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, reduce_columns(t, cols), 1);
     strided_split_store(ws, t, w, st);
   } else {
     strided_split_fold(ws, t, w, chunks, OnlineOp<A>(), st);
-    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, t.C, 1);
+    column_allreduce(st, OnlineOp<A>(), column_scratch<P>(smem_raw), round, reduce_columns(t, cols), 1);
     A m[kVec], cst[kVec];
 #pragma unroll
     for (int q = 0; q < kVec; ++q) {
@@ -562,15 +585,15 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_f
   }
 }
 
-template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase>
+template <typename in_t, typename out_t, typename Epi, int kVec, int kPhase, typename Cols>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_bwd_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
-    int64_t outer, int64_t dim, int64_t inner, int columns, int64_t chunks, int64_t items,
+    int64_t outer, int64_t dim, int64_t inner, Cols cols, int64_t chunks, int64_t items,
     acc_t<out_t>* __restrict__ ws, Epi epi, int64_t first_item) {
   using A = acc_t<out_t>;
   constexpr int kU = softmax_stream_unroll(kVec, kVec > 1 ? sizeof(out_t) : (sizeof(out_t) > 4 ? sizeof(out_t) : 4));
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const StridedThread t = strided_thread(columns, 1, 0);
+  const StridedThread t = strided_thread(cols, 1, 0);
   const StridedChunk w = strided_split_item<kVec, kPhase>(t, first_item, items, chunks, outer, dim, inner);
   const StridedColumn& col = w.col;
   const int64_t lo = w.lo, hi = w.hi;
@@ -581,11 +604,11 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_b
   if constexpr (kPhase == kSplitStats) {
     strided_stream_dot<A, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base, lo, hi, t, inner, epi,
                                                  dot);
-    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
+    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, reduce_columns(t, cols), 1);
     strided_split_store(ws, t, w, dot);
   } else {
     strided_split_fold(ws, t, w, chunks, SumOp<A>(), dot);
-    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, t.C, 1);
+    column_allreduce(dot, SumOp<A>(), column_scratch<A>(smem_raw), round, reduce_columns(t, cols), 1);
     strided_stream_backward_write<A, in_t, out_t, Epi, kVec, kU>(grad_output + col.base, output + col.base,
                                                                  grad_input + col.base, lo, hi, t, inner, epi, dot);
   }
@@ -593,21 +616,33 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_split_b
 
 namespace detail {
 
-inline bool strided_shape_ok(int threads, int columns) {
+inline bool columns_are_line(int columns) { return columns > 0 && (columns & (columns - 1)) == 0; }
+
+// A launch shape the kernels take: whole warps; a line (a power of two dividing the threads), or, when
+// streaming, any count of columns up to the threads (AnyColumns).
+inline bool strided_shape_ok(int threads, int columns, bool streaming) {
   if (threads <= 0 || threads > kStridedMaxThreads || threads % kWarpSize != 0) return false;
-  if (columns <= 0 || (columns & (columns - 1)) != 0) return false;
-  return columns <= threads && threads % columns == 0;
+  if (columns <= 0 || columns > threads) return false;
+  return columns_are_line(columns) ? threads % columns == 0 : streaming;
 }
 
 // Checks a cached or streaming plan's shape against D; cudaSuccess if it runs.
 inline cudaError_t strided_plan_ok(int threads, int columns, int cluster, bool streaming, int64_t dim, int rows,
                                    int64_t inner, int vec, size_t smem) {
-  if (!strided_shape_ok(threads, columns) || inner % vec != 0 || cluster < 1 || cluster > kMaxCluster ||
+  if (!strided_shape_ok(threads, columns, streaming) || inner % vec != 0 || cluster < 1 || cluster > kMaxCluster ||
       (cluster & (cluster - 1)) != 0)
     return cudaErrorInvalidConfiguration;
   if (!streaming && int64_t(cluster) * (threads / columns) * rows < dim) return cudaErrorInvalidConfiguration;
   if (smem > size_t(kStridedMaxSmem)) return cudaErrorInvalidConfiguration;
   return cudaSuccess;
+}
+
+// Calls launch(cols) with the column map of `columns` (common.cuh): the count itself for a line, else
+// AnyColumns (streaming kernels only: strided_shape_ok).
+template <typename Launch>
+cudaError_t with_columns(int columns, int threads, Launch launch) {
+  if (columns_are_line(columns)) return launch(columns);
+  return launch(any_columns(columns, threads));
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
@@ -622,9 +657,11 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = softmax_strided_tiles(outer, inner, kVec, columns);
   if (streaming)
-    return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true>>(
-        ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
-  return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false>>(
+    return with_columns(columns, threads, [&](auto cols) {
+      return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true, decltype(cols)>>(
+          ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, cols, cluster, Epi{});
+    });
+  return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false, int>>(
       ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
 }
 
@@ -638,9 +675,11 @@ cudaError_t strided_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t 
   if (ok != cudaSuccess) return ok;
   const int64_t ntiles = softmax_strided_tiles(outer, inner, kVec, columns);
   if (streaming)
-    return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true>>(
-        ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
-  return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false>>(
+    return with_columns(columns, threads, [&](auto cols) {
+      return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, true, decltype(cols)>>(
+          ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, cols, cluster, Epi{});
+    });
+  return launch_items<softmax_strided_bwd_kernel<in_t, out_t, Epi, kVec, false, int>>(
       ntiles, threads, smem, cluster, stream, dy, y, dx, outer, dim, inner, columns, cluster, Epi{});
 }
 
@@ -672,11 +711,14 @@ cudaError_t strided_split_forward(const in_t* x, out_t* y, int64_t outer, int64_
   if (ok != cudaSuccess) return ok;
   const int64_t items = softmax_strided_tiles(outer, inner, kVec, columns) * chunks;
   auto* ws = static_cast<MaxSum<A>*>(workspace);
-  const cudaError_t err = launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
-      items, threads, smem, 1, stream, x, y, outer, dim, inner, columns, chunks, items, ws, Epi{});
-  if (err != cudaSuccess) return err;
-  return launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitApply>>(
-      items, threads, smem, 1, stream, x, y, outer, dim, inner, columns, chunks, items, ws, Epi{});
+  return with_columns(columns, threads, [&](auto cols) {
+    using Cols = decltype(cols);
+    const cudaError_t err = launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitStats, Cols>>(
+        items, threads, smem, 1, stream, x, y, outer, dim, inner, cols, chunks, items, ws, Epi{});
+    if (err != cudaSuccess) return err;
+    return launch_items<softmax_strided_split_fwd_kernel<in_t, out_t, Epi, kVec, kSplitApply, Cols>>(
+        items, threads, smem, 1, stream, x, y, outer, dim, inner, cols, chunks, items, ws, Epi{});
+  });
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
@@ -690,11 +732,14 @@ cudaError_t strided_split_backward(const out_t* dy, const out_t* y, in_t* dx, in
   if (ok != cudaSuccess) return ok;
   const int64_t items = softmax_strided_tiles(outer, inner, kVec, columns) * chunks;
   auto* ws = static_cast<A*>(workspace);
-  const cudaError_t err = launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitStats>>(
-      items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, chunks, items, ws, Epi{});
-  if (err != cudaSuccess) return err;
-  return launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitApply>>(
-      items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, columns, chunks, items, ws, Epi{});
+  return with_columns(columns, threads, [&](auto cols) {
+    using Cols = decltype(cols);
+    const cudaError_t err = launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitStats, Cols>>(
+        items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, cols, chunks, items, ws, Epi{});
+    if (err != cudaSuccess) return err;
+    return launch_items<softmax_strided_split_bwd_kernel<in_t, out_t, Epi, kVec, kSplitApply, Cols>>(
+        items, threads, smem, 1, stream, dy, y, dx, outer, dim, inner, cols, chunks, items, ws, Epi{});
+  });
 }
 
 }  // namespace detail
