@@ -308,11 +308,13 @@ FASTACT_DEVICE void strided_stream_write(const in_t* __restrict__ xc, out_t* __r
   }
 }
 
-// The backward's passes: dot[k] += the backward terms of D-rows [lo, hi) ...
-template <typename A, typename out_t, typename Epi, int kVec, int kU>
-FASTACT_DEVICE void strided_stream_dot(const out_t* __restrict__ dyc, const out_t* __restrict__ yc, int64_t lo,
-                                       int64_t hi, const StridedThread& t, int64_t inner, const Epi& epi,
-                                       A (&dot)[kVec]) {
+// The backward's two streaming passes walk D-rows [lo, hi) of this thread's column alike (D-rows lo + g,
+// lo + g + G, ... in batches of kU accesses; step = G * inner): load a batch of dy (and of y when kLoadY),
+// then body(offset, dy, y) per D-row, both converted to the accumulation type (y unset without kLoadY).
+template <bool kLoadY, typename A, typename out_t, int kVec, int kU, typename Body>
+FASTACT_DEVICE void strided_stream_backward_rows(const out_t* __restrict__ dyc, const out_t* __restrict__ yc,
+                                                 int64_t lo, int64_t hi, const StridedThread& t, int64_t inner,
+                                                 Body body) {
   const int64_t step = int64_t(t.G) * inner;
   for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
     const int64_t off = d * inner;
@@ -321,7 +323,7 @@ FASTACT_DEVICE void strided_stream_dot(const out_t* __restrict__ dyc, const out_
     for (int q = 0; q < kU; ++q) {
       if (d + int64_t(q) * t.G < hi) {
         dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
-        if constexpr (Epi::kTermUsesOutput) yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
+        if constexpr (kLoadY) yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
       }
     }
 #pragma unroll
@@ -330,11 +332,22 @@ FASTACT_DEVICE void strided_stream_dot(const out_t* __restrict__ dyc, const out_
         A g[kVec], o[kVec];
         to_acc(dy[q], g);
         to_acc(yv[q], o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
+        body(off + q * step, g, o);
       }
     }
   }
+}
+
+// The summing pass: dot[k] += the backward terms (y loaded only where the term reads it) ...
+template <typename A, typename out_t, typename Epi, int kVec, int kU>
+FASTACT_DEVICE void strided_stream_dot(const out_t* __restrict__ dyc, const out_t* __restrict__ yc, int64_t lo,
+                                       int64_t hi, const StridedThread& t, int64_t inner, const Epi& epi,
+                                       A (&dot)[kVec]) {
+  strided_stream_backward_rows<Epi::kTermUsesOutput, A, out_t, kVec, kU>(
+      dyc, yc, lo, hi, t, inner, [&](int64_t, const A (&g)[kVec], const A (&o)[kVec]) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) dot[k] += epi.backward_term(g[k], o[k]);
+      });
 }
 
 // ... and the write pass of grad_input with the column's dot.
@@ -343,29 +356,13 @@ FASTACT_DEVICE void strided_stream_backward_write(const out_t* __restrict__ dyc,
                                                   in_t* __restrict__ dxc, int64_t lo, int64_t hi,
                                                   const StridedThread& t, int64_t inner, const Epi& epi,
                                                   const A (&dot)[kVec]) {
-  const int64_t step = int64_t(t.G) * inner;
-  for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
-    const int64_t off = d * inner;
-    AlignedVector<out_t, kVec> dy[kU], yv[kU];
+  strided_stream_backward_rows<true, A, out_t, kVec, kU>(
+      dyc, yc, lo, hi, t, inner, [&](int64_t off, const A (&g)[kVec], const A (&o)[kVec]) {
+        A r[kVec];
 #pragma unroll
-    for (int q = 0; q < kU; ++q) {
-      if (d + int64_t(q) * t.G < hi) {
-        dy[q] = load_vector<out_t, kVec>(dyc + off + q * step);
-        yv[q] = load_vector<out_t, kVec>(yc + off + q * step);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kU; ++q) {
-      if (d + int64_t(q) * t.G < hi) {
-        A g[kVec], o[kVec];
-        to_acc(dy[q], g);
-        to_acc(yv[q], o);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot[k]);
-        store_vector<in_t, kVec>(dxc + off + q * step, from_acc<in_t>(g));
-      }
-    }
-  }
+        for (int k = 0; k < kVec; ++k) r[k] = epi.backward(g[k], o[k], dot[k]);
+        store_vector<in_t, kVec>(dxc + off, from_acc<in_t>(r));
+      });
 }
 
 // The forward's cache: D-rows as loaded for 16-bit inputs in 128-bit accesses (kRaw,
