@@ -3,7 +3,9 @@
 Every softmax variant forced (forward and backward, softmax and log_softmax) on each shape it
 accepts, every elementwise op forward and backward, every dtype, aligned and misaligned inputs.
 Checks each result against torch so that a run that is clean but wrong also fails.
-Usage: python3 scripts/sanitize_cases.py [--quick]   (--quick: float32 and bfloat16 only)
+Usage: python3 scripts/sanitize_cases.py [--quick] [--synccheck]
+  --quick: float32 and bfloat16 only.
+  --synccheck: without the cases that synccheck cannot run (SYNCCHECK_SKIPS).
 """
 
 import sys
@@ -29,13 +31,22 @@ def softmax_backward_reference(dy, want, dim, log):
     return f(dy.double(), want, dim, torch.float64)
 
 
-def softmax_cases(dtype):
+# compute-sanitizer 2025.3's synccheck stops with "an illegal memory access" (and 0 synccheck errors) on
+# any kernel whose CTAs push st.async values into the CTAs of a 16-CTA cluster while two CTAs of the
+# kernel can share an SM: a 40-line kernel doing only that fails alike, passes with 1 CTA an SM or in
+# clusters of 8, and is right in 3000 plain launches (bench/NOTES.md, twenty-second session). These
+# cases run that way (the cached strided float / float64 backward, 2 columns x 512 threads x 16); the
+# other three tools run them.
+SYNCCHECK_SKIPS = {((16384, 64), 0)}
+
+
+def softmax_cases(dtype, synccheck=False):
     dev = "cuda"
     shapes = [((3, 1), -1), ((5, 33), -1), ((4, 1024), -1), ((2, 1025), -1), ((2, 4104), -1),
               ((2, 70000), -1), ((5, 20011), -1), ((3, 37, 5), 1), ((2, 64, 130), 1),
               ((2, 64, 64), 1), ((2, 1024, 64), 1), ((2, 2048, 64), 1), ((3, 100, 40), 1), ((2, 257, 33), 1),
               ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0), ((16384, 33), 0),
-              ((65536, 100), 0)]
+              ((65536, 100), 0), ((16384, 64), 0)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
@@ -43,8 +54,11 @@ def softmax_cases(dtype):
     # threads, a cluster, a partial tile, dim 0 of a tall matrix (narrow tiles over a cluster of 16), and
     # dim 0 of 65536 rows (one tile: the split mode, chunks of D through a workspace); dim 0 of 16384 x 33
     # and 65536 x 100: tiles of a whole outer index (33 columns in 512 threads, the last 17 idle; 100
-    # elements, 25 or 50 vectors), split
+    # elements, 25 or 50 vectors), split; dim 0 of 16384 x 64: cached tiles over 16-CTA clusters that
+    # share SMs (float backward: 2 columns x 512 threads)
     for shape, dim in shapes:
+        if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
+            continue
         for misaligned in (False, True):
             n = torch.Size(shape).numel()
             base = torch.randn(n + 1, device=dev, dtype=dtype)
@@ -148,7 +162,7 @@ def main():
     dtypes = [torch.float32, torch.bfloat16] if "--quick" in sys.argv else \
         [torch.float32, torch.float64, torch.float16, torch.bfloat16]
     for dtype in dtypes:
-        softmax_cases(dtype)
+        softmax_cases(dtype, synccheck="--synccheck" in sys.argv)
         long_row_cases(dtype)
         elementwise_cases(dtype)
     torch.cuda.synchronize()
