@@ -1,10 +1,15 @@
 // Autograd for every fastact op, registered at the Autograd key: each forward saves what its
 // backward op needs and the backward calls that op through the dispatcher, so autograd,
-// torch.compile (AOTAutograd) and opcheck all see real ops. Backward ops are not themselves
-// differentiable (no double backward).
+// torch.compile (AOTAutograd) and opcheck all see real ops. The backward ops are differentiable in
+// turn (double backward, as torch's are): their derivatives below are torch ops and fastact ops,
+// recorded when a backward runs with create_graph, so every higher derivative follows.
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <vector>
+
+#include "fastact/math.h"
 #include "op_handles.h"
 
 namespace fastact {
@@ -40,11 +45,10 @@ struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction<kLog>> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op_handle<SoftmaxBwdSig>(kLog ? "fastact::log_softmax_backward" : "fastact::softmax_backward");
     const Tensor y = ctx->get_saved_variables()[0];
     const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
     const std::string variant = ctx->saved_data["variant"].toStringRef();
-    Tensor dx = bwd.call(grads[0], y, ctx->saved_data["dim"].toInt(), input_dtype, variant);
+    Tensor dx = softmax_backward_op<kLog>().call(grads[0], y, ctx->saved_data["dim"].toInt(), input_dtype, variant);
     return {dx, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -67,9 +71,8 @@ struct GeluFunction : torch::autograd::Function<GeluFunction> {
     return call(x, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view)>("fastact::gelu_backward");
     const Tensor x = ctx->get_saved_variables()[0];
-    return {bwd.call(grads[0], x, ctx->saved_data["approximate"].toStringRef()), Tensor()};
+    return {gelu_backward_op().call(grads[0], x, ctx->saved_data["approximate"].toStringRef()), Tensor()};
   }
 };
 
@@ -89,10 +92,8 @@ struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
     return call(x, bias, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, c10::string_view)>(
-        "fastact::bias_gelu_backward");
     const auto saved = ctx->get_saved_variables();
-    auto [dx, dbias] = bwd.call(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
+    auto [dx, dbias] = bias_gelu_backward_op().call(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
     return {dx, dbias, Tensor()};
   }
 };
@@ -113,12 +114,189 @@ struct SigmoidFunction : torch::autograd::Function<SigmoidFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto bwd = op_handle<Tensor(const Tensor&, const Tensor&)>("fastact::sigmoid_backward");
-    return {bwd.call(grads[0], ctx->get_saved_variables()[0])};
+    return {sigmoid_backward_op().call(grads[0], ctx->get_saved_variables()[0])};
   }
 };
 
 Tensor sigmoid_autograd(const Tensor& x) { return plain(x) ? SigmoidFunction::call(x) : SigmoidFunction::apply(x); }
+
+// ------------------------------------------------------------------------------------------------
+// The backward ops' own derivatives (double backward). Each formula is in torch ops on the saved
+// inputs and the incoming gradient g of the backward op's output, in float for 16-bit tensors (as
+// the kernels compute), cast back to each input's dtype; where a derivative is the backward op
+// itself (softmax's and gelu's with respect to grad_output), it calls that fastact op.
+
+// Whether a backward op's call goes through its autograd Function: an input requires grad in grad
+// mode (a backward run with create_graph), or carries a forward-mode tangent (which Function::apply
+// refuses with an error, as it does for the forward ops, rather than dropping it). Otherwise (the
+// first-order backward without create_graph) it runs below autograd directly: nothing to record.
+bool record(std::initializer_list<Tensor> ts) {
+  const bool grad_mode = at::GradMode::is_enabled();
+  for (const Tensor& t : ts) {
+    if (t.defined() && ((grad_mode && t.requires_grad()) || t._fw_grad(/*level=*/0).defined())) return true;
+  }
+  return false;
+}
+
+// float for half and bfloat16 (the kernels' accumulation type); float and double as they are.
+Tensor opmath(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t; }
+
+// d2/dx2 gelu(x). erf: gelu = x Phi(x), gelu' = Phi + x phi, gelu'' = phi(x) (2 - x^2). tanh: gelu =
+// x (1 + t) / 2, t = tanh(u), u = k (x + c x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
+// u' = k (1 + 3 c x^2), u'' = 6 k c x (k = sqrt(2 / pi), c = 0.044715: math.h's GeluConstants).
+Tensor gelu_second_derivative(const Tensor& x, c10::string_view approximate) {
+  using K = math::GeluConstants<double>;
+  if (approximate == "tanh") {
+    const double k = K::kBeta, c = K::kKappa;
+    const Tensor x2 = x * x;
+    const Tensor t = at::tanh(k * (x + c * x2 * x));
+    const Tensor du = k * (1 + 3 * c * x2);
+    return (1 - t * t) * (du + 0.5 * x * (6 * k * c * x - 2 * t * du * du));
+  }
+  const Tensor x2 = x * x;
+  return K::kInvSqrt2Pi * at::exp(-0.5 * x2) * (2 - x2);
+}
+
+// softmax: dx = y (dy - sum(dy y)), so d/d dy = y (g - sum(g y)) (softmax_backward itself) and
+// d/dy = g (dy - sum(dy y)) - dy sum(g y). log_softmax: dx = dy - exp(y) sum(dy), so d/d dy =
+// g - sum(g exp(y)) and d/dy = -g exp(y) sum(dy). Sums over `dim`, kept.
+template <bool kLog>
+struct SoftmaxBackwardFunction : torch::autograd::Function<SoftmaxBackwardFunction<kLog>> {
+  static Tensor call(const Tensor& dy, const Tensor& y, int64_t dim, at::ScalarType input_dtype,
+                     c10::string_view variant) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return softmax_backward_op<kLog>().call(dy, y, dim, input_dtype, variant);
+  }
+  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& y, int64_t dim,
+                        at::ScalarType input_dtype, c10::string_view variant) {
+    ctx->save_for_backward({dy, y});
+    ctx->saved_data["dim"] = dim;
+    return call(dy, y, dim, input_dtype, variant);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &dy = saved[0], &y = saved[1];
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const Tensor dyf = opmath(dy), yf = opmath(y);
+    const Tensor g = grads[0].to(yf.scalar_type());  // dx is in input_dtype
+    Tensor grad_dy, grad_y;
+    if constexpr (kLog) {
+      const Tensor e = at::exp(yf);
+      if (ctx->needs_input_grad(0)) grad_dy = (g - (g * e).sum(dim, true)).to(dy.scalar_type());
+      if (ctx->needs_input_grad(1)) grad_y = (-g * e * dyf.sum(dim, true)).to(y.scalar_type());
+    } else {
+      if (ctx->needs_input_grad(0))
+        grad_dy = softmax_backward_op<false>().call(g, yf, dim, g.scalar_type(), "auto").to(dy.scalar_type());
+      if (ctx->needs_input_grad(1))
+        grad_y = (g * (dyf - (dyf * yf).sum(dim, true)) - dyf * (g * yf).sum(dim, true)).to(y.scalar_type());
+    }
+    return {grad_dy, grad_y, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+template <bool kLog>
+Tensor softmax_backward_autograd(const Tensor& dy, const Tensor& y, int64_t dim, at::ScalarType input_dtype,
+                                 c10::string_view variant) {
+  if (!record({dy, y})) return SoftmaxBackwardFunction<kLog>::call(dy, y, dim, input_dtype, variant);
+  return SoftmaxBackwardFunction<kLog>::apply(dy, y, dim, input_dtype, variant);
+}
+
+// dx = dy gelu'(x): d/d dy = g gelu'(x) (gelu_backward itself), d/dx = g dy gelu''(x).
+struct GeluBackwardFunction : torch::autograd::Function<GeluBackwardFunction> {
+  static Tensor call(const Tensor& dy, const Tensor& x, c10::string_view approximate) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return gelu_backward_op().call(dy, x, approximate);
+  }
+  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& x, c10::string_view approximate) {
+    ctx->save_for_backward({dy, x});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    return call(dy, x, approximate);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &dy = saved[0], &x = saved[1];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    Tensor grad_dy, grad_x;
+    if (ctx->needs_input_grad(0)) grad_dy = gelu_backward_op().call(grads[0], x, approximate);
+    if (ctx->needs_input_grad(1))
+      grad_x = (opmath(grads[0]) * opmath(dy) * gelu_second_derivative(opmath(x), approximate)).to(x.scalar_type());
+    return {grad_dy, grad_x, Tensor()};
+  }
+};
+
+Tensor gelu_backward_autograd(const Tensor& dy, const Tensor& x, c10::string_view approximate) {
+  if (!record({dy, x})) return GeluBackwardFunction::call(dy, x, approximate);
+  return GeluBackwardFunction::apply(dy, x, approximate);
+}
+
+// (dx, dbias) = (dy gelu'(z), dx summed over all but the last dim), z = x + bias. With g and gb the
+// gradients of dx and dbias, dx's elements see G = g + gb (broadcast): d/d dy = G gelu'(z),
+// d/dx = G dy gelu''(z), d/dbias = that summed like dbias.
+struct BiasGeluBackwardFunction : torch::autograd::Function<BiasGeluBackwardFunction> {
+  static std::tuple<Tensor, Tensor> call(const Tensor& dy, const Tensor& x, const Tensor& bias,
+                                         c10::string_view approximate) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return bias_gelu_backward_op().call(dy, x, bias, approximate);
+  }
+  static variable_list forward(AutogradContext* ctx, const Tensor& dy, const Tensor& x, const Tensor& bias,
+                               c10::string_view approximate) {
+    ctx->save_for_backward({dy, x, bias});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    auto [dx, dbias] = call(dy, x, bias, approximate);
+    return {dx, dbias};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &dy = saved[0], &x = saved[1], &bias = saved[2];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const Tensor G = opmath(grads[0]) + opmath(grads[1]);
+    const Tensor z = opmath(x) + opmath(bias);
+    Tensor grad_dy, grad_x, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_dy = gelu_backward_op().call(G, z, approximate).to(dy.scalar_type());
+    if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
+      const Tensor h = G * opmath(dy) * gelu_second_derivative(z, approximate);
+      if (ctx->needs_input_grad(1)) grad_x = h.to(x.scalar_type());
+      if (ctx->needs_input_grad(2)) {
+        std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(x.dim() - 1, 0)));
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+        grad_bias = (rows.empty() ? h : h.sum(rows)).to(bias.scalar_type());
+      }
+    }
+    return {grad_dy, grad_x, grad_bias, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> bias_gelu_backward_autograd(const Tensor& dy, const Tensor& x, const Tensor& bias,
+                                                       c10::string_view approximate) {
+  if (!record({dy, x, bias})) return BiasGeluBackwardFunction::call(dy, x, bias, approximate);
+  const variable_list out = BiasGeluBackwardFunction::apply(dy, x, bias, approximate);
+  return {out[0], out[1]};
+}
+
+// dx = dy y (1 - y): d/d dy = g y (1 - y) (sigmoid_backward itself), d/dy = g dy (1 - 2 y).
+struct SigmoidBackwardFunction : torch::autograd::Function<SigmoidBackwardFunction> {
+  static Tensor call(const Tensor& dy, const Tensor& y) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return sigmoid_backward_op().call(dy, y);
+  }
+  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& y) {
+    ctx->save_for_backward({dy, y});
+    return call(dy, y);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &dy = saved[0], &y = saved[1];
+    Tensor grad_dy, grad_y;
+    if (ctx->needs_input_grad(0)) grad_dy = sigmoid_backward_op().call(grads[0], y);
+    if (ctx->needs_input_grad(1)) grad_y = (opmath(grads[0]) * opmath(dy) * (1 - 2 * opmath(y))).to(y.scalar_type());
+    return {grad_dy, grad_y};
+  }
+};
+
+Tensor sigmoid_backward_autograd(const Tensor& dy, const Tensor& y) {
+  if (!record({dy, y})) return SigmoidBackwardFunction::call(dy, y);
+  return SigmoidBackwardFunction::apply(dy, y);
+}
 
 }  // namespace
 
@@ -128,6 +306,11 @@ TORCH_LIBRARY_IMPL(fastact, Autograd, m) {
   m.impl("gelu", &gelu_autograd);
   m.impl("bias_gelu", &bias_gelu_autograd);
   m.impl("sigmoid", &sigmoid_autograd);
+  m.impl("softmax_backward", &softmax_backward_autograd<false>);
+  m.impl("log_softmax_backward", &softmax_backward_autograd<true>);
+  m.impl("gelu_backward", &gelu_backward_autograd);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
+  m.impl("sigmoid_backward", &sigmoid_backward_autograd);
 }
 
 }  // namespace fastact

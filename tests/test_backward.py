@@ -1,5 +1,6 @@
 """The backward ops called directly (they are registered ops of their own: autograd, compile and
-opcheck all see them), and torch.autograd.gradcheck in float64 on every public op."""
+opcheck all see them), torch.autograd.gradcheck and gradgradcheck in float64 on every public op and
+every backward op, and second derivatives (double backward) in every dtype against torch."""
 
 import pytest
 import torch
@@ -228,15 +229,101 @@ def _gradcheck_inputs(device):
     ids=str,
 )
 def test_gradcheck(device, op, layout):
+    """First and second derivatives (the backward ops are differentiable, as torch's are)."""
     x = _gradcheck_inputs(device)[layout].detach().requires_grad_()
     if op.takes_bias:
         b = bias_for(x, "strided").detach().requires_grad_()
         assert torch.autograd.gradcheck(lambda x, b: op.fastact(x, bias=b), (x, b))
+        assert torch.autograd.gradgradcheck(lambda x, b: op.fastact(x, bias=b), (x, b))
     elif op.takes_dim:
         for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
             assert torch.autograd.gradcheck(lambda x: op.fastact(x, dim=dim), (x,)), dim
+            assert torch.autograd.gradgradcheck(lambda x: op.fastact(x, dim=dim), (x,)), dim
     else:
         assert torch.autograd.gradcheck(lambda x: op.fastact(x), (x,))
+        assert torch.autograd.gradgradcheck(lambda x: op.fastact(x), (x,))
+
+
+def _backward_op_inputs(op, device, shape=(3, 5), dim=1):
+    """(callable, float64 inputs that require grad) of op's backward op: the grad and the saved
+    tensors (a real softmax / sigmoid output where the op saves its output)."""
+    t = lambda: make_tensor(shape, torch.float64, device).requires_grad_()  # noqa: E731
+    g, x = t(), t()
+    if op.takes_dim:
+        log = op.name == "log_softmax"
+        y = (torch.log_softmax if log else torch.softmax)(x.detach(), dim).requires_grad_()
+        f = getattr(ops, f"{op.name}_backward")
+        return (lambda g, y: f(g, y, dim, torch.float64)), (g, y)
+    if op.name == "sigmoid":
+        return ops.sigmoid_backward, (g, torch.sigmoid(x.detach()).requires_grad_())
+    if op.name == "gelu":
+        return (lambda g, x: ops.gelu_backward(g, x, op.approximate)), (g, x)
+    b = make_tensor(shape[-1:], torch.float64, device).requires_grad_()
+    return (lambda g, x, b: ops.bias_gelu_backward(g, x, b, op.approximate)), (g, x, b)
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_backward_op_gradcheck(device, op):
+    """Every backward op is differentiable in all its tensor inputs, twice (triple backward)."""
+    f, inputs = _backward_op_inputs(op, device)
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_forward_ad_raises(device, op):
+    """Forward-mode AD is not supported (C++ autograd Functions have no jvp): a tangent on the input of
+    a forward op or of a backward op raises, rather than being dropped."""
+    import torch.autograd.forward_ad as fwAD
+
+    f, inputs = _backward_op_inputs(op, device)
+    inputs = [t.detach() for t in inputs]
+    with fwAD.dual_level():
+        x = fwAD.make_dual(inputs[1], torch.randn_like(inputs[1]))
+        with pytest.raises(RuntimeError, match="jvp"):
+            op.fastact(x, bias=inputs[2] if op.takes_bias else None)
+        for i in range(len(inputs)):
+            dual = list(inputs)
+            dual[i] = fwAD.make_dual(inputs[i], torch.randn_like(inputs[i]))
+            with pytest.raises(RuntimeError, match="jvp"):
+                f(*dual)
+
+
+def _second_derivatives(fn, inputs, w, vs):
+    """d/d inputs of sum(v * d/d input sum(w * fn(inputs))) over the inputs: a Hessian-vector
+    product, through create_graph=True and a second backward."""
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    y = fn(*inputs)
+    grads = torch.autograd.grad((y * w.to(y.dtype)).sum(), inputs, create_graph=True)
+    assert all(g.requires_grad for g in grads)
+    return torch.autograd.grad(sum((g * v.to(g.dtype)).sum() for g, v in zip(grads, vs)), inputs)
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+@pytest.mark.parametrize("shape,dim", [((6, 40), 1), ((4, 7, 5), 1)], ids=["rows", "dim1"])
+def test_double_backward(device, dtype, op, shape, dim):
+    """Second derivatives in every dtype (and softmax's dtype= cast of 16-bit inputs to float32)
+    against float64 torch autograd; torch's own result in the tested dtype widens the bound. A first
+    backward without create_graph records nothing."""
+    x = make_tensor(shape, dtype, device)
+    inputs = [x] + ([bias_for(x)] if op.takes_bias else [])
+    w, vs = make_tensor(shape, dtype, device), [make_tensor(t.shape, dtype, device) for t in inputs]
+    out_dtypes = [None] + ([torch.float32] if op.takes_dim and dtype in (torch.float16, torch.bfloat16) else [])
+    for out_dtype in out_dtypes:
+        kw = dict(dim=dim, dtype=out_dtype) if op.takes_dim else {}
+        if op.takes_bias:
+            fa, pt = (lambda x, b: op.fastact(x, bias=b)), (lambda x, b: op.torch(x, bias=b))
+        else:
+            fa, pt = (lambda x: op.fastact(x, **kw)), (lambda x: op.torch(x, **kw))
+        got = _second_derivatives(fa, inputs, w, vs)
+        want = _second_derivatives(pt, [t.double() for t in inputs], w.double(), [v.double() for v in vs])
+        torch_got = _second_derivatives(pt, inputs, w, vs)
+        for name, a, e, t in zip(("x", "bias"), got, want, torch_got):
+            assert a.dtype == dtype
+            assert_close(a, e, torch_actual=t, msg=f"{op} {shape} dim={dim} dtype={out_dtype}: d2/d{name}")
+        xg = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(fa(*([xg] + inputs[1:])).sum(), xg)
+        assert not g.requires_grad and g.grad_fn is None
 
 
 @pytest.mark.parametrize("op", [o for o in ALL_OPS if o.takes_dim], ids=str)

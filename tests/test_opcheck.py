@@ -1,7 +1,7 @@
 """torch.library.opcheck on every op, forward and backward: schema, autograd registration, the fake
 (meta) kernel against the real one (shapes, dtypes, strides), and AOT dispatch with dynamic shapes.
-Forward ops get inputs that require grad (so the autograd tests run); backward ops get inputs that
-do not (they are not differentiable)."""
+Forward ops get inputs that require grad (so the autograd tests run); backward ops get both (they
+are differentiable too: double backward)."""
 
 import pytest
 import torch
@@ -48,6 +48,8 @@ def _samples(device):
             (f"{name}_backward-f16", bwd, (t((3, 40), f16), sm(t((3, 40), f16), -1, log), -1, f16), {}),
             (f"{name}_backward-transposed-stepped", bwd, (odd((4, 6)), odd((4, 6), values=sm(t((4, 6)), 1, log)), 1, f32), {}),
             (f"{name}_backward-empty", bwd, (t((0, 3)), sm(t((0, 3)), 1, log), 1, f32), {}),
+            (f"{name}_backward-grad", bwd, (t((5, 33), grad=True), sm(t((5, 33)), -1, log).requires_grad_(), -1, f32), {}),
+            (f"{name}_backward-grad-f16-in", bwd, (t((3, 40), grad=True), sm(t((3, 40)), 0, log).requires_grad_(), 0, f16), {}),
         ]
     for approx in ("none", "tanh"):
         s += [
@@ -57,6 +59,7 @@ def _samples(device):
             (f"gelu_backward-{approx}", ops.gelu_backward.default, (t((5, 33)), t((5, 33), scale=3.0), approx), {}),
             (f"gelu_backward-{approx}-transposed-stepped", ops.gelu_backward.default, (t((4, 6)), odd((4, 6)), approx), {}),
             (f"gelu_backward-{approx}-mixed-layouts", ops.gelu_backward.default, (t((5, 33), layout="transposed"), t((5, 33)), approx), {}),
+            (f"gelu_backward-{approx}-grad", ops.gelu_backward.default, (t((5, 33), grad=True), t((5, 33), grad=True), approx), {}),
         ]
         x = t((6, 33), grad=True)
         s += [
@@ -71,6 +74,7 @@ def _samples(device):
             (f"bias_gelu_backward-{approx}", ops.bias_gelu_backward.default, (t((6, 33)), t((6, 33)), random_values((33,), torch.float32, device), approx), {}),
             (f"bias_gelu-{approx}-transposed-stepped", ops.bias_gelu.default, (odd((4, 6), grad=True), random_values((6,), torch.float32, device).requires_grad_(), approx), {}),
             (f"bias_gelu_backward-{approx}-transposed-stepped", ops.bias_gelu_backward.default, (t((4, 6)), odd((4, 6)), random_values((6,), torch.float32, device), approx), {}),
+            (f"bias_gelu_backward-{approx}-grad", ops.bias_gelu_backward.default, (t((6, 33), grad=True), t((6, 33), grad=True), random_values((33,), torch.float32, device).requires_grad_(), approx), {}),
             (f"bias_gelu_backward-{approx}-3d", ops.bias_gelu_backward.default, (t((2, 5, 9), layout="transposed"), t((2, 5, 9)), random_values((9,), torch.float32, device), approx), {}),
         ]
     s += [
@@ -80,6 +84,7 @@ def _samples(device):
         ("sigmoid-transposed-stepped", ops.sigmoid.default, (odd((3, 4, 6), grad=True),), {}),
         ("sigmoid_backward-transposed-stepped", ops.sigmoid_backward.default, (odd((4, 6)), odd((4, 6), values=torch.sigmoid(t((4, 6))))), {}),
         ("sigmoid_backward", ops.sigmoid_backward.default, (t((5, 33)), torch.sigmoid(t((5, 33)))), {}),
+        ("sigmoid_backward-grad", ops.sigmoid_backward.default, (t((5, 33), grad=True), torch.sigmoid(t((5, 33))).requires_grad_()), {}),
         ("sigmoid_backward-transposed", ops.sigmoid_backward.default, (t((5, 33), layout="transposed"), torch.sigmoid(t((5, 33)))), {}),
     ]
     return s
