@@ -143,15 +143,19 @@ Tensor opmath(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type(
 
 // d2/dx2 gelu(x). erf: gelu = x Phi(x), gelu' = Phi + x phi, gelu'' = phi(x) (2 - x^2). tanh: gelu =
 // x (1 + t) / 2, t = tanh(u), u = k (x + c x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
-// u' = k (1 + 3 c x^2), u'' = 6 k c x (k = sqrt(2 / pi), c = 0.044715: math.h's GeluConstants).
+// u' = k (1 + 3 c x^2), u'' = 6 k c x (k = sqrt(2 / pi), c = 0.044715: math.h's GeluConstants). 1 - t^2
+// as 1 / cosh(u)^2: the difference loses every digit as t nears 1 (in float, 0.14% off at |x| = 4,
+// and 0 instead of 4e-6 at |x| = 5).
 Tensor gelu_second_derivative(const Tensor& x, c10::string_view approximate) {
   using K = math::GeluConstants<double>;
   if (approximate == "tanh") {
     const double k = K::kBeta, c = K::kKappa;
     const Tensor x2 = x * x;
-    const Tensor t = at::tanh(k * (x + c * x2 * x));
+    const Tensor u = k * (x + c * x2 * x);
+    const Tensor t = at::tanh(u);
+    const Tensor sech2 = at::cosh(u).pow(-2);
     const Tensor du = k * (1 + 3 * c * x2);
-    return (1 - t * t) * (du + 0.5 * x * (6 * k * c * x - 2 * t * du * du));
+    return sech2 * (du + 0.5 * x * (6 * k * c * x - 2 * t * du * du));
   }
   const Tensor x2 = x * x;
   return K::kInvSqrt2Pi * at::exp(-0.5 * x2) * (2 - x2);

@@ -300,11 +300,17 @@ def _second_derivatives(fn, inputs, w, vs):
 
 
 @pytest.mark.parametrize("op", ALL_OPS, ids=str)
-@pytest.mark.parametrize("shape,dim", [((6, 40), 1), ((4, 7, 5), 1)], ids=["rows", "dim1"])
+@pytest.mark.parametrize("shape,dim", [((6, 40), 1), ((8, 33, 5), 1)], ids=["rows", "dim1"])
 def test_double_backward(device, dtype, op, shape, dim):
     """Second derivatives in every dtype (and softmax's dtype= cast of 16-bit inputs to float32)
     against float64 torch autograd; torch's own result in the tested dtype widens the bound. A first
-    backward without create_graph records nothing."""
+    backward without create_graph records nothing. In 16-bit, the second derivative passes through
+    several roundings to the dtype (y, the gradient of y, the result), so fastact's and torch's
+    largest errors are tail statistics: over a hundred-odd elements, torch's can be a lucky third of
+    its usual size (one f16 sample of [4, 7, 5] on CUDA, at 3 ulp against torch's 0.8); these shapes
+    hold a few hundred to a thousand elements. fastact's errors are the smaller ones: the median of
+    the largest error over 200 CPU samples of [4, 7, 5], softmax f16 0.00018 against torch's 0.00035,
+    bf16 0.0015 against 0.0026."""
     x = make_tensor(shape, dtype, device)
     inputs = [x] + ([bias_for(x)] if op.takes_bias else [])
     w, vs = make_tensor(shape, dtype, device), [make_tensor(t.shape, dtype, device) for t in inputs]
