@@ -270,6 +270,7 @@ def test_backward_op_gradcheck(device, op):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's forward_ad
 @pytest.mark.parametrize("op", ALL_OPS, ids=str)
 def test_forward_ad_raises(device, op):
     """Forward-mode AD is not supported (C++ autograd Functions have no jvp): a tangent on the input of
