@@ -865,6 +865,38 @@ def test_second_gpu_forced_variants(variant):
                 assert_close(y, torch.softmax(x.double(), dim), msg=f"{variant} {shape}")
 
 
+
+# Softmax plans that keep per-device state or take a workspace (forward; the backward of each shape runs
+# through check_op): the grid mode (partials in a zeroed workspace), strided tiles cached over clusters
+# (sizes beyond 8 need a per-function attribute), streamed over a cluster, split with a workspace (tiles of
+# a line, and of a whole outer index). What explain must name, where it is the same on every sm_90 device.
+_SECOND_GPU_PLANS = [
+    ((4, 1 << 20), -1, "partials through global memory"),
+    ((16384, 64), 0, ", cached"),
+    ((66, 16384, 33), 1, "streamed twice"),
+    ((1048576, 64), 0, "chunks of D"),
+    ((65536, 33), 0, "variant=strided"),
+]
+
+
+@pytest.mark.parametrize("shape,dim,plan", _SECOND_GPU_PLANS, ids=lambda v: str(v) if isinstance(v, tuple) else None)
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_second_gpu_plans(op, shape, dim, plan):
+    """Each plan above on cuda:1 while cuda:0 is current, and on cuda:0 while cuda:1 is: the workspace,
+    cluster attributes and device properties of the tensor's device, not the current one's."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if min(torch.cuda.get_device_capability(i)[0] for i in (0, 1)) < 9 or _clusters_capped():
+        pytest.skip("these plans need sm_90 clusters (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    for current, where in ((0, "cuda:1"), (1, "cuda:0")):
+        with torch.cuda.device(current):
+            x = make_tensor(shape, torch.float32, where)
+            s = fastact.explain(op.name, x, dim)
+            assert plan in s, s
+            y = check_op(op, x, dim=dim, note=f"current cuda:{current}; {s}")
+            assert y.device == x.device
+
+
 # ----------------------------------------------------------------------------------------------
 # Memory
 
