@@ -7,7 +7,8 @@
 // op's typed handle with the GIL released, as torch's own bindings do. The dispatcher still runs
 // every key (autograd, inference mode, dispatch modes, the CUDA kernel and its device guard): only
 // the Python argument handling is shorter. Anything else returns NotImplemented and the Python
-// function calls the OpOverload, which handles subclasses, modes and argument errors as before. Any
+// function calls the OpOverload, which handles subclasses, modes and argument errors as before (or,
+// under a torch.func transform, fastact/_functorch.py's autograd.Functions). Any
 // torch function mode turns the shortcut off, torch's own included (`with torch.device(...)`,
 // torch.set_default_device): such calls cost the OpOverload's time, with the same results.
 // Under torch.compile dynamo never reaches these (fastact/__init__.py skips them while dynamo
@@ -16,6 +17,8 @@
 #include "op_handles.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -28,10 +31,22 @@ namespace {
 
 using at::Tensor;
 
-// A torch.Tensor or Parameter (not a subclass), with no torch function mode active: what the
-// OpOverload would call the op on unchanged.
+// Whether a torch.func transform (grad, vmap, jvp, ...) is active in this thread: the test behind
+// torch._C._are_functorch_transforms_active. The C++ autograd Functions refuse such transforms, so
+// the Python function takes fastact/_functorch.py's path then.
+bool functorch_active() {
+  const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
+  return included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
+
+// A torch.Tensor or Parameter (not a subclass) without a forward-mode tangent (torch.autograd.forward_ad;
+// level 0, the level torch's own kernels look at), with no torch function mode and no torch.func
+// transform active: what the OpOverload would call the op on unchanged. A tangent or a transform
+// goes to fastact/_functorch.py, whose autograd.Functions have the jvps the C++ ones lack.
 bool plain_tensor(PyObject* obj) {
-  return THPVariable_CheckExact(obj) && !at::impl::torch_function_mode_enabled();
+  return THPVariable_CheckExact(obj) && !at::impl::torch_function_mode_enabled() && !functorch_active() &&
+         !THPVariable_Unpack(obj)._fw_grad(/*level=*/0).defined();
 }
 
 bool as_int(PyObject* obj, int64_t& out) {
@@ -88,13 +103,34 @@ bool arity(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
   return false;
 }
 
+bool arity(const char* name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
+  if (least <= nargs && nargs <= most) return true;
+  PyErr_Format(PyExc_TypeError, "fastact._C.%s takes %zd to %zd positional arguments (%zd given)", name, least, most,
+               nargs);
+  return false;
+}
+
+// None, or a torch.dtype (exactly): softmax's optional output dtype.
+bool as_optional_dtype(PyObject* obj, std::optional<at::ScalarType>& out) {
+  if (obj == Py_None) {
+    out = std::nullopt;
+    return true;
+  }
+  if (!THPDtype_Check(obj)) return false;
+  out = reinterpret_cast<THPDtype*>(obj)->scalar_type;
+  return true;
+}
+
+// softmax(input, dim) or softmax(input, dim, dtype).
 template <bool kLog>
 PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2)) return nullptr;
+  if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2, 3)) return nullptr;
   int64_t dim = 0;
-  if (!plain_tensor(args[0]) || !as_int(args[1], dim)) return not_implemented();
+  std::optional<at::ScalarType> dtype;
+  if (!plain_tensor(args[0]) || !as_int(args[1], dim) || (nargs == 3 && !as_optional_dtype(args[2], dtype)))
+    return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return softmax_op<kLog>().call(x, dim, std::nullopt, "auto"); });
+  return run([&] { return softmax_op<kLog>().call(x, dim, dtype, "auto"); });
 }
 
 PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -108,7 +144,7 @@ PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("bias_gelu", nargs, 3)) return nullptr;
   std::string_view approximate;
-  if (!plain_tensor(args[0]) || !THPVariable_CheckExact(args[1]) || !as_string(args[2], approximate))
+  if (!plain_tensor(args[0]) || !plain_tensor(args[1]) || !as_string(args[2], approximate))
     return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
   const Tensor& bias = THPVariable_Unpack(args[1]);
@@ -125,10 +161,11 @@ PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // The text signatures (before "--") give inspect.signature its answer.
 PyMethodDef methods[] = {
     {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<false>)), METH_FASTCALL,
-     "softmax($module, input, dim, /)\n--\n\nfastact::softmax(input, dim); NotImplemented if not a plain tensor."},
+     "softmax($module, input, dim, dtype=None, /)\n--\n\nfastact::softmax(input, dim, dtype); NotImplemented if not a "
+     "plain tensor."},
     {"log_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<true>)), METH_FASTCALL,
-     "log_softmax($module, input, dim, /)\n--\n\nfastact::log_softmax(input, dim); NotImplemented if not a plain "
-     "tensor."},
+     "log_softmax($module, input, dim, dtype=None, /)\n--\n\nfastact::log_softmax(input, dim, dtype); NotImplemented "
+     "if not a plain tensor."},
     {"gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gelu)), METH_FASTCALL,
      "gelu($module, input, approximate, /)\n--\n\nfastact::gelu; NotImplemented if not a plain tensor."},
     {"bias_gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&bias_gelu)), METH_FASTCALL,

@@ -7,6 +7,7 @@ and bfloat16, under autograd, torch.compile and CUDA graphs.
 
 from torch.compiler import is_dynamo_compiling as _dynamo_tracing
 
+from . import _functorch
 from ._ops import _C
 from ._ops import ops as _ops
 
@@ -17,7 +18,9 @@ __version__ = "0.1.0"
 # plain tensor), which returns NotImplemented for anything else (tensor subclasses, torch function
 # modes, unusual arguments); then the OpOverload, looked up once here, handles the call. While dynamo
 # traces, _dynamo_tracing() is True (a constant to it; a 20 ns call in eager) and the OpOverload is
-# what it sees: it cannot trace a C function.
+# what it sees: it cannot trace a C function. Under torch.func transforms (grad, vmap, jvp, ...) _C
+# returns NotImplemented too, and the op runs through _functorch's Python autograd.Functions: torch
+# refuses the C++ ones there.
 _softmax = _ops.softmax.default
 _log_softmax = _ops.log_softmax.default
 _gelu = _ops.gelu.default
@@ -30,26 +33,35 @@ def softmax(input, dim=-1, *, dtype=None):
 
     ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32``
     is converted inside the kernel (no extra pass over memory)."""
-    if dtype is None and not _dynamo_tracing():
-        y = _C.softmax(input, dim)
+    if not _dynamo_tracing():
+        y = _C.softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
+        if _functorch.active():
+            return _functorch.softmax(input, dim, dtype, False)
     return _softmax(input, dim, dtype)
 
 
 def log_softmax(input, dim=-1, *, dtype=None):
     """Log-softmax over `dim`; matches ``torch.log_softmax(input, dim, dtype=dtype)``."""
-    if dtype is None and not _dynamo_tracing():
-        y = _C.log_softmax(input, dim)
+    if not _dynamo_tracing():
+        y = _C.log_softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
+        if _functorch.active():
+            return _functorch.softmax(input, dim, dtype, True)
     return _log_softmax(input, dim, dtype)
 
 
 def gelu(input, approximate="none"):
     """GELU; matches ``torch.nn.functional.gelu(input, approximate=approximate)`` ("none" or "tanh")."""
-    y = NotImplemented if _dynamo_tracing() else _C.gelu(input, approximate)
-    return _gelu(input, approximate) if y is NotImplemented else y
+    if not _dynamo_tracing():
+        y = _C.gelu(input, approximate)
+        if y is not NotImplemented:
+            return y
+        if _functorch.active():
+            return _functorch.gelu(input, approximate)
+    return _gelu(input, approximate)
 
 
 def bias_gelu(input, bias, approximate="tanh"):
@@ -57,14 +69,24 @@ def bias_gelu(input, bias, approximate="tanh"):
 
     The backward returns the gradients of ``input`` and ``bias``, also fused (no materialised
     ``input + bias``)."""
-    y = NotImplemented if _dynamo_tracing() else _C.bias_gelu(input, bias, approximate)
-    return _bias_gelu(input, bias, approximate) if y is NotImplemented else y
+    if not _dynamo_tracing():
+        y = _C.bias_gelu(input, bias, approximate)
+        if y is not NotImplemented:
+            return y
+        if _functorch.active():
+            return _functorch.bias_gelu(input, bias, approximate)
+    return _bias_gelu(input, bias, approximate)
 
 
 def sigmoid(input):
     """Sigmoid; matches ``torch.sigmoid`` (computed without overflow for large ``|input|``)."""
-    y = NotImplemented if _dynamo_tracing() else _C.sigmoid(input)
-    return _sigmoid(input) if y is NotImplemented else y
+    if not _dynamo_tracing():
+        y = _C.sigmoid(input)
+        if y is not NotImplemented:
+            return y
+        if _functorch.active():
+            return _functorch.sigmoid(input)
+    return _sigmoid(input)
 
 
 def explain(op, input, dim=-1):

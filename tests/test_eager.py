@@ -70,6 +70,47 @@ def test_public_function_takes_the_entry(device, name, monkeypatch):
         public(x.as_subclass(_Sub), b)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_entry_takes_softmax_dtype(device, name, monkeypatch):
+    """softmax's dtype= goes through the entry as well (the fused cast among them); anything but None
+    or a torch.dtype declines, and the OpOverload decides."""
+    entry, public, overload = getattr(_C, name), getattr(fastact, name), getattr(ops, name).default
+    x = make_tensor((6, 40), torch.bfloat16, device)
+    for dt in (None, torch.float32, torch.bfloat16, torch.float64):
+        y = entry(x, 1, dt)
+        assert y.dtype == (dt or x.dtype) and torch.equal(y, overload(x, 1, dt)), dt
+    assert entry(x, 1, "float32") is NotImplemented
+    assert entry(x, 1, torch.float32.itemsize) is NotImplemented
+    with pytest.raises(TypeError, match="2 to 3 positional"):
+        entry(x)
+    for attr in ("_softmax", "_log_softmax"):
+        monkeypatch.setattr(fastact, attr, _refuse)
+    assert torch.equal(public(x, 1, dtype=torch.float32), overload(x, 1, torch.float32))  # the entry ran
+
+
+def test_entry_declines_transforms_and_tangents(device):
+    """Under a torch.func transform, or for a tensor with a forward-mode tangent, the entry declines:
+    the C++ autograd Functions cannot take those, fastact/_functorch.py does."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, b = _inputs(device)
+    declined = []
+
+    def f(t):
+        declined.extend(entry(t, b) is NotImplemented for _, entry, _, _ in CASES.values())
+        return fastact.softmax(t, 1).sum()
+
+    torch.func.grad(f)(x)
+    assert declined and all(declined), declined
+    with fwAD.dual_level():
+        xd, bd = fwAD.make_dual(x, torch.ones_like(x)), fwAD.make_dual(b, torch.ones_like(b))
+        for _, entry, _, _ in CASES.values():
+            assert entry(xd, b) is NotImplemented
+        assert _C.bias_gelu(x, bd, "tanh") is NotImplemented
+    for _, entry, _, _ in CASES.values():  # and takes plain tensors again after
+        assert entry(x, b) is not NotImplemented
+
+
 def _refuse(*args, **kwargs):
     raise AssertionError("the OpOverload fallback ran")
 

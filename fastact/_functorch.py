@@ -1,0 +1,200 @@
+"""fastact's ops under torch.func transforms (grad, vjp, jacrev, jacfwd, hessian, jvp, vmap) and
+forward-mode AD (torch.autograd.forward_ad).
+
+The ops' autograd is C++ (csrc/autograd.cpp: torch::autograd::Function, for torch's own per-call
+overhead), and torch refuses C++ autograd Functions under functorch transforms ("cannot use C++
+torch::autograd::Function with functorch transforms"), and they have no jvp for forward-mode AD. So
+while a transform is active, or a forward-AD dual level is open, the public functions
+(fastact/__init__.py) call the Python autograd.Functions below instead, which torch.func and forward AD
+support at every order:
+
+- forward: fastact's kernel, called below autograd (the Function records the graph);
+- backward and forward-mode derivative (jvp): torch's own derivative ops (aten._softmax_backward_data,
+  gelu_backward, sigmoid_backward), which functorch differentiates and batches again, so hessians and
+  per-sample gradients (vmap over grad) work;
+- vmap: the batch dim moved to the front and the op called once on the whole batch (for bias_gelu with
+  a batched bias, gelu of the sum).
+
+Outside those, nothing here runs. Results: forwards as fastact's kernels give them, derivatives as
+torch's ops give them, in each tensor's dtype as torch's autograd does (16-bit math in float).
+"""
+
+import torch
+import torch.autograd.forward_ad as _fwad
+
+from ._ops import ops as _ops
+
+aten = torch.ops.aten
+
+
+def active():
+    """True while a torch.func transform (grad, vmap, jvp, ...) is active in this thread, or a
+    torch.autograd.forward_ad dual level is open (tangents need the jvps below)."""
+    return torch._C._are_functorch_transforms_active() or _fwad._current_level >= 0
+
+
+def _below_autograd(op, *args):
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
+def _normalize(dim, rank):
+    """dim in [0, rank) as torch's softmax wraps it (rank 0 takes dim 0 or -1); out-of-range dims are
+    left for the op to reject with torch's IndexError."""
+    r = max(rank, 1)
+    return dim + r if -r <= dim < 0 else dim
+
+
+# softmax / log_softmax ------------------------------------------------------------------------------
+# y = softmax(x): dx = y (g - sum(g y)) = aten._softmax_backward_data(g, y); the Jacobian is symmetric,
+# so the tangent of y is the same map of the input's tangent. log_softmax: dx = g - exp(y) sum(g),
+# aten._log_softmax_backward_data; the tangent of y is t - sum(exp(y) t).
+
+
+def _softmax_grad(g, y, dim, log):
+    f = aten._log_softmax_backward_data if log else aten._softmax_backward_data
+    return f(g, y, dim, y.dtype)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(x, dim, dtype, log):
+        return _below_autograd(_ops.log_softmax if log else _ops.softmax, x, dim, dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dim, _, log = inputs
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim, ctx.log, ctx.input_dtype = _normalize(dim, x.dim()), log, x.dtype
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return _softmax_grad(g, y, ctx.dim, ctx.log).to(ctx.input_dtype), None, None, None
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (y,) = ctx.saved_tensors
+        t = t.to(y.dtype)
+        if ctx.log:
+            return t - (torch.exp(y) * t).sum(ctx.dim, keepdim=True)
+        return _softmax_grad(t, y, ctx.dim, False)
+
+    @staticmethod
+    def vmap(info, in_dims, x, dim, dtype, log):
+        x = x.movedim(in_dims[0], 0)
+        return _Softmax.apply(x, _normalize(dim, x.dim() - 1) + 1, dtype, log), 0
+
+
+def softmax(x, dim, dtype, log):
+    return _Softmax.apply(x, dim, dtype, log)
+
+
+# gelu, bias_gelu ------------------------------------------------------------------------------------
+
+
+class _Gelu(torch.autograd.Function):
+    @staticmethod
+    def forward(x, approximate):
+        return _below_autograd(_ops.gelu, x, approximate)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.approximate = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return aten.gelu_backward(g, x, approximate=ctx.approximate), None
+
+    @staticmethod
+    def jvp(ctx, t, _):
+        (x,) = ctx.saved_tensors
+        return aten.gelu_backward(t, x, approximate=ctx.approximate)
+
+    @staticmethod
+    def vmap(info, in_dims, x, approximate):
+        return _Gelu.apply(x, approximate), in_dims[0]
+
+
+def gelu(x, approximate):
+    return _Gelu.apply(x, approximate)
+
+
+class _BiasGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(x, bias, approximate):
+        return _below_autograd(_ops.bias_gelu, x, bias, approximate)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, bias, ctx.approximate = inputs
+        ctx.save_for_backward(x, bias)
+        ctx.save_for_forward(x, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, bias = ctx.saved_tensors
+        dx = aten.gelu_backward(g, x + bias, approximate=ctx.approximate)
+        rows = tuple(range(dx.dim() - 1))
+        return dx, (dx.sum(rows) if rows else dx).to(bias.dtype), None
+
+    @staticmethod
+    def jvp(ctx, tx, tb, _):
+        x, bias = ctx.saved_tensors
+        t = tx if tb is None else (tb if tx is None else tx + tb)
+        return aten.gelu_backward(t.expand_as(x).to(x.dtype), x + bias, approximate=ctx.approximate)
+
+    @staticmethod
+    def vmap(info, in_dims, x, bias, approximate):
+        x_bdim, b_bdim, _ = in_dims
+        if b_bdim is None:  # the bias is shared: one call over the whole batch (its last dim is still x's)
+            return _BiasGelu.apply(x.movedim(x_bdim, 0) if x_bdim is not None else x, bias, approximate), (
+                0 if x_bdim is not None else None)
+        # a bias per batch element: gelu(x + bias), the batch dim in front of both
+        bias = bias.movedim(b_bdim, 0)
+        if x_bdim is None:
+            x = x.expand(bias.shape[0], *x.shape)
+        else:
+            x = x.movedim(x_bdim, 0)
+        bias = bias.reshape(bias.shape[0], *([1] * (x.dim() - 2)), bias.shape[-1])
+        return _Gelu.apply(x + bias, approximate), 0
+
+
+def bias_gelu(x, bias, approximate):
+    return _BiasGelu.apply(x, bias, approximate)
+
+
+# sigmoid --------------------------------------------------------------------------------------------
+
+
+class _Sigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return _below_autograd(_ops.sigmoid, x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return aten.sigmoid_backward(g, y)
+
+    @staticmethod
+    def jvp(ctx, t):
+        (y,) = ctx.saved_tensors
+        return aten.sigmoid_backward(t, y)
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return _Sigmoid.apply(x), in_dims[0]
+
+
+def sigmoid(x):
+    return _Sigmoid.apply(x)
