@@ -137,3 +137,13 @@ def test_func_grad_of_compiled_function(device):
     want = tf.grad(lambda t: (torch.nn.functional.gelu(torch.softmax(t, 0)) * w).sum())(x)
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_func_compiled_vmap(device):
+    """torch.compile(fullgraph=True) of a vmapped function (the README's supported order)."""
+    x = make_tensor((3, 4, 9), torch.float64, device)
+    torch._dynamo.reset()
+    compiled = torch.compile(tf.vmap(lambda t: fastact.sigmoid(fastact.softmax(t, 0))), backend="aot_eager", fullgraph=True)
+    got = compiled(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, torch.sigmoid(torch.softmax(x, 1)), rtol=1e-10, atol=1e-12)
