@@ -4,11 +4,13 @@
 // turn (double backward, as torch's are): their derivatives below are torch ops and fastact ops,
 // recorded when a backward runs with create_graph, so every higher derivative follows.
 #include <ATen/ATen.h>
+#include <ATen/FuncTorchTLS.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <vector>
 
+#include "common.h"
 #include "fastact/math.h"
 #include "op_handles.h"
 
@@ -26,6 +28,24 @@ using at::Tensor;
 bool plain(const Tensor& t) { return !t.defined() || t.unsafeGetTensorImpl()->autograd_meta() == nullptr; }
 
 using SoftmaxBwdSig = Tensor(const Tensor&, const Tensor&, int64_t, at::ScalarType, c10::string_view);
+
+// torch refuses C++ autograd Functions under torch.func transforms with an error that names none of
+// fastact's ways around it: the public functions, which take fastact/_functorch.py's autograd
+// Functions there. Called where an op would record its Function (so a transform reached the op
+// directly, or through torch.compile's tracing of a transform), with torch's own test
+// (FuncTorchTLS::checkSupportsCppAutogradFunction), to say that instead.
+void check_no_transform(const char* op) {
+  const auto& functorch = at::functorch::functorchTLSAccessor();
+  if (!functorch) return;
+  try {
+    functorch->checkSupportsCppAutogradFunction();
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, "fastact::", op,
+                ": under torch.func transforms (grad, vjp, jacrev, hessian, ...) call fastact's public functions "
+                "(fastact.softmax, ...), not torch.ops.fastact directly; torch.compile of such a transform "
+                "(torch.compile(torch.func.grad(f))) is not supported yet");
+  }
+}
 
 // softmax and log_softmax differ only in which pair of ops they call.
 template <bool kLog>
@@ -57,6 +77,7 @@ template <bool kLog>
 Tensor softmax_autograd(const Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype,
                         c10::string_view variant) {
   if (plain(x)) return SoftmaxFunction<kLog>::call(x, dim, dtype, variant);
+  check_no_transform(kLog ? "log_softmax" : "softmax");
   return SoftmaxFunction<kLog>::apply(x, dim, dtype, variant);
 }
 
@@ -78,6 +99,7 @@ struct GeluFunction : torch::autograd::Function<GeluFunction> {
 
 Tensor gelu_autograd(const Tensor& x, c10::string_view approximate) {
   if (plain(x)) return GeluFunction::call(x, approximate);
+  check_no_transform("gelu");
   return GeluFunction::apply(x, approximate);
 }
 
@@ -100,6 +122,7 @@ struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
 
 Tensor bias_gelu_autograd(const Tensor& x, const Tensor& bias, c10::string_view approximate) {
   if (plain(x) && plain(bias)) return BiasGeluFunction::call(x, bias, approximate);
+  check_no_transform("bias_gelu");
   return BiasGeluFunction::apply(x, bias, approximate);
 }
 
@@ -118,7 +141,11 @@ struct SigmoidFunction : torch::autograd::Function<SigmoidFunction> {
   }
 };
 
-Tensor sigmoid_autograd(const Tensor& x) { return plain(x) ? SigmoidFunction::call(x) : SigmoidFunction::apply(x); }
+Tensor sigmoid_autograd(const Tensor& x) {
+  if (plain(x)) return SigmoidFunction::call(x);
+  check_no_transform("sigmoid");
+  return SigmoidFunction::apply(x);
+}
 
 // ------------------------------------------------------------------------------------------------
 // The backward ops' own derivatives (double backward). Each formula is in torch ops on the saved
@@ -202,6 +229,7 @@ template <bool kLog>
 Tensor softmax_backward_autograd(const Tensor& dy, const Tensor& y, int64_t dim, at::ScalarType input_dtype,
                                  c10::string_view variant) {
   if (!record({dy, y})) return SoftmaxBackwardFunction<kLog>::call(dy, y, dim, input_dtype, variant);
+  check_no_transform(kLog ? "log_softmax_backward" : "softmax_backward");
   return SoftmaxBackwardFunction<kLog>::apply(dy, y, dim, input_dtype, variant);
 }
 
@@ -230,6 +258,7 @@ struct GeluBackwardFunction : torch::autograd::Function<GeluBackwardFunction> {
 
 Tensor gelu_backward_autograd(const Tensor& dy, const Tensor& x, c10::string_view approximate) {
   if (!record({dy, x})) return GeluBackwardFunction::call(dy, x, approximate);
+  check_no_transform("gelu_backward");
   return GeluBackwardFunction::apply(dy, x, approximate);
 }
 
@@ -273,6 +302,7 @@ struct BiasGeluBackwardFunction : torch::autograd::Function<BiasGeluBackwardFunc
 std::tuple<Tensor, Tensor> bias_gelu_backward_autograd(const Tensor& dy, const Tensor& x, const Tensor& bias,
                                                        c10::string_view approximate) {
   if (!record({dy, x, bias})) return BiasGeluBackwardFunction::call(dy, x, bias, approximate);
+  check_no_transform("bias_gelu_backward");
   const variable_list out = BiasGeluBackwardFunction::apply(dy, x, bias, approximate);
   return {out[0], out[1]};
 }
@@ -299,6 +329,7 @@ struct SigmoidBackwardFunction : torch::autograd::Function<SigmoidBackwardFuncti
 
 Tensor sigmoid_backward_autograd(const Tensor& dy, const Tensor& y) {
   if (!record({dy, y})) return SigmoidBackwardFunction::call(dy, y);
+  check_no_transform("sigmoid_backward");
   return SigmoidBackwardFunction::apply(dy, y);
 }
 

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -25,6 +26,14 @@
 #include "fastact/element_rows.h"
 
 namespace fastact {
+
+// Whether a torch.func transform (grad, vmap, jvp, ...) is active in this thread: the dispatch-key
+// test behind torch._C._are_functorch_transforms_active.
+inline bool functorch_active() {
+  const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
+  return included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
 
 inline bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;

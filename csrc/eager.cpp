@@ -13,11 +13,11 @@
 // torch.set_default_device): such calls cost the OpOverload's time, with the same results.
 // Under torch.compile dynamo never reaches these (fastact/__init__.py skips them while dynamo
 // traces), so graphs hold the registered ops.
+#include "common.h"
 #include "eager.h"
 #include "op_handles.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -30,15 +30,6 @@ namespace fastact {
 namespace {
 
 using at::Tensor;
-
-// Whether a torch.func transform (grad, vmap, jvp, ...) is active in this thread: the test behind
-// torch._C._are_functorch_transforms_active. The C++ autograd Functions refuse such transforms, so
-// the Python function takes fastact/_functorch.py's path then.
-bool functorch_active() {
-  const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
-  return included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
-         included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
-}
 
 // A torch.Tensor or Parameter (not a subclass) without a forward-mode tangent (torch.autograd.forward_ad;
 // level 0, the level torch's own kernels look at), with no torch function mode and no torch.func

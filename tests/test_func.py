@@ -147,3 +147,25 @@ def test_func_compiled_vmap(device):
     got = compiled(x)
     torch._dynamo.reset()
     torch.testing.assert_close(got, torch.sigmoid(torch.softmax(x, 1)), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_func_direct_op_call_says_how(device, op):
+    """torch.ops.fastact.* called directly under a transform (torch refuses the C++ autograd Function
+    there): the error names the public functions."""
+    x = make_tensor((4, 9), torch.float64, device)
+    b = make_tensor((9,), torch.float64, device)
+    name = op.name
+    call = {
+        "softmax": lambda t: torch.ops.fastact.softmax(t, -1),
+        "log_softmax": lambda t: torch.ops.fastact.log_softmax(t, -1),
+        "gelu": lambda t: torch.ops.fastact.gelu(t, op.approximate),
+        "bias_gelu": lambda t: torch.ops.fastact.bias_gelu(t, b, op.approximate),
+        "sigmoid": lambda t: torch.ops.fastact.sigmoid(t),
+    }[name]
+    with pytest.raises(RuntimeError, match=f"fastact::{name}: under torch.func transforms .* public functions"):
+        tf.grad(lambda t: call(t).sum())(x)
+    # a backward op called directly on tensors that carry a transform's gradient
+    y = torch.softmax(x, -1)
+    with pytest.raises(RuntimeError, match="fastact::softmax_backward: under torch.func transforms"):
+        tf.grad(lambda t: torch.ops.fastact.softmax_backward(t, y, -1, torch.float64).sum())(x)
