@@ -84,6 +84,8 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, dim, dtype, log):
         x = x.movedim(in_dims[0], 0)
+        if x.dim() == 1 and dim in (0, -1):  # 0-d samples: each a softmax over one element
+            return _Softmax.apply(x.unsqueeze(1), 1, dtype, log).squeeze(1), 0
         return _Softmax.apply(x, _normalize(dim, x.dim() - 1) + 1, dtype, log), 0
 
 

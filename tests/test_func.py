@@ -169,3 +169,18 @@ def test_func_direct_op_call_says_how(device, op):
     y = torch.softmax(x, -1)
     with pytest.raises(RuntimeError, match="fastact::softmax_backward: under torch.func transforms"):
         tf.grad(lambda t: torch.ops.fastact.softmax_backward(t, y, -1, torch.float64).sum())(x)
+
+
+@pytest.mark.parametrize("op", [o for o in ALL_OPS if o.takes_dim], ids=str)
+def test_func_vmap_zero_dim_samples(device, op):
+    """vmap over a 1-d tensor: each sample is 0-d (softmax over its one element), in and out of grad;
+    a dim a 0-d tensor does not have raises IndexError as torch does."""
+    x = make_tensor((6,), torch.float64, device)
+    x[0] = float("inf")
+    for dim in (0, -1):
+        got = tf.vmap(lambda t: op.fastact(t, dim=dim))(x)
+        torch.testing.assert_close(got, tf.vmap(lambda t: op.torch(t, dim=dim))(x), equal_nan=True)
+        g = tf.vmap(tf.grad(lambda t: op.fastact(t, dim=dim)))(x[1:])
+        torch.testing.assert_close(g, tf.vmap(tf.grad(lambda t: op.torch(t, dim=dim)))(x[1:]))
+    with pytest.raises(IndexError):
+        tf.vmap(lambda t: op.fastact(t, dim=1))(x)
