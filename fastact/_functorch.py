@@ -20,6 +20,7 @@ torch's ops give them, in each tensor's dtype as torch's autograd does (16-bit m
 """
 
 import torch
+import torch._C._functorch as _functorch_C
 import torch.autograd.forward_ad as _fwad
 
 from ._ops import ops as _ops
@@ -29,8 +30,15 @@ aten = torch.ops.aten
 
 def active():
     """True while a torch.func transform (grad, vmap, jvp, ...) is active in this thread, or a
-    torch.autograd.forward_ad dual level is open (tangents need the jvps below)."""
-    return torch._C._are_functorch_transforms_active() or _fwad._current_level >= 0
+    torch.autograd.forward_ad dual level is open (tangents need the jvps below). functionalize alone
+    does not count: torch has no functionalize rule for Python autograd Functions, and the ops run
+    under it as they are."""
+    if _fwad._current_level >= 0:
+        return True
+    if not torch._C._are_functorch_transforms_active():
+        return False
+    stack = _functorch_C.get_interpreter_stack() or ()
+    return any(i.key() != _functorch_C.TransformType.Functionalize for i in stack)
 
 
 def _below_autograd(op, *args):
@@ -38,11 +46,14 @@ def _below_autograd(op, *args):
         return op(*args)
 
 
-def _normalize(dim, rank):
-    """dim in [0, rank) as torch's softmax wraps it (rank 0 takes dim 0 or -1); out-of-range dims are
-    left for the op to reject with torch's IndexError."""
+def _wrap_dim(dim, rank, op):
+    """dim in [0, max(rank, 1)) as torch's softmax wraps it (a 0-d tensor takes 0 and -1); out of range:
+    the IndexError the op raises (csrc/common.h wrap_dim), for a sample's rank under vmap too."""
     r = max(rank, 1)
-    return dim + r if -r <= dim < 0 else dim
+    if not -r <= dim < r:
+        raise IndexError(f"{op}: dim {dim} out of range for a tensor of {rank} dims "
+                         f"(expected to be in range of [{-r}, {r - 1}])")
+    return dim + r if dim < 0 else dim
 
 
 # softmax / log_softmax ------------------------------------------------------------------------------
@@ -66,7 +77,7 @@ class _Softmax(torch.autograd.Function):
         x, dim, _, log = inputs
         ctx.save_for_backward(output)
         ctx.save_for_forward(output)
-        ctx.dim, ctx.log, ctx.input_dtype = _normalize(dim, x.dim()), log, x.dtype
+        ctx.dim, ctx.log, ctx.input_dtype = _wrap_dim(dim, x.dim(), "softmax"), log, x.dtype
 
     @staticmethod
     def backward(ctx, g):
@@ -84,9 +95,10 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, dim, dtype, log):
         x = x.movedim(in_dims[0], 0)
-        if x.dim() == 1 and dim in (0, -1):  # 0-d samples: each a softmax over one element
+        dim = _wrap_dim(dim, x.dim() - 1, "log_softmax" if log else "softmax")  # the sample's dim
+        if x.dim() == 1:  # 0-d samples: each a softmax over one element
             return _Softmax.apply(x.unsqueeze(1), 1, dtype, log).squeeze(1), 0
-        return _Softmax.apply(x, _normalize(dim, x.dim() - 1) + 1, dtype, log), 0
+        return _Softmax.apply(x, dim + 1, dtype, log), 0
 
 
 def softmax(x, dim, dtype, log):
@@ -156,14 +168,39 @@ class _BiasGelu(torch.autograd.Function):
         if b_bdim is None:  # the bias is shared: one call over the whole batch (its last dim is still x's)
             return _BiasGelu.apply(x.movedim(x_bdim, 0) if x_bdim is not None else x, bias, approximate), (
                 0 if x_bdim is not None else None)
-        # a bias per batch element: gelu(x + bias), the batch dim in front of both
+        # a bias per batch element: gelu(x + bias), the batch dim in front of both, after the checks the
+        # kernel makes on each sample (csrc/common.h check_bias_gelu): with torch ops alone x + bias
+        # would broadcast and promote where bias_gelu raises
         bias = bias.movedim(b_bdim, 0)
         if x_bdim is None:
             x = x.expand(bias.shape[0], *x.shape)
         else:
             x = x.movedim(x_bdim, 0)
+        _check_bias_gelu(x, bias)
         bias = bias.reshape(bias.shape[0], *([1] * (x.dim() - 2)), bias.shape[-1])
         return _Gelu.apply(x + bias, approximate), 0
+
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+
+def _check_bias_gelu(x, bias):
+    """csrc/common.h check_bias_gelu on one sample of batched x [B, ...] and bias [B, ...], with its
+    messages (RuntimeError)."""
+    for t, arg in ((x, "input"), (bias, "bias")):
+        if t.dtype not in _DTYPES:
+            raise RuntimeError(f"bias_gelu: expected a floating point tensor (float32, float64, float16 or "
+                               f"bfloat16) for {arg}, got {t.dtype}")
+    if x.dim() < 2:
+        raise RuntimeError("bias_gelu: expected input of at least 1 dim (bias is added over the last), got a 0-d tensor")
+    if bias.dim() != 2 or bias.shape[1] != x.shape[-1]:
+        raise RuntimeError(f"bias_gelu: expected bias of shape [{x.shape[-1]}], got {list(bias.shape[1:])}")
+    if x.dtype != bias.dtype:
+        raise RuntimeError(f"bias_gelu: expected input and bias of the same dtype, got "
+                           f"{_DTYPE_NAMES[x.dtype]} and {_DTYPE_NAMES[bias.dtype]}")
+    if x.device != bias.device:
+        raise RuntimeError(f"bias_gelu: expected input and bias on the same device, got {x.device} and {bias.device}")
 
 
 def bias_gelu(x, bias, approximate):

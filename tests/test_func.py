@@ -184,3 +184,47 @@ def test_func_vmap_zero_dim_samples(device, op):
         torch.testing.assert_close(g, tf.vmap(tf.grad(lambda t: op.torch(t, dim=dim)))(x[1:]))
     with pytest.raises(IndexError):
         tf.vmap(lambda t: op.fastact(t, dim=1))(x)
+
+
+@pytest.mark.parametrize("op", [o for o in ALL_OPS if o.takes_dim], ids=str)
+def test_func_vmap_dim_out_of_range(device, op):
+    """A dim the sample does not have raises IndexError under vmap (the batch dim is not a softmax dim),
+    naming the sample's rank."""
+    x = make_tensor((3, 4, 5), torch.float64, device)
+    for dim in (-3, 2):
+        with pytest.raises(IndexError, match=f"dim {dim} out of range for a tensor of 2 dims"):
+            tf.vmap(lambda t: op.fastact(t, dim=dim))(x)
+        with pytest.raises(IndexError):
+            tf.vmap(lambda t: op.torch(t, dim=dim))(x)
+    with pytest.raises(IndexError, match="dim -2 out of range for a tensor of 1 dims"):
+        tf.vmap(tf.vmap(lambda t: op.fastact(t, dim=-2)))(x)
+
+
+def test_func_vmap_batched_bias_checks(device):
+    """With a bias per sample, bias_gelu under vmap checks each sample as the kernel does: where eager
+    bias_gelu raises, so does vmap (no broadcasting or promotion by x + bias)."""
+    x = make_tensor((4, 5), torch.float32, device)
+    bad = {
+        "shape": make_tensor((3, 1), torch.float32, device),
+        "rank": make_tensor((3, 1, 5), torch.float32, device),
+        "dtype": make_tensor((3, 5), torch.float64, device),
+    }
+    for name, bias in bad.items():
+        with pytest.raises(RuntimeError, match="bias_gelu: expected"):
+            fastact.bias_gelu(x, bias[0])
+        with pytest.raises(RuntimeError, match="bias_gelu: expected"):
+            tf.vmap(fastact.bias_gelu, in_dims=(None, 0))(x, bias)
+    with pytest.raises(RuntimeError, match="bias_gelu: expected a floating point"):
+        tf.vmap(fastact.bias_gelu, in_dims=(None, 0))(x.long(), bad["dtype"])
+    # 0-d samples of x with a per-sample bias: eager raises for a 0-d input, and so does vmap
+    with pytest.raises(RuntimeError, match="at least 1 dim"):
+        tf.vmap(fastact.bias_gelu)(make_tensor((3,), torch.float64, device), make_tensor((3, 3), torch.float64, device))
+
+
+def test_func_functionalize(device):
+    """functionalize alone is not a differentiating transform: the ops run as they are under it (torch
+    has no functionalize rule for Python autograd Functions)."""
+    x = make_tensor((4, 5), torch.float32, device)
+    b = make_tensor((5,), torch.float32, device)
+    f = lambda t: fastact.softmax(fastact.bias_gelu(t, b), 0) + fastact.sigmoid(t)  # noqa: E731
+    torch.testing.assert_close(tf.functionalize(f)(x), f(x))
