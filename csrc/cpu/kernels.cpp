@@ -398,13 +398,33 @@ Vec<A> gelu_tanh_derivative(const Vec<A>& x) {
   return at::vec::fmadd(V(A(2)) * x * e * r * r, du, s);
 }
 
+// 1 / d for d in [1, 2], to about 2^-22 relative: the hardware's reciprocal estimate (12 or 14 bits)
+// and one Newton step, r (2 - d r). For outputs rounded to 16 bits (2^-8 or 2^-11 apart), where it
+// equals a division after rounding but for rare ties, and costs a fraction of one (vdivps is the
+// slowest instruction of a sigmoid). The portable build divides.
+inline Vec<float> reciprocal_1_2(const Vec<float>& d) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const Vec<float> r = Vec<float>(_mm512_rcp14_ps(d));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const Vec<float> r = Vec<float>(_mm256_rcp_ps(d));
+#else
+  return Vec<float>(1.f) / d;
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return r * at::vec::fnmadd(d, r, Vec<float>(2.f));
+#endif
+}
+
 // torch.sigmoid without overflow (math::Sigmoid): e = exp(-|x|) in (0, 1], r = 1 / (1 + e),
-// sigmoid = r for x >= 0 and e r for x < 0.
-template <typename A>
+// sigmoid = r for x >= 0 and e r for x < 0. kNarrowOut: the result is rounded to a 16-bit type, so
+// r may come from reciprocal_1_2 (float only).
+template <bool kNarrowOut = false, typename A>
 Vec<A> sigmoid(const Vec<A>& x) {
   using V = Vec<A>;
   const V e = exp_nonpos(V(A(0)) - x.abs());  // NaN x: unspecified, fixed below
-  const V r = V(A(1)) / (V(A(1)) + e);
+  V r;
+  if constexpr (kNarrowOut && std::is_same_v<A, float>) r = reciprocal_1_2(V(A(1)) + e);
+  else r = V(A(1)) / (V(A(1)) + e);
   return keep_nan(x, if_negative(x, e * r, r));
 }
 
@@ -439,10 +459,11 @@ struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x)
   }
 };
 
+template <bool kNarrowOut>  // outputs rounded to 16 bits (sigmoid's kNarrowOut)
 struct SigmoidOp {
   template <typename A>
   Vectorized<A> operator()(const Vectorized<A>& x) const {
-    return sigmoid(x);
+    return sigmoid<kNarrowOut>(x);
   }
   template <typename A>
   A operator()(A x) const {
@@ -581,7 +602,7 @@ void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_ap
 
 template <typename T>
 void sigmoid_fwd(const T* x, T* y, const ElementRows& g) {
-  unary_kernel(x, y, g, kGrain, SigmoidOp{});
+  unary_kernel(x, y, g, kGrain, SigmoidOp<!std::is_same_v<T, float> && !std::is_same_v<T, double>>{});
 }
 
 template <typename T>
