@@ -367,41 +367,10 @@ Vec<A> gelu_erf_derivative(const Vec<A>& x) {
   return at::vec::fmadd(x * g, Vec<A>(math::GeluConstants<A>::kInvSqrt2Pi), cdf);
 }
 
-// F.gelu(x, approximate="tanh") = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
-// (math::GeluTanh), through the identity (1 + tanh(u)) / 2 = sigmoid(2u): one exp, no tanh, no
-// cancellation in 1 + tanh(u) for negative x, and no overflow: with e = exp(-|2u|) in [0, 1] and
-// r = 1 / (1 + e), s = sigmoid(2u) is r for u >= 0 and e r for u < 0, and s (1 - s) = e r^2
-// either way. Derivative: (1 + t)/2 + x/2 (1 - t^2) u' = s + 2 x s (1 - s) u',
-// u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-template <typename A>
-void gelu_tanh_parts(const Vec<A>& x, Vec<A>& s, Vec<A>& e, Vec<A>& r) {
-  using V = Vec<A>;
-  using K = math::GeluConstants<A>;
-  const V u = V(K::kBeta) * x * at::vec::fmadd(V(K::kKappa), x * x, V(A(1)));
-  e = exp_nonpos(V(A(0)) - (u + u).abs());  // NaN x: unspecified, x carries the NaN
-  r = V(A(1)) / (V(A(1)) + e);
-  s = if_negative(u, e * r, r);
-}
-template <typename A>
-Vec<A> gelu_tanh(const Vec<A>& x) {
-  Vec<A> s, e, r;
-  gelu_tanh_parts(x, s, e, r);
-  return x * s;
-}
-template <typename A>
-Vec<A> gelu_tanh_derivative(const Vec<A>& x) {
-  using V = Vec<A>;
-  using K = math::GeluConstants<A>;
-  V s, e, r;
-  gelu_tanh_parts(x, s, e, r);
-  const V du = V(K::kBeta) * at::vec::fmadd(V(A(3) * K::kKappa), x * x, V(A(1)));
-  return at::vec::fmadd(V(A(2)) * x * e * r * r, du, s);
-}
-
 // 1 / d for d in [1, 2], to about 2^-22 relative: the hardware's reciprocal estimate (12 or 14 bits)
 // and one Newton step, r (2 - d r). For outputs rounded to 16 bits (2^-8 or 2^-11 apart), where it
 // equals a division after rounding but for rare ties, and costs a fraction of one (vdivps is the
-// slowest instruction of a sigmoid). The portable build divides.
+// slowest instruction of a sigmoid or a tanh GELU). The portable build divides.
 inline Vec<float> reciprocal_1_2(const Vec<float>& d) {
 #if defined(CPU_CAPABILITY_AVX512)
   const Vec<float> r = Vec<float>(_mm512_rcp14_ps(d));
@@ -415,27 +384,70 @@ inline Vec<float> reciprocal_1_2(const Vec<float>& d) {
 #endif
 }
 
+// Whether T's results are rounded to 16 bits: the kNarrow argument of sigmoid, the tanh GELU and their ops.
+template <typename T>
+constexpr bool kNarrowOut = std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+
+// 1 / d for d in [1, 2]: reciprocal_1_2 where the result is rounded to 16 bits (float only), else a
+// division.
+template <bool kNarrow, typename A>
+Vec<A> reciprocal_for(const Vec<A>& d) {
+  if constexpr (kNarrow && std::is_same_v<A, float>) return reciprocal_1_2(d);
+  else return Vec<A>(A(1)) / d;
+}
+
+// F.gelu(x, approximate="tanh") = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+// (math::GeluTanh), through the identity (1 + tanh(u)) / 2 = sigmoid(2u): one exp, no tanh, no
+// cancellation in 1 + tanh(u) for negative x, and no overflow: with e = exp(-|2u|) in [0, 1] and
+// r = 1 / (1 + e), s = sigmoid(2u) is r for u >= 0 and e r for u < 0, and s (1 - s) = e r^2
+// either way. Derivative: (1 + t)/2 + x/2 (1 - t^2) u' = s + 2 x s (1 - s) u',
+// u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+// kNarrow: the result is rounded to 16 bits (reciprocal_for).
+template <bool kNarrow, typename A>
+void gelu_tanh_parts(const Vec<A>& x, Vec<A>& s, Vec<A>& e, Vec<A>& r) {
+  using V = Vec<A>;
+  using K = math::GeluConstants<A>;
+  const V u = V(K::kBeta) * x * at::vec::fmadd(V(K::kKappa), x * x, V(A(1)));
+  e = exp_nonpos(V(A(0)) - (u + u).abs());  // NaN x: unspecified, x carries the NaN
+  r = reciprocal_for<kNarrow>(V(A(1)) + e);
+  s = if_negative(u, e * r, r);
+}
+template <bool kNarrow = false, typename A>
+Vec<A> gelu_tanh(const Vec<A>& x) {
+  Vec<A> s, e, r;
+  gelu_tanh_parts<kNarrow>(x, s, e, r);
+  return x * s;
+}
+template <bool kNarrow = false, typename A>
+Vec<A> gelu_tanh_derivative(const Vec<A>& x) {
+  using V = Vec<A>;
+  using K = math::GeluConstants<A>;
+  V s, e, r;
+  gelu_tanh_parts<kNarrow>(x, s, e, r);
+  const V du = V(K::kBeta) * at::vec::fmadd(V(A(3) * K::kKappa), x * x, V(A(1)));
+  return at::vec::fmadd(V(A(2)) * x * e * r * r, du, s);
+}
+
 // torch.sigmoid without overflow (math::Sigmoid): e = exp(-|x|) in (0, 1], r = 1 / (1 + e),
-// sigmoid = r for x >= 0 and e r for x < 0. kNarrowOut: the result is rounded to a 16-bit type, so
-// r may come from reciprocal_1_2 (float only).
-template <bool kNarrowOut = false, typename A>
+// sigmoid = r for x >= 0 and e r for x < 0. kNarrow: the result is rounded to 16 bits
+// (reciprocal_for).
+template <bool kNarrow = false, typename A>
 Vec<A> sigmoid(const Vec<A>& x) {
   using V = Vec<A>;
   const V e = exp_nonpos(V(A(0)) - x.abs());  // NaN x: unspecified, fixed below
-  V r;
-  if constexpr (kNarrowOut && std::is_same_v<A, float>) r = reciprocal_1_2(V(A(1)) + e);
-  else r = V(A(1)) / (V(A(1)) + e);
+  const V r = reciprocal_for<kNarrow>(V(A(1)) + e);
   return keep_nan(x, if_negative(x, e * r, r));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise ops: a vector form and a scalar form (the math.h functor) of the same function.
 
-template <bool kTanh>
+// kNarrow: results rounded to 16 bits (kNarrowOut<T>; the tanh form's reciprocal_for).
+template <bool kTanh, bool kNarrow = false>
 struct GeluOp {
   template <typename A>
   Vectorized<A> operator()(const Vectorized<A>& x) const {
-    if constexpr (kTanh) return gelu_tanh(x);
+    if constexpr (kTanh) return gelu_tanh<kNarrow>(x);
     else return gelu_erf(x);
   }
   template <typename A>
@@ -445,11 +457,11 @@ struct GeluOp {
   }
 };
 
-template <bool kTanh>
-struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x)
+template <bool kTanh, bool kNarrow = false>
+struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x); kNarrow as GeluOp's
   template <typename A>
   Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& x) const {
-    if constexpr (kTanh) return dy * gelu_tanh_derivative(x);
+    if constexpr (kTanh) return dy * gelu_tanh_derivative<kNarrow>(x);
     else return dy * gelu_erf_derivative(x);
   }
   template <typename A>
@@ -459,11 +471,11 @@ struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x)
   }
 };
 
-template <bool kNarrowOut>  // outputs rounded to 16 bits (sigmoid's kNarrowOut)
+template <bool kNarrow>  // as GeluOp's
 struct SigmoidOp {
   template <typename A>
   Vectorized<A> operator()(const Vectorized<A>& x) const {
-    return sigmoid<kNarrowOut>(x);
+    return sigmoid<kNarrow>(x);
   }
   template <typename A>
   A operator()(A x) const {
@@ -590,19 +602,19 @@ void binary_kernel(const T* a, const T* b, T* z, const ElementRows& g, int64_t g
 
 template <typename T>
 void gelu_fwd(const T* x, T* y, const ElementRows& g, bool tanh_approx) {
-  if (tanh_approx) unary_kernel(x, y, g, kGrainHeavy, GeluOp<true>{});
+  if (tanh_approx) unary_kernel(x, y, g, kGrainHeavy, GeluOp<true, kNarrowOut<T>>{});
   else unary_kernel(x, y, g, kGrainHeavy, GeluOp<false>{});
 }
 
 template <typename T>
 void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx) {
-  if (tanh_approx) binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<true>{});
+  if (tanh_approx) binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<true, kNarrowOut<T>>{});
   else binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<false>{});
 }
 
 template <typename T>
 void sigmoid_fwd(const T* x, T* y, const ElementRows& g) {
-  unary_kernel(x, y, g, kGrain, SigmoidOp<!std::is_same_v<T, float> && !std::is_same_v<T, double>>{});
+  unary_kernel(x, y, g, kGrain, SigmoidOp<kNarrowOut<T>>{});
 }
 
 template <typename T>
@@ -620,7 +632,7 @@ void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) 
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
-  const GeluOp<kTanh> gelu;
+  const GeluOp<kTanh, kNarrowOut<T>> gelu;
   int64_t c = c0;
   for (; c + kStep <= c1; c += kStep) {
     V x0, x1, b0, b1;
@@ -680,7 +692,7 @@ void bias_gelu_bwd_segment(const T* dy, const T* x, const T* bias, T* dx, typena
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
-  const GeluBackwardOp<kTanh> grad;
+  const GeluBackwardOp<kTanh, kNarrowOut<T>> grad;
   int64_t c = c0;
   for (; c + kStep <= c1; c += kStep) {
     V g0, g1, x0, x1, b0, b1;
