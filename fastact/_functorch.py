@@ -23,6 +23,7 @@ import torch
 import torch._C._functorch as _functorch_C
 import torch.autograd.forward_ad as _fwad
 
+from ._ops import _check_floating
 from ._ops import ops as _ops
 
 aten = torch.ops.aten
@@ -62,6 +63,10 @@ def _wrap_dim(dim, rank, op):
 # aten._log_softmax_backward_data; the tangent of y is t - sum(exp(y) t).
 
 
+def _name(log):
+    return "log_softmax" if log else "softmax"
+
+
 def _softmax_grad(g, y, dim, log):
     f = aten._log_softmax_backward_data if log else aten._softmax_backward_data
     return f(g, y, dim, y.dtype)
@@ -77,7 +82,7 @@ class _Softmax(torch.autograd.Function):
         x, dim, _, log = inputs
         ctx.save_for_backward(output)
         ctx.save_for_forward(output)
-        ctx.dim, ctx.log, ctx.input_dtype = _wrap_dim(dim, x.dim(), "softmax"), log, x.dtype
+        ctx.dim, ctx.log, ctx.input_dtype = _wrap_dim(dim, x.dim(), _name(log)), log, x.dtype
 
     @staticmethod
     def backward(ctx, g):
@@ -95,7 +100,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, dim, dtype, log):
         x = x.movedim(in_dims[0], 0)
-        dim = _wrap_dim(dim, x.dim() - 1, "log_softmax" if log else "softmax")  # the sample's dim
+        dim = _wrap_dim(dim, x.dim() - 1, _name(log))  # the sample's dim
         if x.dim() == 1:  # 0-d samples: each a softmax over one element
             return _Softmax.apply(x.unsqueeze(1), 1, dtype, log).squeeze(1), 0
         return _Softmax.apply(x, dim + 1, dtype, log), 0
@@ -181,17 +186,14 @@ class _BiasGelu(torch.autograd.Function):
         return _Gelu.apply(x + bias, approximate), 0
 
 
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
 
 def _check_bias_gelu(x, bias):
     """csrc/common.h check_bias_gelu on one sample of batched x [B, ...] and bias [B, ...], with its
     messages (RuntimeError)."""
-    for t, arg in ((x, "input"), (bias, "bias")):
-        if t.dtype not in _DTYPES:
-            raise RuntimeError(f"bias_gelu: expected a floating point tensor (float32, float64, float16 or "
-                               f"bfloat16) for {arg}, got {t.dtype}")
+    _check_floating("bias_gelu", x, "input")
+    _check_floating("bias_gelu", bias, "bias")
     if x.dim() < 2:
         raise RuntimeError("bias_gelu: expected input of at least 1 dim (bias is added over the last), got a 0-d tensor")
     if bias.dim() != 2 or bias.shape[1] != x.shape[-1]:
