@@ -34,8 +34,11 @@ out = []
 for spec in sys.argv[1:]:
     name, _, ver = spec.partition("==")
     try:
-        if ver and m.version(name) != ver: out.append(spec)
+        have = m.version(name)  # raises for a package that is not installed, pinned or not
     except m.PackageNotFoundError:
+        out.append(spec)
+        continue
+    if ver and have != ver:
         out.append(spec)
 print(" ".join(out))
 PY
