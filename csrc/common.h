@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -44,6 +45,15 @@ inline void check_floating(const at::Tensor& t, const char* op, const char* arg)
   TORCH_CHECK(is_supported_dtype(t.scalar_type()), op,
               ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ", arg,
               ", got ", t.scalar_type());
+}
+
+// torch's unary float ops (torch.sigmoid) take integer and bool tensors and compute on them converted to
+// the default dtype (torch.get_default_dtype(), float32 unless set): a float tensor comes back. The
+// ops with that rule call this first; any other dtype passes unchanged (complex then fails the
+// floating check).
+inline at::Tensor integral_to_default_float(const at::Tensor& x) {
+  if (!at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) return x;
+  return x.to(c10::typeMetaToScalarType(c10::get_default_dtype()));
 }
 
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,
@@ -183,10 +193,12 @@ struct SoftmaxForwardPlan {
 
 // Validates and plans softmax/log_softmax forward. Handles the optional output dtype: the fused
 // casts of `fused_softmax_cast` stay in the kernel, other requested dtypes cast the input first
-// (exactly torch's `softmax(x, dim, dtype)` = `softmax(x.to(dtype), dim)`).
+// (exactly torch's `softmax(x, dim, dtype)` = `softmax(x.to(dtype), dim)`, an integer x included).
 inline SoftmaxForwardPlan plan_softmax_forward(const at::Tensor& x, int64_t dim,
                                                std::optional<at::ScalarType> dtype, const char* op) {
-  check_floating(x, op, "input");
+  // With a dtype, torch casts any real input first (integers and bools included); without one the
+  // input must be floating, as torch's softmax kernels require.
+  if (!dtype || !at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) check_floating(x, op, "input");
   const at::ScalarType out_dtype = dtype.value_or(x.scalar_type());
   TORCH_CHECK(is_supported_dtype(out_dtype), op,
               ": expected dtype to be float32, float64, float16 or bfloat16, got ", out_dtype);

@@ -43,9 +43,15 @@ def _check_floating(op, t, arg="input"):
     )
 
 
+def _integral(t):
+    """Integer or bool: what torch converts to a floating dtype first where a float op allows it."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
 def _softmax_fake(op):
     def fake(x, dim, dtype=None, *, variant="auto"):
-        _check_floating(op, x)
+        if dtype is None or not _integral(x):  # with a dtype an integer x is cast first, as in torch
+            _check_floating(op, x)
         torch._check_index(-max(x.dim(), 1) <= dim < max(x.dim(), 1), lambda: f"{op}: dim {dim} out of range")
         return torch.empty_like(x, dtype=dtype if dtype is not None else x.dtype)
 
@@ -92,6 +98,8 @@ def _bias_gelu_backward_fake(grad_output, x, bias, approximate="tanh"):
 
 @torch.library.register_fake("fastact::sigmoid")
 def _sigmoid_fake(x):
+    if _integral(x):  # torch.sigmoid computes an integer x in the default dtype
+        return torch.empty_like(x, dtype=torch.get_default_dtype())
     _check_floating("sigmoid", x)
     return torch.empty_like(x)
 

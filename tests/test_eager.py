@@ -211,7 +211,7 @@ def test_entry_inference_and_no_grad(device):
         ("log_softmax", lambda x: (x.to(torch.complex64), -1), RuntimeError, "floating point"),
         ("gelu", lambda x: (x, "fast"), RuntimeError, "approximate"),
         ("bias_gelu", lambda x: (x, x[0, :3], "tanh"), RuntimeError, "bias"),
-        ("sigmoid", lambda x: (x.bool(),), RuntimeError, "floating point"),
+        ("sigmoid", lambda x: (x.to(torch.complex64),), RuntimeError, "floating point"),
     ],
 )
 def test_entry_errors_match_the_overload(device, name, args, err, match):

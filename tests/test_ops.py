@@ -321,6 +321,65 @@ def test_softmax_dtype_argument(device, op, in_dtype, out_dtype, case):
     assert y.dtype == out_dtype
 
 
+INTEGRAL_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def _integral(dtype, device, layout="contiguous"):
+    """A [6, 33] tensor of random integers (-20..20, 0..40 for uint8) or bools; `layout`
+    contiguous, transposed (a [33, 6] base, .t()) or sliced_step (a [6, 66] base, [:, ::2])."""
+    base_shape = {"contiguous": (6, 33), "transposed": (33, 6), "sliced_step": (6, 66)}[layout]
+    v = (make_tensor(base_shape, torch.float64, device) * 12).round().clamp(-20, 20)
+    base = (v > 0) if dtype == torch.bool else (v + 20 if dtype == torch.uint8 else v).to(dtype)
+    return {"contiguous": base, "transposed": base.t(), "sliced_step": base[:, ::2]}[layout]
+
+
+@pytest.mark.parametrize("in_dtype", INTEGRAL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced_step"])
+def test_integral_inputs_as_torch(device, in_dtype, layout):
+    """torch casts an integer or bool input where its op allows one: sigmoid computes it in the
+    default dtype; softmax and log_softmax take it with dtype= (cast first) and raise without; gelu
+    raises. Same dtypes, layouts and values (to float64's rounding) as torch."""
+    x = _integral(in_dtype, device, layout)
+    for default in (torch.float32, torch.float64):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            y, want = fastact.sigmoid(x), torch.sigmoid(x)
+        finally:
+            torch.set_default_dtype(old)
+        assert y.dtype == want.dtype == default and y.stride() == want.stride()
+        torch.testing.assert_close(y, want, rtol=2 * torch.finfo(default).eps, atol=0)
+    for out_dtype in FLOAT_DTYPES:
+        for name, dim in (("softmax", -1), ("log_softmax", 0)):
+            y = getattr(fastact, name)(x, dim, dtype=out_dtype)
+            want = getattr(torch, name)(x.to(torch.float64), dim).to(out_dtype)
+            assert y.dtype == out_dtype and y.shape == x.shape
+            tol = {torch.float32: 2e-6, torch.float64: 1e-12}.get(out_dtype, 2 * torch.finfo(out_dtype).eps)
+            torch.testing.assert_close(y, want, rtol=tol, atol=tol)
+    with pytest.raises(RuntimeError, match="softmax"):
+        fastact.softmax(x, -1)
+    with pytest.raises(RuntimeError, match="log_softmax"):
+        fastact.log_softmax(x, -1)
+    with pytest.raises(RuntimeError, match="softmax"):
+        fastact.softmax(x, -1, dtype=torch.int64)  # an integer dtype is refused, as by torch
+    with pytest.raises(RuntimeError, match="gelu"):
+        fastact.gelu(x)
+
+
+def test_integral_inputs_compile_and_vmap(device):
+    """The same rules through torch.compile(fullgraph=True) (the fake kernels' dtypes) and vmap."""
+    x = _integral(torch.int32, device)
+
+    def f(t):
+        return fastact.sigmoid(t) + fastact.log_softmax(t, -1, dtype=torch.float32)
+
+    want = torch.sigmoid(x) + torch.log_softmax(x, -1, dtype=torch.float32)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), want)
+    torch.testing.assert_close(torch.vmap(f)(x), want)
+    torch.library.opcheck(torch.ops.fastact.sigmoid.default, (x,))
+    torch.library.opcheck(torch.ops.fastact.softmax.default, (x, 1, torch.float64))
+
+
 def test_softmax_dtype_none_keeps_dtype(device, dtype):
     x = make_tensor((3, 7), dtype, device)
     assert fastact.softmax(x, -1, dtype=None).dtype == dtype

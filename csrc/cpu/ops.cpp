@@ -215,7 +215,8 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& x,
   return dx;
 }
 
-at::Tensor sigmoid_cpu(const at::Tensor& x) {
+at::Tensor sigmoid_cpu(const at::Tensor& input) {
+  const at::Tensor x = integral_to_default_float(input);
   check_floating(x, "sigmoid", "input");
   at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;

@@ -71,9 +71,10 @@ at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x
   return dx;
 }
 
-at::Tensor sigmoid_cuda(const at::Tensor& x) {
+at::Tensor sigmoid_cuda(const at::Tensor& input) {
+  c10::cuda::OptionalCUDAGuard guard(input.device());
+  const at::Tensor x = integral_to_default_float(input);
   check_floating(x, "sigmoid", "input");
-  c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   if (y.numel() == 0) return y;
   const ElementOperands in = element_operands(y, x);
