@@ -70,8 +70,10 @@ WIDE_ROWS = {"full": (32, 64, 96, 256, 512, 768, 2048, 3072, 8192, 32000, 32768,
              "quick": (64, 768, 32000)}
 # Softmax over a dim that is not the last, as (D, inner): [outer, D, inner] over dim 1 (outer from the
 # size class), inner 0 meaning [D, rest] over dim 0 (one column block). Channel softmax of an NCHW map
-# (64 channels of 64 x 64), long and short columns, an odd D over odd columns, and dim 0 of a matrix.
-WIDE_STRIDED = {"full": ((64, 4096), (2048, 4096), (16, 1024), (1000, 256), (257, 1023), (16384, 0)),
+# (64 channels of 64 x 64), long and short columns, odd D over odd columns (short, middling, long: each
+# strided element rule of dispatch.h), and dim 0 of a matrix.
+WIDE_STRIDED = {"full": ((64, 4096), (2048, 4096), (16, 1024), (1000, 256), (100, 1023), (257, 1023), (700, 1023),
+                         (16384, 0)),
                 "quick": ((64, 4096), (257, 1023))}
 # Elementwise ops on a chunk view (Case.view), rows of CHUNK_ROW elements out of 2 * CHUNK_ROW.
 CHUNK_ROW = 4096

@@ -469,6 +469,13 @@ _STRIDED_RULES = [
     (torch.float32, (2, 64, 1023), 1, False, {(128, 512, 1, "cached")}),
     (torch.float32, (2, 100, 49), 1, False, {(64, 448, 1, "cached")}),
     (torch.float32, (5, 100, 3), 1, False, {(16, 128, 1, "cached")}),
+    # 16-bit element forwards whose 16-column tile needs more than one CTA: those 16 columns over the
+    # smallest cluster of CTAs of at most 320 threads (kStridedElementClusterThreads), up to 8 CTAs;
+    # not where the inner holds less than a whole line (inner 49: the line over a cluster, as before)
+    (torch.bfloat16, (2, 513, 1023), 1, False, {(16, 288, 2, "cached")}),
+    (torch.float16, (2, 700, 1023), 1, False, {(16, 192, 4, "cached")}),
+    (torch.bfloat16, (2, 2000, 1023), 1, False, {(16, 256, 8, "cached")}),
+    (torch.bfloat16, (2, 513, 49), 1, False, {(32, 288, 4, "cached")}),
     # element accesses, backward, a tile beyond one CTA: streamed, each thread ~64 bytes of each array
     # (strided_element_stream_shape; "stream" computes the shape from the device's SMs and L2)
     (torch.float32, (2, 257, 1023), 1, True, "stream"),
@@ -479,6 +486,17 @@ _STRIDED_RULES = [
     (torch.bfloat16, (2, 2000, 1023), 1, True, "stream"),
     (torch.float64, (2, 513, 1023), 1, True, "stream"),
     (torch.float32, (7, 1600, 13), 1, True, "stream"),
+    # ... and, where the inner holds a whole line of 2- or 4-byte elements, at short D too (from 64 rows;
+    # kStridedElementStreamMinRows), in a wider set of shapes (256-thread CTAs, up to two lines)
+    (torch.float32, (2, 64, 1023), 1, True, "stream"),
+    (torch.float32, (3, 100, 1023), 1, True, "stream"),
+    (torch.bfloat16, (2, 64, 1023), 1, True, "stream"),
+    (torch.float16, (3, 100, 255), 1, True, "stream"),
+    (torch.float32, (4, 160, 49), 1, True, "stream"),
+    # below 64 rows, or float64, the cached plans
+    (torch.float32, (2, 48, 1023), 1, True, {(32, 192, 1, "cached")}),
+    (torch.bfloat16, (2, 16, 1023), 1, True, {(64, 128, 1, "cached")}),
+    (torch.float64, (2, 100, 1023), 1, True, {(16, 416, 1, "cached")}),
     # ... D over a cluster where that comes closer to the share (float D = 2000: no shape without a
     # cluster fits L2 on the H100; with one, 512 x 32 x 8)
     (torch.float32, (2, 2000, 1023), 1, True, "stream"),
@@ -521,6 +539,11 @@ _H100_STREAMS = {
     (torch.float32, (2, 1000, 1023)): (32, 512, 4, "streamed twice"),
     (torch.bfloat16, (2, 2000, 1023)): (32, 512, 4, "streamed twice"),
     (torch.float32, (2, 2000, 1023)): (32, 512, 8, "streamed twice"),
+    # twenty-fourth session's sweep
+    (torch.float32, (2, 64, 1023)): (64, 256, 1, "streamed twice"),
+    (torch.float32, (3, 100, 1023)): (32, 256, 1, "streamed twice"),
+    (torch.bfloat16, (2, 64, 1023)): (128, 256, 1, "streamed twice"),
+    (torch.bfloat16, (2, 257, 1023)): (32, 256, 1, "streamed twice"),
 }
 
 
@@ -528,23 +551,30 @@ def _pow2_floor(n):
     return 1 << (n.bit_length() - 1)
 
 
-def _element_stream_shapes(d, size, line):
+def _element_stream_shapes(d, size, line, wide_cap=None):
     """dispatch.h strided_element_stream_shape, written again from its comment: the streamed shapes
-    (512 or 1024 threads, columns a power of two from 16, or the line if narrower, to the line; D split
-    over a cluster of up to the device's cap, 8 or 16 at each CTA size: every cap the probe can give)
-    whose tiles in flight fit L2 with every SM full (2048 threads, each ceil(D / (G x cluster)) elements
-    of two arrays); the one whose share is closest to 64 bytes, then columns nearest 32, then the first
-    tried (no cluster first; then 512 threads before 1024, smaller clusters first). None fits: the
-    cached plans (any cluster)."""
+    (512 or 1024 threads, columns a power of two from 16, or the line if narrower, to the line; with
+    `wide_cap` (strided_element_stream_wide: the inner's largest power of two) also 256 threads and
+    columns up to two lines, within wide_cap, without a cluster; D split over a cluster of up to the
+    device's cap, 8 or 16 at each CTA size: every cap the probe can give) whose tiles in flight fit L2
+    with every SM full (2048 threads, each ceil(D / (G x cluster)) elements of two arrays); the one
+    whose share is closest to 64 bytes, then columns nearest 32, then the first tried (no cluster
+    first, narrower columns first, 256 / 512 / 1024 threads at each; then 512 threads before 1024,
+    smaller clusters first). None fits: the cached plans (any cluster)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    widths = []
-    cols = min(16, line)
-    while cols <= line:
-        widths.append(cols)
-        cols *= 2
+
+    def widths_to(top):
+        out, cols = [], min(16, line)
+        while cols <= top:
+            out.append(cols)
+            cols *= 2
+        return out
+
+    widths = widths_to(line)
+    single = widths_to(min(2 * line, wide_cap)) if wide_cap else widths
     out = set()
     for cap in ({512: 8, 1024: 8}, {512: 16, 1024: 8}, {512: 16, 1024: 16}):
-        tried = [(1, c, t) for c in widths for t in (512, 1024)]
+        tried = [(1, c, t) for c in single for t in ((256, 512, 1024) if wide_cap else (512, 1024))]
         tried += [(1 << k, c, t) for t in (512, 1024) for k in range(1, cap[t].bit_length()) for c in widths]
         best = None
         for cl, c, t in tried:
@@ -578,7 +608,9 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     element_stream = shapes == "stream"
     if element_stream:
-        shapes = _element_stream_shapes(shape[1], dtype.itemsize, min(128 // dtype.itemsize, _pow2_floor(shape[2])))
+        line = min(128 // dtype.itemsize, _pow2_floor(shape[2]))
+        wide = line * dtype.itemsize == 128 and dtype.itemsize <= 4 and shape[1] >= 64
+        shapes = _element_stream_shapes(shape[1], dtype.itemsize, line, _pow2_floor(shape[2]) if wide else None)
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if (props.multi_processor_count, props.L2_cache_size) == (132, 50 << 20) and (dtype, shape) in _H100_STREAMS:
             # the shapes measured on the H100 (bench/NOTES.md, nineteenth session), in case the rule and

@@ -435,8 +435,32 @@ constexpr int kStridedMinElementColumns = 16;
 // 2000, 1023], cached before (no shape without a cluster fits L2), 512 x 32 x 16 cached 0.53 -> 512 x
 // 32 x 8 0.72-0.73; bf16 [65, 2000, 1023] 1024 x 16 x 1 (126 bytes, 0.48) -> 512 x 32 x 4 (64 bytes,
 // 0.51-0.57); float64 [21, 1500, 1023] cached 0.71-0.78 -> 512 x 16 x 8 0.75.
+// Short D (twenty-fourth session): element backwards whose inner holds a whole line stream at every D
+// where a shape fits L2, not only where the cached tile needs more than one CTA; shapes without a cluster
+// also try CTAs of 256 threads and columns up to two lines (kStridedElementStreamWideLines). Why (H100,
+// [*, D, 1023] dim 1, every cached and streamed shape forced on the same tensors, µs, the plan before ->
+// the best streamed shape; torch.compile): float D = 64 256 x 32 cached 316.8 -> 256 x 64 303.0 (345.0);
+// D = 100 416 x 32 cached 383.3 -> 256 x 32 311.4 (281.0); D = 160 320 x 16 cached 349.9 -> 512 x 64
+// 316.5 (306.0); bf16 D = 64 cached 444.9 -> 256 x 128 381.8 (292.8); D = 100 512 x 64 streamed 511.7
+// -> 256 x 128 415.7 (371.8); D = 160 cached 516.1 -> 256 x 64 381.0 (558.7); D = 257 512 x 64 419.1
+// -> 256 x 32 396.8 (447.8). The best cached shape lost to the best streamed one at every D measured
+// (64 to 257, both dtypes), by 4-27%.
 constexpr int kStridedElementStreamBytes = 64;
-constexpr int kStridedElementStreamThreads[] = {512, 1024};
+constexpr int kStridedElementStreamThreads[] = {256, 512, 1024};  // without a cluster
+constexpr int kStridedElementStreamClusterThreads[] = {512, 1024};
+constexpr int kStridedElementStreamWideLines = 2;
+// ... for D of at least this many rows (the shortest measured), 2- and 4-byte elements (float64 not
+// measured): shorter D keeps the cached plans, whose one read then holds few rows a thread.
+constexpr int64_t kStridedElementStreamMinRows = 64;
+// strided forward of 16-bit inputs with element accesses whose tile of kStridedMinElementColumns
+// columns needs more than one CTA: those 16 columns over the smallest cluster whose CTAs hold at most
+// this many threads, instead of the whole line over a cluster. Why (H100, bf16 [*, D, 1023] dim 1,
+// forced shapes, µs; twenty-fourth session): D = 513 64 x 320 x 8 (the plan before) 483.5 -> 16 x 288
+// x 2 404.2 (16 x 160 x 4 426.7; torch.compile 449.3); D = 700 64 x 384 x 8 490.2 -> 16 x 192 x 4
+// 382.8 (16 x 352 x 2 411.1; torch.compile 436.5). The bound sits between the two measured optima
+// (288 and 192 threads) and the shapes that lost (352, 160). Clusters of up to 8 (longer D keeps the
+// line over a cluster).
+constexpr int kStridedElementClusterThreads = 320;
 constexpr int kStridedSplitMinRows = 16;
 constexpr int kStridedSplitWaves = 1;
 // strided, streamed (and split): where a line does not divide an outer index's column vectors and
@@ -832,23 +856,36 @@ struct StridedStreamShape {
   int cluster = 1;
 };
 
+// Whether an element backward streams at any D where a shape fits L2, in the wider set of shapes
+// (kStridedElementStreamThreads): its inner holds a whole line of 2- or 4-byte elements and D has at
+// least kStridedElementStreamMinRows rows.
+inline bool strided_element_stream_wide(const SoftmaxProblem& p, int64_t line) {
+  return p.backward && line * p.out_bytes == kStridedRowBytes && p.out_bytes <= 4 &&
+         p.dim_size >= kStridedElementStreamMinRows;
+}
+
 // Threads the device holds with every SM full (kSmMaxThreads each).
 inline int64_t device_threads(const SoftmaxProblem& p) { return int64_t(p.sm_count) * kSmMaxThreads; }
 
-// The streamed launch shape of a backward with element accesses whose tile needs more than one CTA
-// (plan_strided), or false where it should not stream. Each thread's share of its column, ceil(D / G)
-// D-rows of grad_output and as many of output (G = threads / columns D-groups), closest to
-// kStridedElementStreamBytes bytes of each; of shapes equally close, the one whose columns are nearest
-// a warp's 32, so that a warp reads one D-row; then the first tried. The order tried: without a
-// cluster, narrower columns first, 512 threads before 1024 at each; then, where clusters exist, D split
-// over a cluster of 2 up to cluster_cap CTAs (a thread's share is then ceil(D / (G x cluster))
-// D-rows), CTAs of 512 threads before 1024, smaller clusters first. So a cluster is taken only where it
-// comes strictly closer, and of equal cluster shapes the smaller CTAs. CTAs of 512 or 1024 threads,
-// columns a power of two from kStridedMinElementColumns (or the whole line, if narrower) to the whole
-// line. Only shapes whose tiles in flight fit L2, every SM full (kSmMaxThreads threads, each its share
-// of both arrays): a tile's second read then comes from there. None fits: false (the plan caches).
-inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, StridedStreamShape* out) {
+// The streamed launch shape of a backward with element accesses (plan_strided says which), or false
+// where it should not stream. Each thread's share of its column, ceil(D / G) D-rows of grad_output and
+// as many of output (G = threads / columns D-groups), closest to kStridedElementStreamBytes bytes of
+// each; of shapes equally close, the one whose columns are nearest a warp's 32, so that a warp reads
+// one D-row; then the first tried. The order tried: without a cluster, narrower columns first (a power
+// of two from kStridedMinElementColumns, or the whole line if narrower, up to kStridedElementStreamWideLines
+// lines within one outer index, where `wide`; else up to the line), CTAs of 256 (where `wide`), 512
+// then 1024 threads at each; then, where clusters
+// exist, D split over a cluster of 2 up to cluster_cap CTAs (a thread's share is then ceil(D / (G x
+// cluster)) D-rows) of 512 threads before 1024 (kStridedElementStreamClusterThreads), smaller clusters
+// first, columns up to the line. So a cluster is taken only where it comes strictly closer, and of
+// equal cluster shapes the smaller CTAs. Only shapes whose tiles in flight fit L2, every SM full
+// (kSmMaxThreads threads, each its share of both arrays): a tile's second read then comes from there.
+// None fits: false (the plan caches).
+inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, bool wide, StridedStreamShape* out) {
   const int64_t target = kStridedElementStreamBytes;
+  const int64_t wide_cap = pow2_floor(p.inner);  // a tile's columns stay within one outer index
+  const int64_t widest =
+      !wide ? line : (line * kStridedElementStreamWideLines < wide_cap ? line * kStridedElementStreamWideLines : wide_cap);
   int64_t best_hi = 0, best_lo = 1, best_dist = 0;
   bool found = false;
   const int64_t narrowest = line < kStridedMinElementColumns ? line : kStridedMinElementColumns;
@@ -871,10 +908,11 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
       if (out) *out = {threads, int(cols), cl};
     }
   };
-  for (int64_t cols = narrowest; cols <= line; cols *= 2)
-    for (int threads : kStridedElementStreamThreads) consider(1, cols, threads);
-  if (clusters_available(p)) {
+  for (int64_t cols = narrowest; cols <= widest; cols *= 2)
     for (int threads : kStridedElementStreamThreads)
+      if (wide || threads != kStridedElementStreamThreads[0]) consider(1, cols, threads);
+  if (clusters_available(p)) {
+    for (int threads : kStridedElementStreamClusterThreads)
       for (int cl = 2; cl <= cluster_cap(p, threads, false); cl *= 2)
         for (int64_t cols = narrowest; cols <= line; cols *= 2) consider(cl, cols, threads);
   }
@@ -961,6 +999,14 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
+  // Element backwards whose inner holds a whole line stream at any D where a shape fits L2
+  // (kStridedElementStreamThreads: short D too; strided_element_stream_wide says which).
+  const bool whole_line = c_line * load_bytes == kStridedRowBytes;
+  if (elements && strided_element_stream_wide(p, c_line)) {
+    StridedStreamShape e;
+    if (strided_element_stream_shape(p, c_line, true, &e) && smem_ok(e.threads, e.columns, e.cluster, true))
+      return streamed(e.columns, e.threads, e.cluster);
+  }
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
@@ -968,7 +1014,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
     // says why).
     StridedStreamShape e;
-    if (elements && p.backward && strided_element_stream_shape(p, c_line, &e) &&
+    if (elements && p.backward && strided_element_stream_shape(p, c_line, false, &e) &&
         smem_ok(e.threads, e.columns, e.cluster, true))
       return streamed(e.columns, e.threads, e.cluster);
     if (!raw && clusters_available(p)) {
@@ -980,6 +1026,16 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       int64_t h = c;
       while (h * g_needed > kStridedClusterAbove && narrow_ok(h / 2)) h /= 2;
       if (h * g_needed <= kStridedClusterAbove) c = h;
+      // 16-bit element forwards whose inner holds a whole line: kStridedMinElementColumns columns over
+      // the smallest cluster of CTAs of at most kStridedElementClusterThreads threads (which says why).
+      if (elements && !p.backward && p.in_bytes == 2 && whole_line && h * g_needed > kStridedClusterAbove &&
+          h == kStridedMinElementColumns) {
+        for (int64_t cl = 2; cl <= cluster_cap(p, kStridedElementClusterThreads, false) && cl <= kMaxPortableCluster;
+             cl *= 2) {
+          const int64_t threads = threads_for(h, ceil_div(g_needed, cl));
+          if (threads <= kStridedElementClusterThreads && smem_ok(threads, h, cl, false)) return cached(h, cl, threads);
+        }
+      }
     }
   }
   if (c * g_needed <= (raw ? kStridedRawCtaThreads : single_cap)) {
@@ -1113,7 +1169,9 @@ inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& 
   using namespace softmax_detail;
   StridedStreamShape e;
   return s.vec == 1 && p.backward && s.streaming &&
-         strided_element_stream_shape(p, strided_line_columns(p, 1), &e) && e.threads == s.threads &&
+         strided_element_stream_shape(p, strided_line_columns(p, 1),
+                                      strided_element_stream_wide(p, strided_line_columns(p, 1)), &e) &&
+         e.threads == s.threads &&
          e.columns == s.columns && e.cluster == s.cluster;
 }
 
@@ -1126,8 +1184,8 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     s.why = !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"
             : strided_element_streams(p, s)
-                ? "the softmax dim is not innermost; a backward of element accesses whose tile needs more "
-                  "than one CTA: two reads, the second mostly from L2"
+                ? "the softmax dim is not innermost; a backward of element accesses, streamed in the shape "
+                  "whose tiles in flight fit L2: two reads, the second mostly from L2"
             : s.chunks > 1
                 ? "the softmax dim is not innermost; D too long to cache, and too few tiles of columns to fill "
                   "the device: D split into chunks, a CTA each, partials through a workspace, two reads"
