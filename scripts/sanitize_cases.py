@@ -46,7 +46,7 @@ def softmax_cases(dtype, synccheck=False):
               ((2, 70000), -1), ((5, 20011), -1), ((3, 37, 5), 1), ((2, 64, 130), 1),
               ((2, 64, 64), 1), ((2, 1024, 64), 1), ((2, 2048, 64), 1), ((3, 100, 40), 1), ((2, 257, 33), 1),
               ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0), ((16384, 33), 0),
-              ((65536, 100), 0), ((16384, 64), 0)]
+              ((65536, 100), 0), ((16384, 64), 0), ((2, 100, 65), 1), ((2, 513, 65), 1)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
@@ -55,7 +55,9 @@ def softmax_cases(dtype, synccheck=False):
     # dim 0 of 65536 rows (one tile: the split mode, chunks of D through a workspace); dim 0 of 16384 x 33
     # and 65536 x 100: tiles of a whole outer index (33 columns in 512 threads, the last 17 idle; 100
     # elements, 25 or 50 vectors), split; dim 0 of 16384 x 64: cached tiles over 16-CTA clusters that
-    # share SMs (float backward: 2 columns x 512 threads)
+    # share SMs (float backward: 2 columns x 512 threads); 100 x 65 and 513 x 65 (16-bit: a whole line
+    # of element accesses): the backward streamed at short D in 256-thread CTAs, the forward's 16 columns
+    # over a cluster of 288-thread CTAs (the float backwards of 100 x 40 and 257 x 33 stream as well)
     for shape, dim in shapes:
         if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
             continue
