@@ -438,13 +438,14 @@ constexpr int kStridedMinElementColumns = 16;
 // Short D (twenty-fourth session): element backwards whose inner holds a whole line stream at every D
 // where a shape fits L2, not only where the cached tile needs more than one CTA; shapes without a cluster
 // also try CTAs of 256 threads and columns up to two lines (kStridedElementStreamWideLines). Why (H100,
-// [*, D, 1023] dim 1, every cached and streamed shape forced on the same tensors, µs, the plan before ->
-// the best streamed shape; torch.compile): float D = 64 256 x 32 cached 316.8 -> 256 x 64 303.0 (345.0);
-// D = 100 416 x 32 cached 383.3 -> 256 x 32 311.4 (281.0); D = 160 320 x 16 cached 349.9 -> 512 x 64
-// 316.5 (306.0); bf16 D = 64 cached 444.9 -> 256 x 128 381.8 (292.8); D = 100 512 x 64 streamed 511.7
-// -> 256 x 128 415.7 (371.8); D = 160 cached 516.1 -> 256 x 64 381.0 (558.7); D = 257 512 x 64 419.1
-// -> 256 x 32 396.8 (447.8). The best cached shape lost to the best streamed one at every D measured
-// (64 to 257, both dtypes), by 4-27%.
+// [*, D, 1023] dim 1, 805 MB moved, every cached and streamed shape forced on the same tensors, µs; the
+// plan before -> the plan now (the best shape where another); torch.compile): float D = 64 256 x 32
+// cached 316.8 -> 256 x 64 303.0 (345.0); D = 100 416 x 32 cached 383.3 -> 256 x 32 311.4 (281.0); D =
+// 160 512 x 32 streamed 368.9 -> 256 x 32 324.1 (512 x 64 316.5; 306.0); bf16 D = 64 512 x 64 cached
+// 495.2 -> 256 x 128 381.8 (292.8); D = 100 512 x 64 streamed 511.7 -> 256 x 64 443.3 (256 x 128 415.7,
+// a share past the L2 bound; 371.8); D = 160 512 x 64 streamed 462.0 -> 256 x 64 381.0 (558.7); D = 257
+// 512 x 64 streamed 419.1 -> 256 x 32 396.8 (447.8). The best cached shape lost to the best streamed
+// one at every D measured (64 to 257, both dtypes), by 4-27%.
 constexpr int kStridedElementStreamBytes = 64;
 constexpr int kStridedElementStreamThreads[] = {256, 512, 1024};  // without a cluster
 constexpr int kStridedElementStreamClusterThreads[] = {512, 1024};
@@ -459,7 +460,9 @@ constexpr int64_t kStridedElementStreamMinRows = 64;
 // x 2 404.2 (16 x 160 x 4 426.7; torch.compile 449.3); D = 700 64 x 384 x 8 490.2 -> 16 x 192 x 4
 // 382.8 (16 x 352 x 2 411.1; torch.compile 436.5). The bound sits between the two measured optima
 // (288 and 192 threads) and the shapes that lost (352, 160). Clusters of up to 8 (longer D keeps the
-// line over a cluster).
+// line over a cluster). The rule's plans in the report's timing (bench/results/*-s24-strided-*): D =
+// 513 403.8, 700 383.3, and, not in the sweep, 1000 436.6 -> 354.5 (16 x 256 x 4), 2000 506.2 -> 379.1
+// (16 x 256 x 8); torch.compile 450.0, 436.2, 570.4, 535.3.
 constexpr int kStridedElementClusterThreads = 320;
 constexpr int kStridedSplitMinRows = 16;
 constexpr int kStridedSplitWaves = 1;
