@@ -56,6 +56,13 @@ inline at::Tensor integral_to_default_float(const at::Tensor& x) {
   return x.to(c10::typeMetaToScalarType(c10::get_default_dtype()));
 }
 
+// The tensor integral_to_default_float makes of an integer x, on the meta device (no memory): what
+// explain describes for an op that converts integer inputs (a fresh dense tensor, laid out as
+// empty_like(x)).
+inline at::Tensor integral_to_default_float_meta(const at::Tensor& x) {
+  return at::empty_like(x, x.options().device(at::kMeta).dtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+}
+
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,
                               const char* arg_b) {
   TORCH_CHECK(a.device() == b.device(), op, ": expected ", arg_a, " and ", arg_b,

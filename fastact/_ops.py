@@ -52,6 +52,8 @@ def _softmax_fake(op):
     def fake(x, dim, dtype=None, *, variant="auto"):
         if dtype is None or not _integral(x):  # with a dtype an integer x is cast first, as in torch
             _check_floating(op, x)
+        torch._check(dtype is None or dtype in _FLOATING,
+                     lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {dtype}")
         torch._check_index(-max(x.dim(), 1) <= dim < max(x.dim(), 1), lambda: f"{op}: dim {dim} out of range")
         return torch.empty_like(x, dtype=dtype if dtype is not None else x.dtype)
 

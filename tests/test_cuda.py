@@ -598,9 +598,10 @@ def _element_stream_shapes(d, size, line, wide_cap=None):
 def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
     """dispatch.h kStridedMinElementColumns, kStridedMinFloatElementThreads, kStridedSectorBytes,
     strided_element_stream_shape and strided_stream_cluster: the strided plan narrows element forwards
-    to lines of 16 columns in one CTA, widens short float element forwards to 512 threads, streams
-    element backwards whose tile needs more than one CTA in the shape the L2 rule picks (D over a
-    cluster where that comes closer), narrows the tiles of a D too long for a line's cluster over the
+    to lines of 16 columns in one CTA (16-bit ones past one CTA: 16 columns over a small cluster), widens
+    short float element forwards to 512 threads, streams element backwards whose tile needs more than one
+    CTA, or whose inner holds a whole line at D >= 64, in the shape the L2 rule picks (D over a cluster
+    where that comes closer), narrows the tiles of a D too long for a line's cluster over the
     largest cluster, and streams the few tiles of a D too long for any of those over a cluster (or
     splits D), in tiles of a whole outer index where a line does not divide it (kStridedWholeOuterUnits);
     each of those plans gives the right result (outputs poisoned first)."""
@@ -613,7 +614,7 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
         shapes = _element_stream_shapes(shape[1], dtype.itemsize, line, _pow2_floor(shape[2]) if wide else None)
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if (props.multi_processor_count, props.L2_cache_size) == (132, 50 << 20) and (dtype, shape) in _H100_STREAMS:
-            # the shapes measured on the H100 (bench/NOTES.md, nineteenth session), in case the rule and
+            # the shapes measured on the H100 (bench/NOTES.md, nineteenth and twenty-fourth sessions), in case the rule and
             # its Python copy above share a mistake
             assert _H100_STREAMS[(dtype, shape)] in shapes, shapes
             shapes = {_H100_STREAMS[(dtype, shape)]}

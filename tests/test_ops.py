@@ -345,9 +345,11 @@ def test_integral_inputs_as_torch(device, in_dtype, layout):
         torch.set_default_dtype(default)
         try:
             y, want = fastact.sigmoid(x), torch.sigmoid(x)
+            why = fastact.explain("sigmoid", x)
         finally:
             torch.set_default_dtype(old)
         assert y.dtype == want.dtype == default and y.stride() == want.stride()
+        assert f"converted to {'Float' if default == torch.float32 else 'Double'}" in why, why
         torch.testing.assert_close(y, want, rtol=2 * torch.finfo(default).eps, atol=0)
     for out_dtype in FLOAT_DTYPES:
         for name, dim in (("softmax", -1), ("log_softmax", 0)):

@@ -334,12 +334,16 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       s << "; (outer, column block) tasks split across threads";
     }
   } else {
+    // sigmoid computes an integer input in the default dtype: what it reads is that copy.
+    const bool converts = op == "sigmoid" && at::isIntegralType(self.scalar_type(), /*includeBool=*/true);
+    const at::Tensor x = converts ? integral_to_default_float_meta(self) : self;
     s << "kernel=cpu_elementwise: " << op << " over " << self.numel() << " elements";
+    if (converts) s << " (the " << self.scalar_type() << " input converted to " << x.scalar_type() << " first)";
     if (op == "bias_gelu") {
       s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place" : " (input made contiguous")
         << ", bias added in registers: one pass)";
     } else {
-      const auto [stride, cols] = element_read_of(self);
+      const auto [stride, cols] = element_read_of(x);
       if (!stride) {
         s << " (input has gaps or overlaps: copied into a dense tensor first)";
       } else if (*stride != cols && self.numel() > cols) {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common.h"
 #include "cuda/activations.h"
 #include "cuda/softmax.h"
 
@@ -17,6 +18,12 @@ std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t 
     const bool log = op.rfind("log_", 0) == 0;
     const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
     return explain_softmax_cuda(x, dim, log, backward);
+  }
+  if (op == "sigmoid" && at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
+    // sigmoid computes an integer input in the default dtype: the kernel reads that (fresh, aligned) copy.
+    const at::Tensor converted = integral_to_default_float_meta(x);
+    return explain_elementwise_cuda(converted, op) + "; the " + std::string(c10::toString(x.scalar_type())) +
+           " input is first converted to " + c10::toString(converted.scalar_type());
   }
   return explain_elementwise_cuda(x, op);
 }

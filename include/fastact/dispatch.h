@@ -451,7 +451,8 @@ constexpr int kStridedElementStreamThreads[] = {256, 512, 1024};  // without a c
 constexpr int kStridedElementStreamClusterThreads[] = {512, 1024};
 constexpr int kStridedElementStreamWideLines = 2;
 // ... for D of at least this many rows (the shortest measured), 2- and 4-byte elements (float64 not
-// measured): shorter D keeps the cached plans, whose one read then holds few rows a thread.
+// measured): shorter D keeps the cached plans, whose one read then holds few rows a thread. Measured on
+// the H100 only; other devices (and clusters turned off) take the same shapes by the same L2 bound.
 constexpr int64_t kStridedElementStreamMinRows = 64;
 // strided forward of 16-bit inputs with element accesses whose tile of kStridedMinElementColumns
 // columns needs more than one CTA: those 16 columns over the smallest cluster whose CTAs hold at most
