@@ -53,14 +53,14 @@ inline void check_floating(const at::Tensor& t, const char* op, const char* arg)
 // floating check).
 inline at::Tensor integral_to_default_float(const at::Tensor& x) {
   if (!at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) return x;
-  return x.to(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  return x.to(c10::get_default_dtype_as_scalartype());
 }
 
 // The tensor integral_to_default_float makes of an integer x, on the meta device (no memory): what
 // explain describes for an op that converts integer inputs (a fresh dense tensor, laid out as
 // empty_like(x)).
 inline at::Tensor integral_to_default_float_meta(const at::Tensor& x) {
-  return at::empty_like(x, x.options().device(at::kMeta).dtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  return at::empty_like(x, x.options().device(at::kMeta).dtype(c10::get_default_dtype_as_scalartype()));
 }
 
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg_a,

@@ -437,7 +437,8 @@ constexpr int kStridedMinElementColumns = 16;
 // 0.51-0.57); float64 [21, 1500, 1023] cached 0.71-0.78 -> 512 x 16 x 8 0.75.
 // Short D (twenty-fourth session): element backwards whose inner holds a whole line stream at every D
 // where a shape fits L2, not only where the cached tile needs more than one CTA; shapes without a cluster
-// also try CTAs of 256 threads and columns up to two lines (kStridedElementStreamWideLines). Why (H100,
+// also try CTAs of kStridedElementStreamWideThreads threads and columns up to two lines
+// (kStridedElementStreamWideLines). Why (H100,
 // [*, D, 1023] dim 1, 805 MB moved, every cached and streamed shape forced on the same tensors, µs; the
 // plan before -> the plan now (the best shape where another); torch.compile): float D = 64 256 x 32
 // cached 316.8 -> 256 x 64 303.0 (345.0); D = 100 416 x 32 cached 383.3 -> 256 x 32 311.4 (281.0); D =
@@ -447,8 +448,8 @@ constexpr int kStridedMinElementColumns = 16;
 // 512 x 64 streamed 419.1 -> 256 x 32 396.8 (447.8). The best cached shape lost to the best streamed
 // one at every D measured (64 to 257, both dtypes), by 4-27%.
 constexpr int kStridedElementStreamBytes = 64;
-constexpr int kStridedElementStreamThreads[] = {256, 512, 1024};  // without a cluster
-constexpr int kStridedElementStreamClusterThreads[] = {512, 1024};
+constexpr int kStridedElementStreamThreads[] = {512, 1024};
+constexpr int kStridedElementStreamWideThreads = 256;  // tried first, without a cluster
 constexpr int kStridedElementStreamWideLines = 2;
 // ... for D of at least this many rows (the shortest measured), 2- and 4-byte elements (float64 not
 // measured): shorter D keeps the cached plans, whose one read then holds few rows a thread. Measured on
@@ -861,7 +862,7 @@ struct StridedStreamShape {
 };
 
 // Whether an element backward streams at any D where a shape fits L2, in the wider set of shapes
-// (kStridedElementStreamThreads): its inner holds a whole line of 2- or 4-byte elements and D has at
+// (kStridedElementStreamWideThreads, kStridedElementStreamWideLines): its inner holds a whole line of 2- or 4-byte elements and D has at
 // least kStridedElementStreamMinRows rows.
 inline bool strided_element_stream_wide(const SoftmaxProblem& p, int64_t line) {
   return p.backward && line * p.out_bytes == kStridedRowBytes && p.out_bytes <= 4 &&
@@ -877,11 +878,10 @@ inline int64_t device_threads(const SoftmaxProblem& p) { return int64_t(p.sm_cou
 // each; of shapes equally close, the one whose columns are nearest a warp's 32, so that a warp reads
 // one D-row; then the first tried. The order tried: without a cluster, narrower columns first (a power
 // of two from kStridedMinElementColumns, or the whole line if narrower, up to kStridedElementStreamWideLines
-// lines within one outer index, where `wide`; else up to the line), CTAs of 256 (where `wide`), 512
-// then 1024 threads at each; then, where clusters
+// lines within one outer index, where `wide`; else up to the line), CTAs of
+// kStridedElementStreamWideThreads (where `wide`), 512 then 1024 threads at each; then, where clusters
 // exist, D split over a cluster of 2 up to cluster_cap CTAs (a thread's share is then ceil(D / (G x
-// cluster)) D-rows) of 512 threads before 1024 (kStridedElementStreamClusterThreads), smaller clusters
-// first, columns up to the line. So a cluster is taken only where it comes strictly closer, and of
+// cluster)) D-rows) of 512 threads before 1024, smaller clusters first, columns up to the line. So a cluster is taken only where it comes strictly closer, and of
 // equal cluster shapes the smaller CTAs. Only shapes whose tiles in flight fit L2, every SM full
 // (kSmMaxThreads threads, each its share of both arrays): a tile's second read then comes from there.
 // None fits: false (the plan caches).
@@ -912,11 +912,12 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
       if (out) *out = {threads, int(cols), cl};
     }
   };
-  for (int64_t cols = narrowest; cols <= widest; cols *= 2)
-    for (int threads : kStridedElementStreamThreads)
-      if (wide || threads != kStridedElementStreamThreads[0]) consider(1, cols, threads);
+  for (int64_t cols = narrowest; cols <= widest; cols *= 2) {
+    if (wide) consider(1, cols, kStridedElementStreamWideThreads);
+    for (int threads : kStridedElementStreamThreads) consider(1, cols, threads);
+  }
   if (clusters_available(p)) {
-    for (int threads : kStridedElementStreamClusterThreads)
+    for (int threads : kStridedElementStreamThreads)
       for (int cl = 2; cl <= cluster_cap(p, threads, false); cl *= 2)
         for (int64_t cols = narrowest; cols <= line; cols *= 2) consider(cl, cols, threads);
   }
@@ -1003,24 +1004,20 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
-  // Element backwards whose inner holds a whole line stream at any D where a shape fits L2
-  // (kStridedElementStreamThreads: short D too; strided_element_stream_wide says which).
-  const bool whole_line = c_line * load_bytes == kStridedRowBytes;
-  if (elements && strided_element_stream_wide(p, c_line)) {
+  // Backwards with element accesses stream where strided_element_stream_shape finds a shape whose tiles
+  // in flight fit L2 (kStridedElementStreamBytes says why): rather than split a tile that needs more than
+  // one CTA over a cluster, and at any D where strided_element_stream_wide (short D too).
+  if (elements && p.backward) {
+    const bool wide = strided_element_stream_wide(p, c_line);
     StridedStreamShape e;
-    if (strided_element_stream_shape(p, c_line, true, &e) && smem_ok(e.threads, e.columns, e.cluster, true))
+    if ((wide || c * g_needed > single_cap) && strided_element_stream_shape(p, c_line, wide, &e) &&
+        smem_ok(e.threads, e.columns, e.cluster, true))
       return streamed(e.columns, e.threads, e.cluster);
   }
+  const bool whole_line = c_line * load_bytes == kStridedRowBytes;
   // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
-    // Backwards with element accesses stream rather than split the tile over a cluster where
-    // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
-    // says why).
-    StridedStreamShape e;
-    if (elements && p.backward && strided_element_stream_shape(p, c_line, false, &e) &&
-        smem_ok(e.threads, e.columns, e.cluster, true))
-      return streamed(e.columns, e.threads, e.cluster);
     if (!raw && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
       // down to kStridedMinElementColumns where that is narrower).
@@ -1172,10 +1169,9 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
 inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   using namespace softmax_detail;
   StridedStreamShape e;
+  const int64_t line = strided_line_columns(p, 1);
   return s.vec == 1 && p.backward && s.streaming &&
-         strided_element_stream_shape(p, strided_line_columns(p, 1),
-                                      strided_element_stream_wide(p, strided_line_columns(p, 1)), &e) &&
-         e.threads == s.threads &&
+         strided_element_stream_shape(p, line, strided_element_stream_wide(p, line), &e) && e.threads == s.threads &&
          e.columns == s.columns && e.cluster == s.cluster;
 }
 
