@@ -380,6 +380,14 @@ def test_integral_inputs_compile_and_vmap(device):
     torch.testing.assert_close(torch.vmap(f)(x), want)
     torch.library.opcheck(torch.ops.fastact.sigmoid.default, (x,))
     torch.library.opcheck(torch.ops.fastact.softmax.default, (x, 1, torch.float64))
+    # the fake kernel refuses an integer dtype= as the real op does (it skips the input's check here)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        for op in (torch.ops.fastact.softmax, torch.ops.fastact.log_softmax):
+            with pytest.raises(RuntimeError, match="expected dtype"):
+                op(fake, -1, torch.int64)
 
 
 def test_softmax_dtype_none_keeps_dtype(device, dtype):
