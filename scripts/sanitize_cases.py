@@ -46,7 +46,8 @@ def softmax_cases(dtype, synccheck=False):
               ((2, 70000), -1), ((5, 20011), -1), ((3, 37, 5), 1), ((2, 64, 130), 1),
               ((2, 64, 64), 1), ((2, 1024, 64), 1), ((2, 2048, 64), 1), ((3, 100, 40), 1), ((2, 257, 33), 1),
               ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0), ((16384, 33), 0),
-              ((65536, 100), 0), ((16384, 64), 0), ((2, 100, 65), 1), ((2, 513, 65), 1)]
+              ((65536, 100), 0), ((16384, 64), 0), ((2, 100, 65), 1), ((2, 513, 65), 1),
+              ((265, 65, 131), 1)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
@@ -57,7 +58,9 @@ def softmax_cases(dtype, synccheck=False):
     # elements, 25 or 50 vectors), split; dim 0 of 16384 x 64: cached tiles over 16-CTA clusters that
     # share SMs (float backward: 2 columns x 512 threads); 100 x 65 and 513 x 65 (16-bit: a whole line
     # of element accesses): the backward streamed at short D in 256-thread CTAs, the forward's 16 columns
-    # over a cluster of 288-thread CTAs (the float backwards of 100 x 40 and 257 x 33 stream as well)
+    # over a cluster of 288-thread CTAs (the float backwards of 100 x 40 and 257 x 33 stream as well);
+    # [265, 65, 131]: the backward's staged mode (2- and 4-byte elements; staged_cases adds misaligned
+    # grad_output and output)
     for shape, dim in shapes:
         if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
             continue
@@ -106,6 +109,24 @@ def long_row_cases(dtype):
             if d >= 262144:
                 check(f"{'log_' if log else ''}softmax_backward long_row {rows}x{d} {dtype}",
                       bwd(dy, y, -1, dtype, variant="long_row"), softmax_backward_reference(dy, want, -1, log), dtype)
+
+
+def staged_cases(dtype):
+    """The strided backward's staged mode (2- and 4-byte elements; [265, 65, 131] dim 1: two tiles an outer
+    index, 72 and 59 columns in 16-bit, 68 and 63 in float) with grad_output and output off the 16-byte alignment,
+    apart and together, and ending off it: the copies of the tensors' first and last chunks go element by
+    element, inside the tensors."""
+    shape, n = (265, 65, 131), 265 * 65 * 131
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    for log in (False, True):
+        bwd = ops.log_softmax_backward if log else ops.softmax_backward
+        want = (torch.log_softmax if log else torch.softmax)(x.double(), 1)
+        for offsets in ((0, 0), (1, 0), (0, 3), (1, 1)):
+            dy = torch.randn(n + offsets[0], device="cuda", dtype=dtype)[offsets[0]:].view(shape)
+            y = torch.empty(n + offsets[1], device="cuda", dtype=dtype)[offsets[1]:].view(shape)
+            y.copy_(want)
+            check(f"{'log_' if log else ''}softmax_backward staged {offsets} {dtype}", bwd(dy, y, 1, dtype),
+                  softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
 def check_gelu(label, x, dy, dtype):
@@ -166,6 +187,8 @@ def main():
     for dtype in dtypes:
         softmax_cases(dtype, synccheck="--synccheck" in sys.argv)
         long_row_cases(dtype)
+        if dtype.itemsize <= 4:
+            staged_cases(dtype)
         elementwise_cases(dtype)
     torch.cuda.synchronize()
     print("sanitize_cases: all cases ran and matched torch")

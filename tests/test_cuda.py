@@ -636,6 +636,77 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
+def _staged_columns(shape, size):
+    """dispatch.h strided_staged_columns, written again from its comment: the staged tile's columns of an
+    element backward of [outer, D, inner] with `size`-byte grad_output, or 0 where it does not stage (sm_90,
+    2- or 4-byte elements, D >= 64; the widest power of two of at most 512 bytes a D-row and at most the
+    inner's largest power of two whose tile of both arrays, a 16-byte chunk of slack a D-row, fits 113 KB,
+    if still >= 256 bytes a D-row; the inner's tiles of that width evened out, the columns rounded up to a
+    16-byte chunk's elements; tiles for two CTAs on every SM)."""
+    outer, d, inner = shape
+    if size > 4 or d < 64 or torch.cuda.get_device_capability()[0] < 9:
+        return 0
+    w = min(512 // size, _pow2_floor(inner))
+    while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
+        w //= 2
+    if w * size < 256:
+        return 0
+    tiles = -(-inner // w)
+    cols = -(-(-(-inner // tiles)) // (16 // size)) * (16 // size)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return cols if outer * -(-inner // cols) >= 2 * sms else 0
+
+
+# (grad_output dtype, grad_input dtype, [outer, D, inner] over dim 1, log_softmax, layouts of (grad_output,
+# output), the staged columns on the H100 (0: not staged)).
+_STAGED_CASES = [
+    (torch.float32, torch.float32, (140, 64, 67), False, ("contiguous", "contiguous"), 36),  # 2 tiles of 64 evened
+    (torch.float32, torch.float32, (140, 63, 67), False, ("contiguous", "contiguous"), 0),  # D below 64
+    (torch.bfloat16, torch.bfloat16, (264, 100, 300), False, ("contiguous", "contiguous"), 152),
+    (torch.bfloat16, torch.bfloat16, (264, 100, 300), True, ("offset", "contiguous"), 152),  # dy, y misaligned apart
+    (torch.float32, torch.float32, (140, 64, 67), False, ("offset", "offset"), 36),
+    (torch.float16, torch.float16, (264, 64, 1023), True, ("contiguous", "offset"), 256),
+    (torch.float32, torch.float32, (300, 160, 130), True, ("contiguous", "contiguous"), 44),
+    (torch.bfloat16, torch.bfloat16, (264, 212, 129), False, ("contiguous", "contiguous"), 72),
+    (torch.bfloat16, torch.bfloat16, (264, 213, 129), False, ("contiguous", "contiguous"), 0),  # 113 KB at 256 bytes
+    (torch.float32, torch.float32, (264, 100, 63), False, ("contiguous", "contiguous"), 0),  # 32 columns: 128 bytes
+    (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), 0),
+    (torch.float32, torch.float32, (100, 64, 67), False, ("contiguous", "contiguous"), 0),  # 200 tiles < 2 x 132
+    (torch.float32, torch.bfloat16, (140, 64, 67), False, ("contiguous", "contiguous"), 36),  # softmax(bf16, dtype=f32)
+]
+
+
+@pytest.mark.parametrize("dtype,in_dtype,shape,log,layouts,h100", _STAGED_CASES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
+    """dispatch.h kStridedStagedThreads / strided_staged_columns: element backwards at short D take the
+    staged mode (tiles through shared memory in 16-byte chunks) exactly where the rule says, at its
+    bounds (D 63 / 64, the shared-memory bound at D 212 / 213, 256 bytes a D-row, the device fill, 2- and
+    4-byte elements); each plan, staged or not, gives the right result (outputs poisoned first),
+    with grad_output and output off the 16-byte alignment, apart or together."""
+    cols = _staged_columns(shape, dtype.itemsize)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
+        assert cols == h100, cols  # the rule's Python copy against the H100 figures above
+    op = "log_softmax" if log else "softmax"
+    x = make_tensor(shape, dtype, "cuda")
+    y = make_tensor(shape, dtype, "cuda", layouts[1])
+    y.copy_(torch.log_softmax(x, 1) if log else torch.softmax(x, 1))
+    g = make_tensor(shape, dtype, "cuda", layouts[0])
+    s = fastact.explain(op + "_backward", y, 1)
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory", s)
+    if cols:
+        assert m and (int(m.group(1)), int(m.group(2))) == (cols, 256), s
+    else:
+        assert "staged" not in s, s
+    poison_allocator("cuda", y.numel() * in_dtype.itemsize)
+    backward = ops.log_softmax_backward if log else ops.softmax_backward
+    assert_close(backward(g, y, 1, in_dtype), softmax_backward_ref(g, y, 1, log),
+                 in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
+    assert_close(backward(g, y, 1, in_dtype, variant="strided"), softmax_backward_ref(g, y, 1, log),
+                 in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
+
+
 _CLUSTER_CAP_SCRIPT = """
 import torch, fastact
 x = torch.randn(4, 262144, device="cuda")

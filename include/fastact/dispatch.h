@@ -47,7 +47,9 @@
 //             columns cached in registers (one HBM read; on sm_90 a cluster splits long D), or
 //             streamed twice when D is too long to cache (each tile's D split over a cluster where
 //             the tiles alone leave the device short of threads; where even that does, D cut into
-//             chunks, a CTA each, partials through the caller's workspace: the split mode). No
+//             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
+//             of element accesses at short D instead copy each tile's D-rows to shared memory in
+//             aligned 16-byte chunks and reduce a column a thread there (the staged mode). No
 //             transposing copy.
 #pragma once
 
@@ -498,6 +500,51 @@ constexpr int kStridedRawCtaThreads = 256;
 constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
+// strided backward, staged mode (softmax/staged.cuh): element backwards of 2- or 4-byte grad_output at
+// short D copy each tile's D-rows to shared memory in aligned 16-byte chunks (cp.async: all of a tile's
+// loads in flight at once, holding no registers) and reduce a column a thread from there: one HBM read,
+// no exchange between threads. The modes before: the cached one holds few D-rows a thread and exchanges
+// partial dots through shared memory; the streamed one reads twice (ncu, bf16 [2050, 64, 1023]: 30.9 M L2
+// read sectors for 537 MB, DRAM at 62%); a one-pass kernel of element loads into registers (a diag
+// sweep of rows x threads x D-groups) at best 309.7 us there, 64 registers and half occupancy, where
+// torch.compile's (40 registers) took 290.1 with L2 at 98% of its throughput and DRAM at 82%. The
+// copies do not cut L2 sectors (25.7 M against torch.compile's 24.9 M: a warp's element loads of an
+// unaligned D-row touch half again as many sectors as they use, and so, measured, do the chunk
+// copies), but the prototype ran at L2 89%, DRAM 81%, 290.75 us. The tile: the widest power of two of
+// columns whose D-row segment is at most kStridedStagedRowBytes and at least kStridedStagedMinRowBytes
+// (not past the inner's largest power of two), within kStridedStagedMaxSmem for both arrays (two CTAs
+// an SM on the H100's 228 KB), then evened out over the inner (strided_staged_columns), in CTAs of
+// kStridedStagedThreads; from kStridedStagedMinRows rows, where the tiles fill two
+// CTAs an SM. Why (H100, [*, D, 1023] dim 1, 805 MB moved, a prototype of this kernel at forced tiles on
+// the same tensors, µs; the plan before (streamed, strided_element_stream_shape) -> staged at the tile
+// this rule picks; torch.compile; twenty-fifth session): float D = 64 303.2 -> 282.8 (128 columns;
+// 347.8); D = 100 311.6 -> 287.8 (128; 280.0); D = 160 325.0 -> 303.9 (64; 309.7); bf16 D = 64 383.0 ->
+// 293.0 (256; 292.8); D = 100 443.7 -> 298.3 (256; 372.4); D = 160 380.9 -> 310.2 (128; 539.2). The
+// library's kernel, same tensors: float D = 100 291.0, D = 160 303.9; bf16 D = 64 290.1, D = 160 309.0.
+// Wider tiles lost or tied (one CTA an SM: bf16 D = 160 256 columns 366.3, float D = 64 256 columns
+// 293.1, float D = 100 289.2), narrower ones lost (more partial chunks: float D = 100 64 columns 319.1);
+// 128-thread CTAs by 0-8%; staging grad_input through shared memory for 16-byte stores by 4-30% (a
+// second barrier, and the write pass after it). At D = 257 (past the shared-memory bound even at 256
+// bytes a D-row) the streamed plan wins (bf16 393.9 against 453.3 staged, float 323.7 against 441.5).
+// Measured on the H100 only, so sm_90 only.
+constexpr int kStridedStagedThreads = 256;
+constexpr int kStridedStagedRowBytes = 512;
+constexpr int kStridedStagedMinRowBytes = 256;
+constexpr int kStridedStagedMaxSmem = 113 * 1024;
+constexpr int64_t kStridedStagedMinRows = 64;
+constexpr int kStridedStagedCtasPerSm = 2;
+
+// Bytes of the staged mode's shared memory: both arrays' D-rows of a tile, `columns` elements and a
+// 16-byte chunk of slack each (a segment's first chunk starts up to 15 bytes before it).
+inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, int out_bytes) {
+  return 2 * dim * (columns + 16 / out_bytes) * out_bytes;
+}
+
+// The staged mode's tiles: ceil(inner / columns) of each outer index (the last may be narrower). The
+// dispatcher and the launcher (softmax/staged.cuh) count them alike.
+inline int64_t softmax_strided_staged_tiles(int64_t outer, int64_t inner, int64_t columns) {
+  return outer * ((inner + columns - 1) / columns);
+}
 
 // Bytes of the strided kernel's reduction buffers (ColumnScratch in softmax/common.cuh): two
 // mbarriers, then values of `value_bytes` red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L];
@@ -570,6 +617,7 @@ struct SoftmaxPlan {
   int64_t workspace_bytes = 0;  // strided split mode: bytes of the partials (softmax_workspace_bytes)
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
+  bool staged = false;     // strided backward: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
@@ -924,6 +972,27 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
   return found;
 }
 
+// The columns of a staged tile (kStridedStagedThreads says why), or 0 where the strided backward does not
+// stage: element accesses, 2- or 4-byte grad_output, sm_90, D of at least kStridedStagedMinRows. The width
+// W: the widest power of two of at most kStridedStagedRowBytes a D-row (and at most the inner's largest
+// power of two) whose tile of both arrays fits kStridedStagedMaxSmem, if that is still at least
+// kStridedStagedMinRowBytes a D-row. The inner's ceil(inner / W) tiles are then evened out (the columns:
+// ceil(inner / tiles), rounded up to a 16-byte chunk's elements), so that an inner of 129 takes two
+// tiles of 72 and 57 rather than 128 and 1. Last, tiles for kStridedStagedCtasPerSm CTAs on every SM.
+inline int64_t strided_staged_columns(const SoftmaxProblem& p, int vec) {
+  if (!p.backward || vec != 1 || p.out_bytes > 4 || p.cc_major < 9 || p.dim_size < kStridedStagedMinRows) return 0;
+  int64_t w = kStridedStagedRowBytes / p.out_bytes;
+  const int64_t cap = pow2_floor(p.inner);
+  if (w > cap) w = cap;
+  while (w * p.out_bytes >= kStridedStagedMinRowBytes &&
+         softmax_strided_staged_smem_bytes(p.dim_size, w, p.out_bytes) > kStridedStagedMaxSmem)
+    w /= 2;
+  if (w * p.out_bytes < kStridedStagedMinRowBytes) return 0;
+  const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), 16 / p.out_bytes);  // <= w
+  if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return 0;
+  return cols;
+}
+
 // The chunks of D per tile of the split mode (kStridedStreamThreads says when): enough (tile, chunk)
 // CTAs of `threads` for kStridedSplitWaves device fills, at most one per kStridedSplitMinRows D-rows a
 // D-group; < 2: no split.
@@ -1004,10 +1073,21 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
-  // Backwards with element accesses stream where strided_element_stream_shape finds a shape whose tiles
-  // in flight fit L2 (kStridedElementStreamBytes says why): rather than split a tile that needs more than
-  // one CTA over a cluster, and at any D where strided_element_stream_wide (short D too).
+  // Backwards with element accesses: staged at short D (strided_staged_columns); else streamed where
+  // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
+  // says why): rather than split a tile that needs more than one CTA over a cluster, and at any D where
+  // strided_element_stream_wide (short D too).
   if (elements && p.backward) {
+    const int64_t staged = strided_staged_columns(p, s.vec);
+    if (staged > 0) {
+      s.columns = int(staged);
+      s.threads = kStridedStagedThreads;
+      s.cluster = 1;
+      s.streaming = false;
+      s.staged = true;
+      s.elems_per_thread = 0;
+      return s;
+    }
     const bool wide = strided_element_stream_wide(p, c_line);
     StridedStreamShape e;
     if ((wide || c * g_needed > single_cap) && strided_element_stream_shape(p, c_line, wide, &e) &&
@@ -1181,7 +1261,9 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
+    s.why = s.staged ? "the softmax dim is not innermost; a backward of element accesses at short D: each tile's "
+                       "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread: one read"
+            : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"
             : strided_element_streams(p, s)
                 ? "the softmax dim is not innermost; a backward of element accesses, streamed in the shape "
@@ -1270,7 +1352,10 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                         static_cast<long long>(s.chunks), static_cast<long long>(s.group_rows), s.threads, access);
       break;
     case SoftmaxMode::kStrided:
-      if (s.chunks > 1) {
+      if (s.staged) {
+        n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, staged in shared "
+                          "memory, 16-byte copies in, element stores out]", s.columns, s.threads, s.cluster);
+      } else if (s.chunks > 1) {
         n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, streamed twice, %lld "
                           "chunks of D, %s]", s.columns, s.threads, s.cluster, static_cast<long long>(s.chunks), access);
       } else {
