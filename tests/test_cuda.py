@@ -638,13 +638,14 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
 
 def _staged_columns(shape, size):
     """dispatch.h strided_staged_columns, written again from its comment: the staged tile's columns of an
-    element backward of [outer, D, inner] with `size`-byte grad_output, or 0 where it does not stage (sm_90,
+    element backward (an inner no 16-byte vector divides, as in every case below) of [outer, D, inner] with
+    `size`-byte grad_output, or 0 where it does not stage (sm_90 only,
     2- or 4-byte elements, D >= 64; the widest power of two of at most 512 bytes a D-row and at most the
     inner's largest power of two whose tile of both arrays, a 16-byte chunk of slack a D-row, fits 113 KB,
     if still >= 256 bytes a D-row; the inner's tiles of that width evened out, the columns rounded up to a
     16-byte chunk's elements; tiles for two CTAs on every SM)."""
     outer, d, inner = shape
-    if size > 4 or d < 64 or torch.cuda.get_device_capability()[0] < 9:
+    if size > 4 or d < 64 or torch.cuda.get_device_capability()[0] != 9:
         return 0
     w = min(512 // size, _pow2_floor(inner))
     while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:

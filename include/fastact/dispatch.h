@@ -973,14 +973,15 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
 }
 
 // The columns of a staged tile (kStridedStagedThreads says why), or 0 where the strided backward does not
-// stage: element accesses, 2- or 4-byte grad_output, sm_90, D of at least kStridedStagedMinRows. The width
+// stage: element accesses, 2- or 4-byte grad_output, sm_90 (measured there only; later devices may
+// allow less shared memory a block than the launcher asks for), D of at least kStridedStagedMinRows. The width
 // W: the widest power of two of at most kStridedStagedRowBytes a D-row (and at most the inner's largest
 // power of two) whose tile of both arrays fits kStridedStagedMaxSmem, if that is still at least
 // kStridedStagedMinRowBytes a D-row. The inner's ceil(inner / W) tiles are then evened out (the columns:
 // ceil(inner / tiles), rounded up to a 16-byte chunk's elements), so that an inner of 129 takes two
 // tiles of 72 and 57 rather than 128 and 1. Last, tiles for kStridedStagedCtasPerSm CTAs on every SM.
 inline int64_t strided_staged_columns(const SoftmaxProblem& p, int vec) {
-  if (!p.backward || vec != 1 || p.out_bytes > 4 || p.cc_major < 9 || p.dim_size < kStridedStagedMinRows) return 0;
+  if (!p.backward || vec != 1 || p.out_bytes > 4 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return 0;
   int64_t w = kStridedStagedRowBytes / p.out_bytes;
   const int64_t cap = pow2_floor(p.inner);
   if (w > cap) w = cap;
