@@ -906,6 +906,35 @@ def test_cuda_graph_forced_variants():
         assert torch.equal(grads[k], ops.log_softmax_backward(x, outs[k], dim, torch.float16, variant=k[0])), k
 
 
+def test_cuda_graph_staged_backward():
+    """The strided backward's staged mode captured in a CUDA graph and replayed on new values (both ops,
+    grad_output off the 16-byte alignment): the same bits as eager."""
+    shape = (264, 100, 300)
+    if not _staged_columns(shape, 2):
+        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
+    y = make_tensor(shape, torch.bfloat16, "cuda")
+    g = make_tensor(shape, torch.bfloat16, "cuda", "offset")
+    assert "staged in shared memory" in fastact.explain("softmax_backward", y, 1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for log in (False, True):
+            (ops.log_softmax_backward if log else ops.softmax_backward)(g, y, 1, torch.bfloat16)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [(ops.log_softmax_backward if log else ops.softmax_backward)(g, y, 1, torch.bfloat16)
+                for log in (False, True)]
+    for trial in range(2):
+        with torch.no_grad():
+            y.copy_(torch.softmax(torch.randn(shape, device="cuda"), 1).to(torch.bfloat16))
+            g.copy_(make_tensor(shape, torch.bfloat16, "cuda", scale=1 + trial))
+        graph.replay()
+        for log, out in zip((False, True), outs):
+            eager = (ops.log_softmax_backward if log else ops.softmax_backward)(g, y, 1, torch.bfloat16)
+            assert torch.equal(out, eager), f"replay {trial}, log_softmax {log}"
+
+
 def _compile_fn(x, b, xh):
     return (
         fastact.softmax(x, -1),
@@ -1241,6 +1270,27 @@ def test_huge_softmax_strided(variant):
         lse = _lse_long_row(x[:, j].contiguous())
         idx = torch.cat([torch.arange(0, 4096), torch.arange(x.shape[0] - 4096, x.shape[0])]).cuda()
         assert_close(y[idx, j], (x[idx, j].float() - lse).exp().double(), msg=f"{variant} column {j}")
+
+
+@pytest.mark.huge
+def test_huge_softmax_staged_backward():
+    """The strided backward's staged mode past 2^31 elements (64-bit offsets): bf16 [32801, 64, 1023] dim 1
+    (2^31 + 48,064 elements), checked on the first and last outer indices."""
+    _need_huge_gpu()
+    shape = (32801, 64, 1023)
+    if not _staged_columns(shape, 2):
+        pytest.skip("the staged mode is sm_90 only")
+    y = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    for i in range(0, shape[0], 4096):
+        n = min(4096, shape[0] - i)
+        y[i : i + n] = torch.softmax(torch.randn(n, *shape[1:], device="cuda"), 1).to(torch.bfloat16)
+    g = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    s = fastact.explain("softmax_backward", y, 1)
+    assert "staged in shared memory" in s, s
+    dx = ops.softmax_backward(g, y, 1, torch.bfloat16)
+    for o in (0, shape[0] - 1):
+        assert_close(dx[o], softmax_backward_ref(g[o], y[o], 0, False),
+                     torch_actual=softmax_backward_torch(g[o], y[o], 0, torch.bfloat16, False), msg=f"outer {o}: {s}")
 
 
 @pytest.mark.huge
