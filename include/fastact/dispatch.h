@@ -528,6 +528,7 @@ constexpr int kStridedMaxSmem = 48 * 1024;
 // bytes a D-row) the streamed plan wins (bf16 393.9 against 453.3 staged, float 323.7 against 441.5).
 // Measured on the H100 only, so sm_90 only.
 constexpr int kStridedStagedThreads = 256;
+constexpr int kStridedStagedChunkBytes = 16;  // a cp.async copy, and the alignment the copies start from
 constexpr int kStridedStagedRowBytes = 512;
 constexpr int kStridedStagedMinRowBytes = 256;
 constexpr int kStridedStagedMaxSmem = 113 * 1024;
@@ -535,9 +536,9 @@ constexpr int64_t kStridedStagedMinRows = 64;
 constexpr int kStridedStagedCtasPerSm = 2;
 
 // Bytes of the staged mode's shared memory: both arrays' D-rows of a tile, `columns` elements and a
-// 16-byte chunk of slack each (a segment's first chunk starts up to 15 bytes before it).
+// chunk of slack each (a segment's first chunk starts up to 15 bytes before it).
 inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, int out_bytes) {
-  return 2 * dim * (columns + 16 / out_bytes) * out_bytes;
+  return 2 * dim * (columns + kStridedStagedChunkBytes / out_bytes) * out_bytes;
 }
 
 // The staged mode's tiles: ceil(inner / columns) of each outer index (the last may be narrower). The
@@ -989,7 +990,8 @@ inline int64_t strided_staged_columns(const SoftmaxProblem& p, int vec) {
          softmax_strided_staged_smem_bytes(p.dim_size, w, p.out_bytes) > kStridedStagedMaxSmem)
     w /= 2;
   if (w * p.out_bytes < kStridedStagedMinRowBytes) return 0;
-  const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), 16 / p.out_bytes);  // <= w
+  const int64_t chunk = kStridedStagedChunkBytes / p.out_bytes;
+  const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), chunk);  // <= w
   if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return 0;
   return cols;
 }

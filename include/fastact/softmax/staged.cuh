@@ -27,12 +27,12 @@
 namespace fastact::softmax_impl {
 
 template <typename T>
-inline constexpr int kStagedChunk = 16 / int(sizeof(T));  // elements of a 16-byte chunk
+inline constexpr int kStagedChunk = kStridedStagedChunkBytes / int(sizeof(T));  // elements of a chunk
 
-// Where a D-row's segment starts in its first 16-byte chunk, in elements (p is element-aligned).
+// Where a D-row's segment starts in its first chunk, in elements (p is element-aligned).
 template <typename T>
 FASTACT_DEVICE int staged_shift(const T* p) {
-  return static_cast<int>((reinterpret_cast<uintptr_t>(p) & 15) / sizeof(T));
+  return static_cast<int>((reinterpret_cast<uintptr_t>(p) % kStridedStagedChunkBytes) / sizeof(T));
 }
 
 // Step 1: D-row d's segment [seg0 + d * inner, + w) of grad_output and of output, in the chunks it
@@ -45,7 +45,7 @@ FASTACT_DEVICE void staged_copy_chunk(const T* src, const T* t, int64_t n, T* ds
   const auto a = reinterpret_cast<uintptr_t>(src);
   const auto lo = reinterpret_cast<uintptr_t>(t);
   const auto hi = reinterpret_cast<uintptr_t>(t + n);
-  if (a >= lo && a + 16 <= hi) {
+  if (a >= lo && a + kStridedStagedChunkBytes <= hi) {
     copy_async_16(dst, src);
     return;
   }
@@ -121,21 +121,17 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
     return a[0];
   };
   for (int c = threadIdx.x; c < w; c += blockDim.x) {
+    // Column c's element of D-row d in each array.
+    auto at = [&](const out_t* s, int shift, int d) {
+      return value(s, d * pitch + c + ((shift + d * step) & (V - 1)));
+    };
     A dot = A(0);
 #pragma unroll 8
-    for (int d = 0; d < dim; ++d) {
-      const int r = d * pitch + c;
-      const int ds = (shift_dy + d * step) & (V - 1);
-      const int ys = (shift_y + d * step) & (V - 1);
-      dot += epi.backward_term(value(s_dy, r + ds), value(s_y, r + ys));
-    }
+    for (int d = 0; d < dim; ++d) dot += epi.backward_term(at(s_dy, shift_dy, d), at(s_y, shift_y, d));
     in_t* dx = grad_input + seg0 + c;
 #pragma unroll 8
     for (int d = 0; d < dim; ++d) {
-      const int r = d * pitch + c;
-      const int ds = (shift_dy + d * step) & (V - 1);
-      const int ys = (shift_y + d * step) & (V - 1);
-      const A out[1] = {epi.backward(value(s_dy, r + ds), value(s_y, r + ys), dot)};
+      const A out[1] = {epi.backward(at(s_dy, shift_dy, d), at(s_y, shift_y, d), dot)};
       dx[int64_t(d) * inner] = from_acc<in_t>(out).val[0];
     }
   }
