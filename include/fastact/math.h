@@ -51,16 +51,20 @@ FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
 FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 
-// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float: the SFU's
-// __expf (ex2.approx of y * log2(e), a multiply and one MUFU where expf adds its range reduction),
-// error 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5
-// at y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log
-// backward at rows of 3072 was 4% slower than the softmax backward (277.1 against 266.3 us; now 264.8).
-// It costs 3.7% in clusters of 16 CTAs of 1024 threads (f32 rows of 262144; bench/NOTES.md, seventeenth
-// session) and nothing measurable elsewhere.
+// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float: ex2.approx.ftz
+// of y * log2(e), a multiply and one MUFU where expf adds its range reduction; error 2 + 1.17|y| ulp:
+// under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5 at y = -87; a result
+// below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log backward at rows of 3072
+// was 4% slower than the softmax backward with expf (277.1 against 266.3 us; now 264.8).
+// Why .ftz spelled out rather than __expf: without -ftz=true (fastact builds without it) __expf keeps
+// results below 2^-126 as denormals by scaling around the MUFU (a compare and two predicated
+// multiplies), and that cost the 16-bit warp backward at rows of 197 11% (H100, bf16 [681308, 197]:
+// 313.3 against 280.2 us; bench/NOTES.md, twenty-sixth session).
 FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 #if defined(__CUDA_ARCH__)
-  return __expf(y);
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y * 1.4426950408889634f));
+  return r;
 #else
   return ::expf(y);
 #endif
