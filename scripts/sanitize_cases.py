@@ -59,8 +59,8 @@ def softmax_cases(dtype, synccheck=False):
     # share SMs (float backward: 2 columns x 512 threads); 100 x 65 and 513 x 65 (16-bit: a whole line
     # of element accesses): the backward streamed at short D in 256-thread CTAs, the forward's 16 columns
     # over a cluster of 288-thread CTAs (the float backwards of 100 x 40 and 257 x 33 stream as well);
-    # [265, 65, 131]: the backward's staged mode (2- and 4-byte elements; staged_cases adds misaligned
-    # grad_output and output)
+    # [265, 65, 131]: the staged mode (backwards of 2- and 4-byte elements, 16-bit forwards; staged_cases
+    # adds misaligned grad_output, output and x)
     for shape, dim in shapes:
         if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
             continue
@@ -112,13 +112,20 @@ def long_row_cases(dtype):
 
 
 def staged_cases(dtype):
-    """The strided backward's staged mode (2- and 4-byte elements; [265, 65, 131] dim 1: two tiles an outer
-    index, 72 and 59 columns in 16-bit, 68 and 63 in float) with grad_output and output off the 16-byte alignment,
-    apart and together, and ending off it: the copies of the tensors' first and last chunks go element by
-    element, inside the tensors."""
+    """The strided staged mode (backwards of 2- and 4-byte elements, forwards of 16-bit ones; [265, 65, 131]
+    dim 1: two tiles an outer index, 72 and 59 columns in 16-bit, 68 and 63 in float) with grad_output and
+    output (x) off the 16-byte alignment, apart and together, and ending off it: the copies of the tensors'
+    first and last chunks go element by element, inside the tensors."""
     shape, n = (265, 65, 131), 265 * 65 * 131
     x = torch.randn(shape, device="cuda", dtype=dtype)
     for log in (False, True):
+        if dtype.itemsize == 2:
+            fwd = ops.log_softmax if log else ops.softmax
+            for offset in (0, 1, 3):
+                xo = torch.empty(n + offset, device="cuda", dtype=dtype)[offset:].view(shape)
+                xo.copy_(x)
+                check(f"{'log_' if log else ''}softmax staged {offset} {dtype}", fwd(xo, 1, None),
+                      (torch.log_softmax if log else torch.softmax)(x.double(), 1), dtype)
         bwd = ops.log_softmax_backward if log else ops.softmax_backward
         want = (torch.log_softmax if log else torch.softmax)(x.double(), 1)
         for offsets in ((0, 0), (1, 0), (0, 3), (1, 1)):

@@ -636,19 +636,24 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
-def _staged_columns(shape, size):
+def _staged_columns(shape, size, forward=False, out_size=None):
     """dispatch.h strided_staged_columns, written again from its comment: the staged tile's columns of an
-    element backward (an inner no 16-byte vector divides, as in every case below) of [outer, D, inner] with
-    `size`-byte grad_output, or 0 where it does not stage (sm_90 only,
-    2- or 4-byte elements, D >= 64; the widest power of two of at most 512 bytes a D-row and at most the
-    inner's largest power of two whose tile of both arrays, a 16-byte chunk of slack a D-row, fits 113 KB,
-    if still >= 256 bytes a D-row; the inner's tiles of that width evened out, the columns rounded up to a
-    16-byte chunk's elements; tiles for two CTAs on every SM)."""
+    element backward (an inner no 16-byte vector divides, or a pointer off the alignment, as in every case
+    below) of [outer, D, inner] with `size`-byte grad_output, or of an element forward of `size`-byte x and
+    `out_size`-byte y (default: the same), or 0 where it does not stage (sm_90 only, D >= 64; backwards of
+    2- or 4-byte elements, forwards of 16-bit x and y; the widest power of two of at most 512 bytes a
+    D-row and at most the inner's largest power of two whose tile (both arrays of a backward, x of a
+    forward), a 16-byte chunk of slack a D-row, fits 113 KB (forwards: 76 KB), if still >= 256 bytes a
+    D-row; the inner's tiles of that width evened out, the columns rounded up to a 16-byte chunk's
+    elements; tiles for two CTAs on every SM)."""
     outer, d, inner = shape
-    if size > 4 or d < 64 or torch.cuda.get_device_capability()[0] != 9:
+    if d < 64 or torch.cuda.get_device_capability()[0] != 9:
         return 0
+    if (size != 2 or (out_size or size) != 2) if forward else size > 4:
+        return 0
+    arrays, most = (1, 76 * 1024) if forward else (2, 113 * 1024)
     w = min(512 // size, _pow2_floor(inner))
-    while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
+    while w * size >= 256 and arrays * d * (w + 16 // size) * size > most:
         w //= 2
     if w * size < 256:
         return 0
@@ -706,6 +711,53 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
                  in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
     assert_close(backward(g, y, 1, in_dtype, variant="strided"), softmax_backward_ref(g, y, 1, log),
                  in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
+
+
+# (dtype, [outer, D, inner] over dim 1, log_softmax, layout of x, the staged columns on the H100 (0: not
+# staged)).
+_STAGED_FORWARD_CASES = [
+    (torch.bfloat16, (264, 100, 300), False, "contiguous", 152),  # 2 tiles of 256 evened out
+    (torch.bfloat16, (264, 100, 300), True, "offset", 152),  # x off the 16-byte alignment
+    (torch.float16, (264, 64, 1023), True, "contiguous", 256),
+    (torch.bfloat16, (264, 63, 1023), False, "contiguous", 0),  # D below 64
+    (torch.bfloat16, (264, 286, 129), False, "contiguous", 72),  # 76 KB at 256 bytes a D-row
+    (torch.bfloat16, (264, 287, 129), True, "contiguous", 0),
+    (torch.bfloat16, (264, 100, 67), False, "contiguous", 0),  # 64 columns: 128 bytes a D-row
+    (torch.bfloat16, (100, 100, 300), False, "contiguous", 0),  # 200 tiles < 2 x 132
+    (torch.bfloat16, (264, 100, 256), False, "contiguous", 0),  # 16-byte vectors: not element accesses
+    (torch.bfloat16, (264, 100, 256), False, "offset", 256),  # the same off the alignment: elements
+    (torch.float32, (264, 100, 300), False, "contiguous", 0),  # float: the cached plans
+]
+
+
+@pytest.mark.parametrize("dtype,shape,log,layout,h100", _STAGED_FORWARD_CASES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_strided_staged_forward(dtype, shape, log, layout, h100):
+    """dispatch.h kStridedStagedForwardMaxSmem / strided_staged_columns: 16-bit element forwards at short D
+    take the staged mode exactly where the rule says, at its bounds (D 63 / 64, the shared-memory bound at
+    D 286 / 287, 256 bytes a D-row, the device fill, vectors against elements, float); each plan, staged or
+    not, gives the right result (outputs poisoned first), x on or off the 16-byte alignment; the fused
+    float output of a 16-bit x does not stage."""
+    elements = layout == "offset" or shape[2] % (16 // dtype.itemsize) != 0
+    cols = _staged_columns(shape, dtype.itemsize, forward=True) if elements else 0
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
+        assert cols == h100, cols  # the rule's Python copy against the H100 figures above
+    op = "log_softmax" if log else "softmax"
+    x = make_tensor(shape, dtype, "cuda", layout)
+    s = fastact.explain(op, x, 1)
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory", s)
+    if cols:
+        assert m and (int(m.group(1)), int(m.group(2))) == (cols, 256), s
+    else:
+        assert "staged" not in s, s
+    ref = getattr(torch, op)(x.double(), 1)
+    poison_allocator("cuda", x.numel() * dtype.itemsize)
+    assert_close(getattr(fastact, op)(x, 1), ref, torch_actual=getattr(torch, op)(x, 1), msg=s)
+    assert_close(getattr(ops, op)(x, 1, None, variant="strided"), ref, torch_actual=getattr(torch, op)(x, 1), msg=s)
+    if dtype != torch.float32:  # the fused float output: another plan (a staged one would fail to launch)
+        assert_close(getattr(fastact, op)(x, 1, dtype=torch.float32), ref,
+                     torch_actual=getattr(torch, op)(x, 1, dtype=torch.float32), msg=s)
 
 
 _CLUSTER_CAP_SCRIPT = """
@@ -932,6 +984,32 @@ def test_cuda_graph_staged_backward():
         graph.replay()
         for log, out in zip((False, True), outs):
             eager = (ops.log_softmax_backward if log else ops.softmax_backward)(g, y, 1, torch.bfloat16)
+            assert torch.equal(out, eager), f"replay {trial}, log_softmax {log}"
+
+
+def test_cuda_graph_staged_forward():
+    """The strided forward's staged mode captured in a CUDA graph and replayed on new values (both ops, x
+    off the 16-byte alignment): the same bits as eager."""
+    shape = (264, 100, 300)
+    if not _staged_columns(shape, 2, forward=True):
+        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
+    x = make_tensor(shape, torch.bfloat16, "cuda", "offset")
+    assert "staged in shared memory" in fastact.explain("softmax", x, 1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for log in (False, True):
+            (ops.log_softmax if log else ops.softmax)(x, 1, None)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [(ops.log_softmax if log else ops.softmax)(x, 1, None) for log in (False, True)]
+    for trial in range(2):
+        with torch.no_grad():
+            x.copy_(make_tensor(shape, torch.bfloat16, "cuda", scale=1 + trial))
+        graph.replay()
+        for log, out in zip((False, True), outs):
+            eager = (ops.log_softmax if log else ops.softmax)(x, 1, None)
             assert torch.equal(out, eager), f"replay {trial}, log_softmax {log}"
 
 
@@ -1291,6 +1369,22 @@ def test_huge_softmax_staged_backward():
     for o in (0, shape[0] - 1):
         assert_close(dx[o], softmax_backward_ref(g[o], y[o], 0, False),
                      torch_actual=softmax_backward_torch(g[o], y[o], 0, torch.bfloat16, False), msg=f"outer {o}: {s}")
+
+
+@pytest.mark.huge
+def test_huge_softmax_staged_forward():
+    """The strided forward's staged mode past 2^31 elements (64-bit offsets): bf16 [32801, 64, 1023] dim 1
+    (2^31 + 48,064 elements), checked on the first and last outer indices."""
+    _need_huge_gpu()
+    shape = (32801, 64, 1023)
+    if not _staged_columns(shape, 2, forward=True):
+        pytest.skip("the staged mode is sm_90 only")
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    s = fastact.explain("softmax", x, 1)
+    assert "staged in shared memory" in s, s
+    y = fastact.softmax(x, 1)
+    for o in (0, shape[0] - 1):
+        assert_close(y[o], torch.softmax(x[o].double(), 0), torch_actual=torch.softmax(x[o], 0), msg=f"outer {o}: {s}")
 
 
 @pytest.mark.huge

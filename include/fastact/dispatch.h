@@ -48,9 +48,9 @@
 //             streamed twice when D is too long to cache (each tile's D split over a cluster where
 //             the tiles alone leave the device short of threads; where even that does, D cut into
 //             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
-//             of element accesses at short D instead copy each tile's D-rows to shared memory in
-//             aligned 16-byte chunks and reduce a column a thread there (the staged mode). No
-//             transposing copy.
+//             of element accesses at short D (and 16-bit forwards) instead copy each tile's D-rows to
+//             shared memory in aligned 16-byte chunks and reduce a column a thread there (the staged
+//             mode). No transposing copy.
 #pragma once
 
 #include <cstdint>
@@ -534,11 +534,24 @@ constexpr int kStridedStagedMinRowBytes = 256;
 constexpr int kStridedStagedMaxSmem = 113 * 1024;
 constexpr int64_t kStridedStagedMinRows = 64;
 constexpr int kStridedStagedCtasPerSm = 2;
+// strided forward, staged mode: the same copies of x's D-rows (one array), then a thread per column takes
+// the max, the sum of exps and writes the outputs from shared memory. For 16-bit x and y only: element
+// loads of 2 bytes move 64 bytes a warp instruction, and the cached plans reach about half the limit
+// there. The tile as the backward's (kStridedStagedRowBytes down to kStridedStagedMinRowBytes a D-row, evened
+// out, the device fill), within kStridedStagedForwardMaxSmem: three CTAs an SM, as measured. Why (H100,
+// [*, D, 1023] dim 1, 537 MB moved, a prototype of this kernel on the same tensors, one element off the
+// alignment, µs; the plan before -> staged at the tile this rule picks; torch.compile; twenty-sixth
+// session): bf16 D = 64 278.3 -> 246.8 (256 columns; 224.8); D = 100 343.2 -> 250.1 (256; 433.5); D = 257
+// 352.3 -> 270.3 (128; 513.3). Past that: D = 700 fits 32 columns only, 494.5 against 383.4. float loses at
+// every D tried (its element loads move 128 bytes a warp instruction): D = 64 189.7 against 206.8 staged,
+// D = 100 203.0 / 205.4, D = 257 225.5 / 275.9.
+constexpr int kStridedStagedForwardMaxSmem = 76 * 1024;
 
-// Bytes of the staged mode's shared memory: both arrays' D-rows of a tile, `columns` elements and a
-// chunk of slack each (a segment's first chunk starts up to 15 bytes before it).
-inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, int out_bytes) {
-  return 2 * dim * (columns + kStridedStagedChunkBytes / out_bytes) * out_bytes;
+// Bytes of the staged mode's shared memory: the D-rows of a tile of `arrays` arrays (the backward's
+// grad_output and output, the forward's x), `columns` elements and a chunk of slack each (a segment's
+// first chunk starts up to 15 bytes before it).
+inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, int elem_bytes, int arrays) {
+  return arrays * dim * (columns + kStridedStagedChunkBytes / elem_bytes) * elem_bytes;
 }
 
 // The staged mode's tiles: ceil(inner / columns) of each outer index (the last may be narrower). The
@@ -618,7 +631,7 @@ struct SoftmaxPlan {
   int64_t workspace_bytes = 0;  // strided split mode: bytes of the partials (softmax_workspace_bytes)
   int columns = 0;         // strided: column vectors per block
   bool streaming = false;  // strided: D too long to cache, read twice
-  bool staged = false;     // strided backward: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
+  bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
@@ -973,24 +986,30 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
   return found;
 }
 
-// The columns of a staged tile (kStridedStagedThreads says why), or 0 where the strided backward does not
-// stage: element accesses, 2- or 4-byte grad_output, sm_90 (measured there only; later devices may
-// allow less shared memory a block than the launcher asks for), D of at least kStridedStagedMinRows. The width
+// The columns of a staged tile (kStridedStagedThreads and, for forwards, kStridedStagedForwardMaxSmem
+// say why), or 0 where the strided kernel does not stage: element accesses, sm_90 (measured there only;
+// later devices may allow less shared memory a block than the launcher asks for), D of at least
+// kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width
 // W: the widest power of two of at most kStridedStagedRowBytes a D-row (and at most the inner's largest
-// power of two) whose tile of both arrays fits kStridedStagedMaxSmem, if that is still at least
-// kStridedStagedMinRowBytes a D-row. The inner's ceil(inner / W) tiles are then evened out (the columns:
-// ceil(inner / tiles), rounded up to a 16-byte chunk's elements), so that an inner of 129 takes two
-// tiles of 72 and 57 rather than 128 and 1. Last, tiles for kStridedStagedCtasPerSm CTAs on every SM.
+// power of two) whose tile (both arrays of a backward, x of a forward) fits kStridedStagedMaxSmem
+// (forwards: kStridedStagedForwardMaxSmem), if that is still at least kStridedStagedMinRowBytes a D-row.
+// The inner's ceil(inner / W) tiles are then evened out (the columns: ceil(inner / tiles), rounded up
+// to a 16-byte chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128
+// and 1. Last, tiles for kStridedStagedCtasPerSm CTAs on every SM.
 inline int64_t strided_staged_columns(const SoftmaxProblem& p, int vec) {
-  if (!p.backward || vec != 1 || p.out_bytes > 4 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return 0;
-  int64_t w = kStridedStagedRowBytes / p.out_bytes;
+  if (vec != 1 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return 0;
+  if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return 0;
+  const int bytes = p.backward ? p.out_bytes : p.in_bytes;  // what is staged: grad_output and output, or x
+  const int arrays = p.backward ? 2 : 1;
+  const int64_t max_smem = p.backward ? kStridedStagedMaxSmem : kStridedStagedForwardMaxSmem;
+  int64_t w = kStridedStagedRowBytes / bytes;
   const int64_t cap = pow2_floor(p.inner);
   if (w > cap) w = cap;
-  while (w * p.out_bytes >= kStridedStagedMinRowBytes &&
-         softmax_strided_staged_smem_bytes(p.dim_size, w, p.out_bytes) > kStridedStagedMaxSmem)
+  while (w * bytes >= kStridedStagedMinRowBytes &&
+         softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, arrays) > max_smem)
     w /= 2;
-  if (w * p.out_bytes < kStridedStagedMinRowBytes) return 0;
-  const int64_t chunk = kStridedStagedChunkBytes / p.out_bytes;
+  if (w * bytes < kStridedStagedMinRowBytes) return 0;
+  const int64_t chunk = kStridedStagedChunkBytes / bytes;
   const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), chunk);  // <= w
   if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return 0;
   return cols;
@@ -1076,21 +1095,20 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
-  // Backwards with element accesses: staged at short D (strided_staged_columns); else streamed where
-  // strided_element_stream_shape finds a shape whose tiles in flight fit L2 (kStridedElementStreamBytes
-  // says why): rather than split a tile that needs more than one CTA over a cluster, and at any D where
-  // strided_element_stream_wide (short D too).
+  // Element accesses at short D: staged (strided_staged_columns; backwards, and 16-bit forwards).
+  if (const int64_t staged = strided_staged_columns(p, s.vec); staged > 0) {
+    s.columns = int(staged);
+    s.threads = kStridedStagedThreads;
+    s.cluster = 1;
+    s.streaming = false;
+    s.staged = true;
+    s.elems_per_thread = 0;
+    return s;
+  }
+  // Other backwards with element accesses: streamed where strided_element_stream_shape finds a shape
+  // whose tiles in flight fit L2 (kStridedElementStreamBytes says why): rather than split a tile that
+  // needs more than one CTA over a cluster, and at any D where strided_element_stream_wide (short D too).
   if (elements && p.backward) {
-    const int64_t staged = strided_staged_columns(p, s.vec);
-    if (staged > 0) {
-      s.columns = int(staged);
-      s.threads = kStridedStagedThreads;
-      s.cluster = 1;
-      s.streaming = false;
-      s.staged = true;
-      s.elems_per_thread = 0;
-      return s;
-    }
     const bool wide = strided_element_stream_wide(p, c_line);
     StridedStreamShape e;
     if ((wide || c * g_needed > single_cap) && strided_element_stream_shape(p, c_line, wide, &e) &&
@@ -1264,7 +1282,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = s.staged ? "the softmax dim is not innermost; a backward of element accesses at short D: each tile's "
+    s.why = s.staged ? "the softmax dim is not innermost; element accesses at short D: each tile's "
                        "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread: one read"
             : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"

@@ -19,7 +19,7 @@
 //
 // Where each variant lives: warp.cuh (warp), vec.cuh (vec), scalar.cuh (scalar), long_row.cuh
 // (long_row), split.cuh (split), grid.cuh (grid, and long_row beyond a cluster), strided.cuh (strided;
-// staged.cuh its staged backward);
+// staged.cuh its staged mode);
 // block.cuh holds the row-resident kernels that
 // vec, scalar and long_row share; common.cuh the reductions and the launch helper.
 #pragma once
@@ -171,7 +171,12 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                softmax_ptr_aligned(y, kW * int64_t(sizeof(out_t)))))
     return cudaErrorMisalignedAddress;
   if (plan.mode == SoftmaxMode::kStrided) {
-    if (inner <= 1 || plan.staged) return cudaErrorInvalidValue;  // staged: a backward mode
+    if (inner <= 1) return cudaErrorInvalidValue;
+    if (plan.staged) {  // element accesses: any alignment, any inner
+      if (vec || plan.streaming || plan.cluster != 1 || plan.chunks != 1) return cudaErrorInvalidValue;
+      return strided_staged_forward<in_t, out_t, Epilogue>(x, y, outer, dim, inner, plan.threads, plan.columns,
+                                                          stream);
+    }
     if (vec && inner % kW != 0) return cudaErrorMisalignedAddress;
     if (plan.chunks > 1) {  // split mode
       if (!plan.streaming || plan.cluster != 1) return cudaErrorInvalidValue;

@@ -1,22 +1,24 @@
 // Variant `strided`, staged mode (plan.staged): the backward of softmax over a dim that is not innermost,
-// where the inner size (or a pointer) leaves no 128-bit vector per column and D is short (dispatch.h
-// strided_staged_columns says when). Every tensor is dense [outer, D, inner].
+// and the forward of 16-bit tensors, where the inner size (or a pointer) leaves no 128-bit vector per
+// column and D is short (dispatch.h strided_staged_columns says when). Every tensor is dense
+// [outer, D, inner].
 //
 // A CTA owns a tile: `columns` consecutive columns [i0, i0 + w) of one outer index, all D rows. With
 // element loads, a one-pass kernel must hold its column in registers (few CTAs an SM) or split it over
 // threads and exchange partial dots; the streamed mode reads twice. Here the loads go to shared memory
 // asynchronously, all of a tile's in flight at once without registers (dispatch.h kStridedStagedThreads
 // has the measurements):
-//   1. copy: every D-row's segment of grad_output and of output goes to shared memory in the aligned
+//   1. copy: every D-row's segment of grad_output and of output (of x, forward) goes to shared memory in the aligned
 //      16-byte chunks that cover it (cp.async; a chunk that reaches past either end of the tensor
 //      element by element), at row d, chunk k of the tile's buffer: the segment starts there at the
 //      row's own misalignment `shift` (its address mod 16, in elements; V elements a chunk);
 //   2. a thread per column (threads past the tile's width idle) sums its column's backward terms from
 //      shared memory, then writes grad_input, element stores down the column (a warp: 32 consecutive
-//      columns of a D-row).
-// One HBM read of each input; the dot needs no exchange between threads.
-// Shared memory: 2 x D x (columns + V) elements (dispatch.h softmax_strided_staged_smem_bytes); the
-// dispatcher keeps it to two CTAs an SM.
+//      columns of a D-row). Forward: the column's max, then the sum of its exps (KeepInput: the exps
+//      taken again for the outputs), then y.
+// One HBM read of each input; the reductions need no exchange between threads.
+// Shared memory: 2 x D x (columns + V) elements, forward D x (columns + V) (dispatch.h
+// softmax_strided_staged_smem_bytes); the dispatcher keeps it to two CTAs an SM (forward: three).
 #pragma once
 
 #include <cstdint>
@@ -35,10 +37,10 @@ FASTACT_DEVICE int staged_shift(const T* p) {
   return static_cast<int>((reinterpret_cast<uintptr_t>(p) % kStridedStagedChunkBytes) / sizeof(T));
 }
 
-// Step 1: D-row d's segment [seg0 + d * inner, + w) of grad_output and of output, in the chunks it
-// touches, chunk k of the row to stage[d * pitch + k * V] of each (pitch = columns + V: every segment's
-// chunks fit). A chunk that reaches past either end of a tensor [t, t + n) (only its first and last
-// can) goes element by element, its own elements only.
+// Step 1: each D-row's segment [seg0 + d * inner, + w) of each staged tensor, in the chunks it touches,
+// chunk k of the row to stage[d * pitch + k * V] (pitch = columns + V: every segment's chunks fit). A
+// chunk that reaches past either end of a tensor [t, t + n) (only its first and last can) goes element
+// by element, its own elements only.
 template <typename T>
 FASTACT_DEVICE void staged_copy_chunk(const T* src, const T* t, int64_t n, T* dst) {
   constexpr int V = kStagedChunk<T>;
@@ -56,31 +58,49 @@ FASTACT_DEVICE void staged_copy_chunk(const T* src, const T* t, int64_t n, T* ds
   }
 }
 
+// Chunk k of D-row d's segment [off, off + w) of tensor t (n elements) to row[k * V] (row: the D-row's
+// stage), if the segment reaches into it: the segment starts at its own shift in its first chunk.
 template <typename T>
-FASTACT_DEVICE void staged_copy(const T* __restrict__ dy, const T* __restrict__ y, int64_t n, int64_t seg0,
-                                int64_t inner, int dim, int w, int pitch, T* __restrict__ s_dy,
-                                T* __restrict__ s_y) {
+FASTACT_DEVICE void staged_copy_row_chunk(const T* __restrict__ t, int64_t n, int64_t off, int k, int w,
+                                          T* __restrict__ row) {
+  constexpr int V = kStagedChunk<T>;
+  const int shift = staged_shift(t + off);
+  if (k * V < shift + w) staged_copy_chunk(t + off - shift + k * V, t, n, row + k * V);
+}
+
+// Step 1's walk: copy(d, k) for every (D-row d < dim, chunk slot k < pitch / V) pair of the tile. The
+// threads walk q = d * chunks + k blockDim.x apart: (d, k) advance by (stride / chunks, stride % chunks)
+// with a carry, one division for the whole loop. (Lanes along a row's chunks instead left 15 of 32 idle
+// at 17 chunks: H100, bf16 [820, 160, 1023], 353 against 312 us.)
+template <typename T, typename Copy>
+FASTACT_DEVICE void staged_walk(int dim, int pitch, const Copy& copy) {
   constexpr int V = kStagedChunk<T>;
   const int chunks = pitch / V;  // a D-row's chunk slots; those past its segment are skipped
   const int stride = blockDim.x;
-  // The threads walk q = d * chunks + k over every (D-row, chunk) pair, blockDim.x apart: (d, k) advance
-  // by (stride / chunks, stride % chunks) with a carry, one division for the whole loop. (Lanes along a
-  // row's chunks instead left 15 of 32 idle at 17 chunks: H100, bf16 [820, 160, 1023], 353 against
-  // 312 us.)
   const int dd = stride / chunks, dk = stride - dd * chunks;
   int d = static_cast<int>(threadIdx.x) / chunks;
   int k = static_cast<int>(threadIdx.x) - d * chunks;
   for (; d < dim; d += dd) {
-    const int64_t off = seg0 + int64_t(d) * inner;
-    const int sdy = staged_shift(dy + off), sy = staged_shift(y + off);
-    if (k * V < sdy + w) staged_copy_chunk(dy + off - sdy + k * V, dy, n, s_dy + d * pitch + k * V);
-    if (k * V < sy + w) staged_copy_chunk(y + off - sy + k * V, y, n, s_y + d * pitch + k * V);
+    copy(d, k);
     k += dk;
     if (k >= chunks) {
       k -= chunks;
       ++d;
     }
   }
+}
+
+// Step 2's read of column c of D-row d from a stage (its row 0 at `shift` in its chunk; row d at
+// (shift + d * inner) mod V, computed per row rather than stepped, so that no D-row's index waits on
+// the one before it), as A.
+template <typename A, typename T>
+FASTACT_DEVICE A staged_value(const T* __restrict__ stage, int pitch, int shift, int step, int c, int d) {
+  constexpr int V = kStagedChunk<T>;
+  AlignedVector<T, 1> v;
+  v.val[0] = stage[d * pitch + c + ((shift + d * step) & (V - 1))];
+  A a[1];
+  to_acc(v, a);
+  return a[0];
 }
 
 template <typename in_t, typename out_t, typename Epi>
@@ -103,28 +123,22 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
   const int w = static_cast<int>(inner - i0 < columns ? inner - i0 : columns);
   const int64_t seg0 = o * dim64 * inner + i0;
   const int64_t n = outer * dim64 * inner;
-  staged_copy(grad_output, output, n, seg0, inner, dim, w, pitch, s_dy, s_y);
+  staged_walk<out_t>(dim, pitch, [&](int d, int k) {
+    const int64_t off = seg0 + int64_t(d) * inner;
+    staged_copy_row_chunk(grad_output, n, off, k, w, s_dy + d * pitch);
+    staged_copy_row_chunk(output, n, off, k, w, s_y + d * pitch);
+  });
   copy_async_commit();
   copy_async_wait<0>();
   __syncthreads();
 
-  // Step 2. Row d of a tensor starts at (its row 0's shift + d * inner) mod V in its chunks: computed
-  // per row rather than stepped, so that no D-row's index waits on the one before it.
+  // Step 2.
   const int step = static_cast<int>(inner % V);
   const int shift_dy = staged_shift(grad_output + seg0);
   const int shift_y = staged_shift(output + seg0);
-  auto value = [](const out_t* s, int i) {
-    AlignedVector<out_t, 1> v;
-    v.val[0] = s[i];
-    A a[1];
-    to_acc(v, a);
-    return a[0];
-  };
   for (int c = threadIdx.x; c < w; c += blockDim.x) {
     // Column c's element of D-row d in each array.
-    auto at = [&](const out_t* s, int shift, int d) {
-      return value(s, d * pitch + c + ((shift + d * step) & (V - 1)));
-    };
+    auto at = [&](const out_t* s, int shift, int d) { return staged_value<A>(s, pitch, shift, step, c, d); };
     A dot = A(0);
 #pragma unroll 8
     for (int d = 0; d < dim; ++d) dot += epi.backward_term(at(s_dy, shift_dy, d), at(s_y, shift_y, d));
@@ -133,6 +147,55 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
     for (int d = 0; d < dim; ++d) {
       const A out[1] = {epi.backward(at(s_dy, shift_dy, d), at(s_y, shift_y, d), dot)};
       dx[int64_t(d) * inner] = from_acc<in_t>(out).val[0];
+    }
+  }
+}
+
+// x: [outer, D, inner] (16-bit), y likewise. KeepInput's terms: the column max M, the sum S of
+// cached_exp(x - M), then y = KeepInput::out(x, M, row_constant(S)), as the cached strided kernels' raw
+// rows.
+template <typename in_t, typename out_t, typename Epi>
+__global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_fwd_kernel(
+    const in_t* __restrict__ x,  // [outer, D, inner]
+    out_t* __restrict__ y,       // [outer, D, inner]
+    int64_t outer, int64_t dim64, int64_t inner, int columns, Epi epi, int64_t first_tile) {
+  using A = acc_t<out_t>;
+  using Terms = KeepInput<Epi>;
+  constexpr int V = kStagedChunk<in_t>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int dim = static_cast<int>(dim64);  // the dispatcher keeps D within a CTA's shared memory
+  const int pitch = columns + V;
+  in_t* s_x = reinterpret_cast<in_t*>(smem_raw);
+  const int64_t per_outer = (inner + columns - 1) / columns;
+  int64_t o = 0, t = 0;
+  divmod_nonneg(first_tile + blockIdx.x, per_outer, o, t);
+  const int64_t i0 = t * columns;
+  const int w = static_cast<int>(inner - i0 < columns ? inner - i0 : columns);
+  const int64_t seg0 = o * dim64 * inner + i0;
+  const int64_t n = outer * dim64 * inner;
+  staged_walk<in_t>(dim, pitch, [&](int d, int k) {
+    staged_copy_row_chunk(x, n, seg0 + int64_t(d) * inner, k, w, s_x + d * pitch);
+  });
+  copy_async_commit();
+  copy_async_wait<0>();
+  __syncthreads();
+
+  const int step = static_cast<int>(inner % V);
+  const int shift = staged_shift(x + seg0);
+  for (int c = threadIdx.x; c < w; c += blockDim.x) {
+    auto at = [&](int d) { return staged_value<A>(s_x, pitch, shift, step, c, d); };
+    A m = neg_inf<A>();
+#pragma unroll 8
+    for (int d = 0; d < dim; ++d) m = MaxOp<A>()(m, at(d));
+    A sum = A(0);
+#pragma unroll 8
+    for (int d = 0; d < dim; ++d) sum += Terms::term(Terms::keep(at(d), m), m);
+    const A cst = epi.row_constant(sum);
+    out_t* yc = y + seg0 + c;
+#pragma unroll 8
+    for (int d = 0; d < dim; ++d) {
+      const A out[1] = {Terms::out(epi, at(d), m, cst)};
+      yc[int64_t(d) * inner] = from_acc<out_t>(out).val[0];
     }
   }
 }
@@ -147,7 +210,7 @@ cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, i
   } else {
     constexpr auto kKernel = softmax_strided_staged_bwd_kernel<in_t, out_t, Epi>;
     constexpr int V = kStagedChunk<out_t>;
-    const int64_t smem = softmax_strided_staged_smem_bytes(dim, columns, sizeof(out_t));
+    const int64_t smem = softmax_strided_staged_smem_bytes(dim, columns, sizeof(out_t), 2);
     if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 ||
         smem > kStridedStagedMaxSmem)
       return cudaErrorInvalidConfiguration;
@@ -161,6 +224,29 @@ cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, i
     if (err != cudaSuccess) return err;
     return launch_items<kKernel>(softmax_strided_staged_tiles(outer, inner, columns), threads, size_t(smem), 1,
                                  stream, dy, y, dx, outer, dim, inner, columns, Epi{});
+  }
+}
+
+template <typename in_t, typename out_t, typename Epi>
+cudaError_t strided_staged_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
+                                   int columns, cudaStream_t stream) {
+  if constexpr (sizeof(in_t) != 2 || sizeof(out_t) != 2) {
+    return cudaErrorInvalidValue;  // 16-bit x and y only (strided_staged_columns)
+  } else {
+    constexpr auto kKernel = softmax_strided_staged_fwd_kernel<in_t, out_t, Epi>;
+    constexpr int V = kStagedChunk<in_t>;
+    const int64_t smem = softmax_strided_staged_smem_bytes(dim, columns, sizeof(in_t), 1);
+    if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 ||
+        smem > kStridedStagedForwardMaxSmem)
+      return cudaErrorInvalidConfiguration;
+    cudaError_t err =
+        kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStridedStagedForwardMaxSmem>();
+    if (err != cudaSuccess) return err;
+    // As the backward's: all of L1 as shared memory, for three CTAs an SM.
+    err = kernel_attribute_once<kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared>();
+    if (err != cudaSuccess) return err;
+    return launch_items<kKernel>(softmax_strided_staged_tiles(outer, inner, columns), threads, size_t(smem), 1,
+                                 stream, x, y, outer, dim, inner, columns, Epi{});
   }
 }
 
