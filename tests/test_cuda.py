@@ -643,7 +643,7 @@ def _staged_columns(shape, size, forward=False, out_size=None):
     `out_size`-byte y (default: the same), or 0 where it does not stage (sm_90 only, D >= 64; backwards of
     2- or 4-byte elements, forwards of 16-bit x and y; the widest power of two of at most 512 bytes a
     D-row and at most the inner's largest power of two whose tile (both arrays of a backward, x of a
-    forward), a 16-byte chunk of slack a D-row, fits 113 KB (forwards: 76 KB), if still >= 256 bytes a
+    forward), a 16-byte chunk of slack a D-row, fits 113 KB (forwards: 75 KB), if still >= 256 bytes a
     D-row; the inner's tiles of that width evened out, the columns rounded up to a 16-byte chunk's
     elements; tiles for two CTAs on every SM)."""
     outer, d, inner = shape
@@ -651,7 +651,7 @@ def _staged_columns(shape, size, forward=False, out_size=None):
         return 0
     if (size != 2 or (out_size or size) != 2) if forward else size > 4:
         return 0
-    arrays, most = (1, 76 * 1024) if forward else (2, 113 * 1024)
+    arrays, most = (1, 75 * 1024) if forward else (2, 113 * 1024)
     w = min(512 // size, _pow2_floor(inner))
     while w * size >= 256 and arrays * d * (w + 16 // size) * size > most:
         w //= 2
@@ -720,8 +720,8 @@ _STAGED_FORWARD_CASES = [
     (torch.bfloat16, (264, 100, 300), True, "offset", 152),  # x off the 16-byte alignment
     (torch.float16, (264, 64, 1023), True, "contiguous", 256),
     (torch.bfloat16, (264, 63, 1023), False, "contiguous", 0),  # D below 64
-    (torch.bfloat16, (264, 286, 129), False, "contiguous", 72),  # 76 KB at 256 bytes a D-row
-    (torch.bfloat16, (264, 287, 129), True, "contiguous", 0),
+    (torch.bfloat16, (264, 282, 129), False, "contiguous", 72),  # 75 KB at 256 bytes a D-row
+    (torch.bfloat16, (264, 283, 129), True, "contiguous", 0),
     (torch.bfloat16, (264, 100, 67), False, "contiguous", 0),  # 64 columns: 128 bytes a D-row
     (torch.bfloat16, (100, 100, 300), False, "contiguous", 0),  # 200 tiles < 2 x 132
     (torch.bfloat16, (264, 100, 256), False, "contiguous", 0),  # 16-byte vectors: not element accesses
@@ -735,7 +735,7 @@ _STAGED_FORWARD_CASES = [
 def test_strided_staged_forward(dtype, shape, log, layout, h100):
     """dispatch.h kStridedStagedForwardMaxSmem / strided_staged_columns: 16-bit element forwards at short D
     take the staged mode exactly where the rule says, at its bounds (D 63 / 64, the shared-memory bound at
-    D 286 / 287, 256 bytes a D-row, the device fill, vectors against elements, float); each plan, staged or
+    D 282 / 283, 256 bytes a D-row, the device fill, vectors against elements, float); each plan, staged or
     not, gives the right result (outputs poisoned first), x on or off the 16-byte alignment; the fused
     float output of a 16-bit x does not stage."""
     elements = layout == "offset" or shape[2] % (16 // dtype.itemsize) != 0
@@ -985,6 +985,31 @@ def test_cuda_graph_staged_backward():
         for log, out in zip((False, True), outs):
             eager = (ops.log_softmax_backward if log else ops.softmax_backward)(g, y, 1, torch.bfloat16)
             assert torch.equal(out, eager), f"replay {trial}, log_softmax {log}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_strided_staged_special_values(op, dtype):
+    """The staged forward with special values down a column (as test_softmax_special_values along rows):
+    all -inf gives NaN, a +inf or a NaN makes the column NaN; masked columns (partly -inf) forward and,
+    through autograd, the staged backward."""
+    shape = (264, 100, 300)
+    if not _staged_columns(shape, 2, forward=True):
+        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
+    ninf, inf, nan = float("-inf"), float("inf"), float("nan")
+    x = make_tensor(shape, dtype, "cuda")
+    assert "staged in shared memory" in fastact.explain(op.name, x, 1)
+    x[:, :, 0] = ninf  # all -inf
+    x[:, 50, 2] = inf
+    x[:, 33, 3] = nan
+    x[:, 0, 4] = inf
+    x[:, -1, 4] = ninf
+    check_op(op, x, dim=1, backward=False)
+    m = make_tensor(shape, dtype, "cuda")
+    m[:, :50, 1] = ninf
+    m[:, 1::2, 5] = ninf
+    m[:, -1, 3] = ninf  # a masked element, not a fully masked column
+    check_op(op, m, dim=1)
 
 
 def test_cuda_graph_staged_forward():

@@ -545,8 +545,9 @@ constexpr int kStridedStagedCtasPerSm = 2;
 // 352.3 -> 270.3 (128; 513.3). Past that: D = 700 fits 32 columns only, 494.5 against 383.4. float loses at
 // every D tried (its element loads move 128 bytes a warp instruction): D = 64 189.7 against 206.8 staged,
 // D = 100 203.0 / 205.4, D = 257 225.5 / 275.9. The library's kernel (report timing, aligned tensors):
-// bf16 D = 100 244.7, D = 257 266.0.
-constexpr int kStridedStagedForwardMaxSmem = 76 * 1024;
+// bf16 D = 100 244.7, D = 257 266.0. Three CTAs an SM: 3 x (75 KB + the 1 KB the device reserves a block)
+// = 228 KB (76 KB, the first bound, would hold two at D 146-147 and 283-286; found by review).
+constexpr int kStridedStagedForwardMaxSmem = 75 * 1024;
 
 // Bytes of the staged mode's shared memory: the D-rows of a tile of `arrays` arrays (the backward's
 // grad_output and output, the forward's x), `columns` elements and a chunk of slack each (a segment's
