@@ -103,6 +103,22 @@ FASTACT_DEVICE A staged_value(const T* __restrict__ stage, int pitch, int shift,
   return a[0];
 }
 
+// The tile of CTA `tile` (first_tile + blockIdx.x): its first element seg0 = (o, D-row 0, column i0) in
+// [outer, D, inner], its width w (the last tile of an outer index may be narrower), and n, the elements of
+// a tensor.
+struct StagedTile {
+  int64_t seg0;
+  int w;
+  int64_t n;
+};
+FASTACT_DEVICE StagedTile staged_tile(int64_t tile, int64_t outer, int64_t dim, int64_t inner, int columns) {
+  const int64_t per_outer = (inner + columns - 1) / columns;
+  int64_t o = 0, t = 0;
+  divmod_nonneg(tile, per_outer, o, t);
+  const int64_t i0 = t * columns;
+  return {o * dim * inner + i0, static_cast<int>(inner - i0 < columns ? inner - i0 : columns), outer * dim * inner};
+}
+
 template <typename in_t, typename out_t, typename Epi>
 __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_bwd_kernel(
     const out_t* __restrict__ grad_output,  // [outer, D, inner]
@@ -116,17 +132,13 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
   const int pitch = columns + V;
   out_t* s_dy = reinterpret_cast<out_t*>(smem_raw);
   out_t* s_y = s_dy + dim * pitch;
-  const int64_t per_outer = (inner + columns - 1) / columns;
-  int64_t o = 0, t = 0;
-  divmod_nonneg(first_tile + blockIdx.x, per_outer, o, t);
-  const int64_t i0 = t * columns;
-  const int w = static_cast<int>(inner - i0 < columns ? inner - i0 : columns);
-  const int64_t seg0 = o * dim64 * inner + i0;
-  const int64_t n = outer * dim64 * inner;
+  const StagedTile tile = staged_tile(first_tile + blockIdx.x, outer, dim64, inner, columns);
+  const int64_t seg0 = tile.seg0;
+  const int w = tile.w;
   staged_walk<out_t>(dim, pitch, [&](int d, int k) {
     const int64_t off = seg0 + int64_t(d) * inner;
-    staged_copy_row_chunk(grad_output, n, off, k, w, s_dy + d * pitch);
-    staged_copy_row_chunk(output, n, off, k, w, s_y + d * pitch);
+    staged_copy_row_chunk(grad_output, tile.n, off, k, w, s_dy + d * pitch);
+    staged_copy_row_chunk(output, tile.n, off, k, w, s_y + d * pitch);
   });
   copy_async_commit();
   copy_async_wait<0>();
@@ -166,15 +178,11 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
   const int dim = static_cast<int>(dim64);  // the dispatcher keeps D within a CTA's shared memory
   const int pitch = columns + V;
   in_t* s_x = reinterpret_cast<in_t*>(smem_raw);
-  const int64_t per_outer = (inner + columns - 1) / columns;
-  int64_t o = 0, t = 0;
-  divmod_nonneg(first_tile + blockIdx.x, per_outer, o, t);
-  const int64_t i0 = t * columns;
-  const int w = static_cast<int>(inner - i0 < columns ? inner - i0 : columns);
-  const int64_t seg0 = o * dim64 * inner + i0;
-  const int64_t n = outer * dim64 * inner;
+  const StagedTile tile = staged_tile(first_tile + blockIdx.x, outer, dim64, inner, columns);
+  const int64_t seg0 = tile.seg0;
+  const int w = tile.w;
   staged_walk<in_t>(dim, pitch, [&](int d, int k) {
-    staged_copy_row_chunk(x, n, seg0 + int64_t(d) * inner, k, w, s_x + d * pitch);
+    staged_copy_row_chunk(x, tile.n, seg0 + int64_t(d) * inner, k, w, s_x + d * pitch);
   });
   copy_async_commit();
   copy_async_wait<0>();
@@ -202,28 +210,35 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
 
 namespace detail {
 
+// Launches staged kernel kKernel, a CTA a tile of `columns` columns, `smem` bytes of shared memory a
+// CTA (at most kMaxSmem, the attribute asked for), after the checks the plan must pass (V: a chunk's
+// elements of the staged tensors). All of the SM's unified L1 / shared memory goes to shared memory: the
+// tiles are sized for two CTAs an SM (backward; forward: three) out of the whole 228 KB, and the kernels
+// read global memory through cp.async.cg, past L1. A guarantee rather than a measured gain: on the H100
+// the driver's own choice for 87 KB backward tiles (200 KB, ncu) also held two.
+template <auto kKernel, int kMaxSmem, int V, typename... Args>
+cudaError_t staged_launch(int64_t smem, int64_t outer, int64_t dim, int64_t inner, int threads, int columns,
+                          cudaStream_t stream, Args... args) {
+  if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 || smem > kMaxSmem)
+    return cudaErrorInvalidConfiguration;
+  cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
+  if (err != cudaSuccess) return err;
+  err = kernel_attribute_once<kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared>();
+  if (err != cudaSuccess) return err;
+  return launch_items<kKernel>(softmax_strided_staged_tiles(outer, inner, columns), threads, size_t(smem), 1, stream,
+                               args...);
+}
+
 template <typename in_t, typename out_t, typename Epi>
 cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim,
                                     int64_t inner, int threads, int columns, cudaStream_t stream) {
   if constexpr (sizeof(out_t) > 4) {
     return cudaErrorInvalidValue;  // 2- and 4-byte elements only (strided_staged_columns)
   } else {
-    constexpr auto kKernel = softmax_strided_staged_bwd_kernel<in_t, out_t, Epi>;
-    constexpr int V = kStagedChunk<out_t>;
-    const int64_t smem = softmax_strided_staged_smem_bytes(dim, columns, sizeof(out_t), 2);
-    if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 ||
-        smem > kStridedStagedMaxSmem)
-      return cudaErrorInvalidConfiguration;
-    cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStridedStagedMaxSmem>();
-    if (err != cudaSuccess) return err;
-    // All of the SM's unified L1 / shared memory as shared memory: the tiles are sized for two CTAs an SM
-    // out of the whole 228 KB (kStridedStagedMaxSmem), and the kernel reads global memory through
-    // cp.async.cg, past L1. A guarantee rather than a measured gain: on the H100 the driver's own
-    // choice for 87 KB tiles (200 KB, ncu) also held two.
-    err = kernel_attribute_once<kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared>();
-    if (err != cudaSuccess) return err;
-    return launch_items<kKernel>(softmax_strided_staged_tiles(outer, inner, columns), threads, size_t(smem), 1,
-                                 stream, dy, y, dx, outer, dim, inner, columns, Epi{});
+    return staged_launch<softmax_strided_staged_bwd_kernel<in_t, out_t, Epi>, kStridedStagedMaxSmem,
+                         kStagedChunk<out_t>>(softmax_strided_staged_smem_bytes(dim, columns, sizeof(out_t), 2),
+                                              outer, dim, inner, threads, columns, stream, dy, y, dx, outer, dim,
+                                              inner, columns, Epi{});
   }
 }
 
@@ -233,20 +248,10 @@ cudaError_t strided_staged_forward(const in_t* x, out_t* y, int64_t outer, int64
   if constexpr (sizeof(in_t) != 2 || sizeof(out_t) != 2) {
     return cudaErrorInvalidValue;  // 16-bit x and y only (strided_staged_columns)
   } else {
-    constexpr auto kKernel = softmax_strided_staged_fwd_kernel<in_t, out_t, Epi>;
-    constexpr int V = kStagedChunk<in_t>;
-    const int64_t smem = softmax_strided_staged_smem_bytes(dim, columns, sizeof(in_t), 1);
-    if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 ||
-        smem > kStridedStagedForwardMaxSmem)
-      return cudaErrorInvalidConfiguration;
-    cudaError_t err =
-        kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStridedStagedForwardMaxSmem>();
-    if (err != cudaSuccess) return err;
-    // As the backward's: all of L1 as shared memory, for three CTAs an SM.
-    err = kernel_attribute_once<kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared>();
-    if (err != cudaSuccess) return err;
-    return launch_items<kKernel>(softmax_strided_staged_tiles(outer, inner, columns), threads, size_t(smem), 1,
-                                 stream, x, y, outer, dim, inner, columns, Epi{});
+    return staged_launch<softmax_strided_staged_fwd_kernel<in_t, out_t, Epi>, kStridedStagedForwardMaxSmem,
+                         kStagedChunk<in_t>>(softmax_strided_staged_smem_bytes(dim, columns, sizeof(in_t), 1), outer,
+                                             dim, inner, threads, columns, stream, x, y, outer, dim, inner, columns,
+                                             Epi{});
   }
 }
 
