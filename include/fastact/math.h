@@ -51,10 +51,24 @@ FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
 FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 
-// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float: ex2.approx.ftz
-// of y * log2(e), a multiply and one MUFU where expf adds its range reduction; error 2 + 1.17|y| ulp:
-// under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5 at y = -87; a result
-// below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log backward at rows of 3072
+// exp(x) through the SFU: ex2.approx.ftz of x * log2(e), a multiply and one MUFU (expf adds its range
+// reduction; exp2f and __expf without -ftz=true a compare and two predicated multiplies to keep subnormal
+// results). Error: ex2.approx's 2 ulp plus the product's rounding, |x| * 2^-24 relative; a result below
+// 2^-126 (x < -87.3) flushes to 0. On the host, exp2f of the same product. The callers say why they take
+// it: exp_log_prob below, softmax/common.cuh cached_exp.
+FASTACT_HOST_DEVICE float exp_sfu(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+#else
+  return exp2f(x * 1.4426950408889634f);
+#endif
+}
+
+// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float exp_sfu; error
+// 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5 at
+// y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log backward at rows of 3072
 // was 4% slower than the softmax backward with expf (277.1 against 266.3 us; now 264.8).
 // Why .ftz spelled out rather than __expf: without -ftz=true (fastact builds without it) __expf keeps
 // results below 2^-126 as denormals by scaling around the MUFU (a compare and two predicated
@@ -62,9 +76,7 @@ FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 // 313.3 against 280.2 us; bench/NOTES.md, twenty-sixth session).
 FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 #if defined(__CUDA_ARCH__)
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y * 1.4426950408889634f));
-  return r;
+  return exp_sfu(y);
 #else
   return ::expf(y);
 #endif

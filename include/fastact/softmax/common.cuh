@@ -165,15 +165,7 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
 // rounding, |d| * 2^-24 relative: under 1e-6 where d > -16 (values above 1e-7); far below the float
 // tolerances. A result below 2^-126 (d < -87.3) is 0 where torch gives a subnormal: an absolute error
 // under 1.2e-38.
-FASTACT_DEVICE float cached_exp(float d) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d * 1.4426950408889634f));
-  return r;
-#else
-  return exp2f(d * 1.4426950408889634f);
-#endif
-}
+FASTACT_DEVICE float cached_exp(float d) { return math::exp_sfu(d); }
 FASTACT_DEVICE double cached_exp(double d) { return math::exp_(d); }
 
 // How a kernel that holds the row in registers applies an epilogue. Per element it keeps
