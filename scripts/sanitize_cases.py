@@ -113,7 +113,8 @@ def long_row_cases(dtype):
 
 def staged_cases(dtype):
     """The strided staged mode (backwards of 2- and 4-byte elements, forwards of 16-bit ones; [265, 65, 131]
-    dim 1: two tiles an outer index, 72 and 59 columns in 16-bit, 68 and 63 in float) with grad_output and
+    dim 1: two tiles an outer index, 72 and 59 columns in 16-bit (forward: 2 thread groups a column), 68
+    and 63 in float; forwards also at D = 120 and 900, 4 and 8 groups) with grad_output and
     output (x) off the 16-byte alignment, apart and together, and ending off it: the copies of the tensors'
     first and last chunks go element by element, inside the tensors."""
     shape, n = (265, 65, 131), 265 * 65 * 131
@@ -126,6 +127,13 @@ def staged_cases(dtype):
                 xo = torch.empty(n + offset, device="cuda", dtype=dtype)[offset:].view(shape)
                 xo.copy_(x)
                 check(f"{'log_' if log else ''}softmax staged {offset} {dtype}", fwd(xo, 1, None), want, dtype)
+            # 4 and 8 thread groups a column (2 above): 48 and 32 columns a tile
+            for other in ((265, 120, 131), (60, 900, 131)):
+                m = other[0] * other[1] * other[2]
+                for offset in (0, 1):
+                    xo = torch.randn(m + offset, device="cuda", dtype=dtype)[offset:].view(other)
+                    check(f"{'log_' if log else ''}softmax staged {other} {offset} {dtype}", fwd(xo, 1, None),
+                          (torch.log_softmax if log else torch.softmax)(xo.double(), 1), dtype)
         bwd = ops.log_softmax_backward if log else ops.softmax_backward
         for offsets in ((0, 0), (1, 0), (0, 3), (1, 1)):
             dy = torch.randn(n + offsets[0], device="cuda", dtype=dtype)[offsets[0]:].view(shape)

@@ -636,31 +636,60 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
-def _staged_columns(shape, size, forward=False, out_size=None):
-    """dispatch.h strided_staged_columns, written again from its comment: the staged tile's columns of an
-    element backward (an inner no 16-byte vector divides, or a pointer off the alignment, as in every case
-    below) of [outer, D, inner] with `size`-byte grad_output, or of an element forward of `size`-byte x and
-    `out_size`-byte y (default: the same), or 0 where it does not stage (sm_90 only, D >= 64; backwards of
-    2- or 4-byte elements, forwards of 16-bit x and y; the widest power of two of at most 512 bytes a
-    D-row and at most the inner's largest power of two whose tile (both arrays of a backward, x of a
-    forward), a 16-byte chunk of slack a D-row, fits 113 KB (forwards: 75 KB), if still >= 256 bytes a
-    D-row; the inner's tiles of that width evened out, the columns rounded up to a 16-byte chunk's
-    elements; tiles for two CTAs on every SM)."""
+# dispatch.h kStridedStagedForwardShapes: (up to D, bytes a D-row, thread groups a column).
+_STAGED_FORWARD_SHAPES = ((79, 256, 2), (111, 128, 2), (143, 128, 4), (256, 64, 4))
+
+
+def _staged_shape(shape, size, forward=False, out_size=None):
+    """dispatch.h strided_staged_shape, written again from its comment: the staged tile's (columns, thread
+    groups a column) of an element backward (an inner no 16-byte vector divides, or a pointer off the
+    alignment, as in every case below) of [outer, D, inner] with `size`-byte grad_output, or of an element
+    forward of `size`-byte x and `out_size`-byte y (default: the same); columns 0 where it does not stage
+    (sm_90 only, D >= 64; backwards of 2- or 4-byte elements, forwards of 16-bit x and y). Backward: the
+    widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
+    tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
+    group. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
+    bytes a D-row whose tile (plus 8 bytes a column and group past one group) fits 113 KB, 256 / columns
+    groups; no stage if the inner's largest power of two is narrower. Then the inner's tiles of that width
+    evened out, the columns rounded up to a 16-byte chunk's elements; tiles for two CTAs on every SM."""
     outer, d, inner = shape
     if d < 64 or torch.cuda.get_device_capability()[0] != 9:
-        return 0
+        return 0, 1
     if (size != 2 or (out_size or size) != 2) if forward else size > 4:
-        return 0
-    arrays, most = (1, 75 * 1024) if forward else (2, 113 * 1024)
-    w = min(512 // size, _pow2_floor(inner))
-    while w * size >= 256 and arrays * d * (w + 16 // size) * size > most:
-        w //= 2
-    if w * size < 256:
-        return 0
+        return 0, 1
+    groups = 1
+    if not forward:
+        w = min(512 // size, _pow2_floor(inner))
+        while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
+            w //= 2
+        if w * size < 256:
+            return 0, 1
+    else:
+        w = 0
+        for most, row_bytes, g in _STAGED_FORWARD_SHAPES:
+            if d <= most:
+                w, groups = row_bytes // size, g
+                break
+        if not w:
+            w = 256 // size
+            while w * size >= 64:
+                groups = 256 // w
+                if d * (w + 16 // size) * size + (8 * groups * w if groups > 1 else 0) <= 113 * 1024:
+                    break
+                w //= 2
+            if w * size < 64:
+                return 0, 1
+        if w > _pow2_floor(inner):
+            return 0, 1
     tiles = -(-inner // w)
     cols = -(-(-(-inner // tiles)) // (16 // size)) * (16 // size)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return cols if outer * -(-inner // cols) >= 2 * sms else 0
+    return (cols, groups) if outer * -(-inner // cols) >= 2 * sms else (0, 1)
+
+
+def _staged_columns(shape, size, forward=False, out_size=None):
+    """The staged tile's columns (_staged_shape), 0 where it does not stage."""
+    return _staged_shape(shape, size, forward, out_size)[0]
 
 
 # (grad_output dtype, grad_input dtype, [outer, D, inner] over dim 1, log_softmax, layouts of (grad_output,
@@ -685,7 +714,7 @@ _STAGED_CASES = [
 @pytest.mark.parametrize("dtype,in_dtype,shape,log,layouts,h100", _STAGED_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
-    """dispatch.h kStridedStagedThreads / strided_staged_columns: element backwards at short D take the
+    """dispatch.h kStridedStagedThreads / strided_staged_shape: element backwards at short D take the
     staged mode (tiles through shared memory in 16-byte chunks) exactly where the rule says, at its
     bounds (D 63 / 64, the shared-memory bound at D 212 / 213, 256 bytes a D-row, the device fill, 2- and
     4-byte elements); each plan, staged or not, gives the right result (outputs poisoned first),
@@ -713,42 +742,58 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
                  in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
 
 
-# (dtype, [outer, D, inner] over dim 1, log_softmax, layout of x, the staged columns on the H100 (0: not
-# staged)).
+# (dtype, [outer, D, inner] over dim 1, log_softmax, layout of x, the staged (columns, groups) on the H100
+# (columns 0: not staged)).
 _STAGED_FORWARD_CASES = [
-    (torch.bfloat16, (264, 100, 300), False, "contiguous", 152),  # 2 tiles of 256 evened out
-    (torch.bfloat16, (264, 100, 300), True, "offset", 152),  # x off the 16-byte alignment
-    (torch.float16, (264, 64, 1023), True, "contiguous", 256),
-    (torch.bfloat16, (264, 63, 1023), False, "contiguous", 0),  # D below 64
-    (torch.bfloat16, (264, 282, 129), False, "contiguous", 72),  # 75 KB at 256 bytes a D-row
-    (torch.bfloat16, (264, 283, 129), True, "contiguous", 0),
-    (torch.bfloat16, (264, 100, 67), False, "contiguous", 0),  # 64 columns: 128 bytes a D-row
-    (torch.bfloat16, (100, 100, 300), False, "contiguous", 0),  # 200 tiles < 2 x 132
-    (torch.bfloat16, (264, 100, 256), False, "contiguous", 0),  # 16-byte vectors: not element accesses
-    (torch.bfloat16, (264, 100, 256), False, "offset", 256),  # the same off the alignment: elements
-    (torch.float32, (264, 100, 300), False, "contiguous", 0),  # float: the cached plans
+    (torch.bfloat16, (264, 100, 300), False, "contiguous", (64, 2)),  # 5 tiles of 64 evened out: 60 -> 64
+    (torch.bfloat16, (264, 100, 300), True, "offset", (64, 2)),  # x off the 16-byte alignment
+    (torch.float16, (264, 64, 1023), True, "contiguous", (128, 2)),
+    (torch.bfloat16, (264, 63, 1023), False, "contiguous", (0, 1)),  # D below 64
+    (torch.bfloat16, (264, 79, 300), False, "contiguous", (104, 2)),  # the table's rows, at their bounds
+    (torch.bfloat16, (264, 80, 300), True, "contiguous", (64, 2)),
+    (torch.float16, (264, 111, 300), False, "offset", (64, 2)),
+    (torch.bfloat16, (264, 112, 300), False, "contiguous", (64, 4)),
+    (torch.bfloat16, (264, 143, 300), True, "contiguous", (64, 4)),
+    (torch.bfloat16, (264, 144, 300), False, "contiguous", (32, 4)),
+    (torch.bfloat16, (264, 256, 300), False, "offset", (32, 4)),
+    (torch.bfloat16, (264, 257, 300), True, "contiguous", (104, 2)),  # past the table: the widest that fits
+    (torch.bfloat16, (100, 417, 300), False, "contiguous", (104, 2)),  # 113 KB at 256 bytes a D-row
+    (torch.float16, (100, 418, 300), False, "contiguous", (64, 4)),
+    (torch.bfloat16, (60, 789, 300), True, "contiguous", (64, 4)),  # 113 KB at 128 bytes
+    (torch.bfloat16, (30, 790, 300), False, "offset", (32, 8)),
+    (torch.bfloat16, (30, 1420, 300), False, "contiguous", (32, 8)),  # 113 KB at 64 bytes
+    (torch.bfloat16, (30, 1421, 300), True, "contiguous", (0, 1)),
+    (torch.bfloat16, (264, 64, 100), False, "contiguous", (0, 1)),  # 256 bytes a D-row, the inner holds 128
+    (torch.bfloat16, (264, 100, 67), False, "contiguous", (40, 2)),  # 128 bytes: 2 tiles of 64 evened out
+    (torch.bfloat16, (50, 100, 300), False, "contiguous", (0, 1)),  # 250 tiles < 2 x 132
+    (torch.bfloat16, (264, 100, 256), False, "contiguous", (0, 1)),  # 16-byte vectors: not element accesses
+    (torch.bfloat16, (264, 100, 256), False, "offset", (64, 2)),  # the same off the alignment: elements
+    (torch.float32, (264, 100, 300), False, "contiguous", (0, 1)),  # float: the cached plans
 ]
 
 
 @pytest.mark.parametrize("dtype,shape,log,layout,h100", _STAGED_FORWARD_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_staged_forward(dtype, shape, log, layout, h100):
-    """dispatch.h kStridedStagedForwardMaxSmem / strided_staged_columns: 16-bit element forwards at short D
-    take the staged mode exactly where the rule says, at its bounds (D 63 / 64, the shared-memory bound at
-    D 282 / 283, 256 bytes a D-row, the device fill, vectors against elements, float); each plan, staged or
-    not, gives the right result (outputs poisoned first), x on or off the 16-byte alignment; the fused
-    float output of a 16-bit x does not stage."""
+    """dispatch.h kStridedStagedForwardShapes / strided_staged_shape: 16-bit element forwards at short D
+    take the staged mode exactly where the rule says, with its columns and thread groups: the table's
+    rows at their bounds (D 63 / 64, 79 / 80, 111 / 112, 143 / 144, 256 / 257), the shared-memory bound
+    at each width past the table (D 417 / 418, 789 / 790, 1420 / 1421), an inner narrower than the width,
+    the device fill, vectors against elements, float; each plan, staged or not, gives the right result
+    (outputs poisoned first), x on or off the 16-byte alignment; the fused float output of a 16-bit x
+    does not stage."""
     elements = layout == "offset" or shape[2] % (16 // dtype.itemsize) != 0
-    cols = _staged_columns(shape, dtype.itemsize, forward=True) if elements else 0
+    want = _staged_shape(shape, dtype.itemsize, forward=True) if elements else (0, 1)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
-        assert cols == h100, cols  # the rule's Python copy against the H100 figures above
+        assert want == h100, want  # the rule's Python copy against the H100 figures above
     op = "log_softmax" if log else "softmax"
     x = make_tensor(shape, dtype, "cuda", layout)
     s = fastact.explain(op, x, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory", s)
-    if cols:
-        assert m and (int(m.group(1)), int(m.group(2))) == (cols, 256), s
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
+                  r"group\(s\) a column", s)
+    if want[0]:
+        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), s
     else:
         assert "staged" not in s, s
     ref = getattr(torch, op)(x.double(), 1)
@@ -987,13 +1032,14 @@ def test_cuda_graph_staged_backward():
             assert torch.equal(out, eager), f"replay {trial}, log_softmax {log}"
 
 
+@pytest.mark.parametrize("shape", [(264, 100, 300), (264, 128, 300), (40, 1000, 300)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-def test_strided_staged_special_values(op, dtype):
-    """The staged forward with special values down a column (as test_softmax_special_values along rows):
-    all -inf gives NaN, a +inf or a NaN makes the column NaN; masked columns (partly -inf) forward and,
-    through autograd, the staged backward."""
-    shape = (264, 100, 300)
+def test_strided_staged_special_values(op, dtype, shape):
+    """The staged forward with special values down a column (as test_softmax_special_values along rows),
+    at 2, 4 and 8 thread groups a column (their (max, sum) pairs combined): all -inf gives NaN, a +inf or
+    a NaN makes the column NaN, a -inf first and last; masked columns (partly -inf) forward and, through
+    autograd, the staged backward (or at D = 1000 the streamed one)."""
     if not _staged_columns(shape, 2, forward=True):
         pytest.skip("the staged mode: sm_90 with up to 132 SMs")
     ninf, inf, nan = float("-inf"), float("inf"), float("nan")

@@ -53,6 +53,7 @@
 //             mode). No transposing copy.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -513,7 +514,7 @@ constexpr int kStridedMaxSmem = 48 * 1024;
 // copies), but the prototype ran at L2 89%, DRAM 81%, 290.75 us. The tile: the widest power of two of
 // columns whose D-row segment is at most kStridedStagedRowBytes and at least kStridedStagedMinRowBytes
 // (not past the inner's largest power of two), within kStridedStagedMaxSmem for both arrays (two CTAs
-// an SM on the H100's 228 KB), then evened out over the inner (strided_staged_columns), in CTAs of
+// an SM on the H100's 228 KB), then evened out over the inner (strided_staged_shape), in CTAs of
 // kStridedStagedThreads; from kStridedStagedMinRows rows, where the tiles fill two
 // CTAs an SM. Why (H100, [*, D, 1023] dim 1, 805 MB moved, a prototype of this kernel at forced tiles on
 // the same tensors, µs; the plan before (streamed, strided_element_stream_shape) -> staged at the tile
@@ -534,26 +535,51 @@ constexpr int kStridedStagedMinRowBytes = 256;
 constexpr int kStridedStagedMaxSmem = 113 * 1024;
 constexpr int64_t kStridedStagedMinRows = 64;
 constexpr int kStridedStagedCtasPerSm = 2;
-// strided forward, staged mode: the same copies of x's D-rows (one array), then a thread per column takes
-// the max, the sum of exps and writes the outputs from shared memory. For 16-bit x and y only: element
-// loads of 2 bytes move 64 bytes a warp instruction, and the cached plans reach about half the limit
-// there. The tile as the backward's (kStridedStagedRowBytes down to kStridedStagedMinRowBytes a D-row, evened
-// out, the device fill), within kStridedStagedForwardMaxSmem: three CTAs an SM, as measured. Why (H100,
-// [*, D, 1023] dim 1, 537 MB moved, a prototype of this kernel on the same tensors, one element off the
-// alignment, µs; the plan before -> staged at the tile this rule picks; torch.compile; twenty-sixth
-// session): bf16 D = 64 278.3 -> 246.8 (256 columns; 224.8); D = 100 343.2 -> 250.1 (256; 433.5); D = 257
-// 352.3 -> 270.3 (128; 513.3). Past that: D = 700 fits 32 columns only, 494.5 against 383.4. float loses at
-// every D tried (its element loads move 128 bytes a warp instruction): D = 64 189.7 against 206.8 staged,
-// D = 100 203.0 / 205.4, D = 257 225.5 / 275.9. The library's kernel (report timing, aligned tensors):
-// bf16 D = 100 244.7, D = 257 266.0. Three CTAs an SM: 3 x (75 KB + the 1 KB the device reserves a block)
-// = 228 KB (76 KB, the first bound, would hold two at D 146-147 and 283-286; found by review).
-constexpr int kStridedStagedForwardMaxSmem = 75 * 1024;
+// strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
+// fold every G-th D-row each into a running (max, sum) from shared memory, combine the G pairs there and
+// write the outputs (softmax/staged.cuh). For 16-bit x and y only: element loads of 2 bytes move 64 bytes
+// a warp instruction, and the cached plans reach about half the limit there (float's cached plans run at
+// 0.66-0.89 of it, and a sweep of this kernel gained 5% at best, D = 257-400). The tile (D-row bytes and
+// groups): measured, kStridedStagedForwardShapes up to D = 256; past it the widest of 256, 128, 64 bytes a
+// D-row whose tile fits kStridedStagedForwardMaxSmem (two CTAs an SM), G = kStridedStagedThreads / columns.
+// Why: the kernel is bound by issue and memory latency by turns, and which tile overlaps them best
+// varies with D by up to 40% in no monotone way; the table holds the shape that was fastest, or within 4%
+// of it, at every inner tried. H100, bf16 [*, D, inner] dim 1, 537 MB moved, this kernel at forced tiles,
+// us at inner 1023 / 300 / 2500 (777 for D = 80, 128, 200, 300), then the next best; twenty-seventh session:
+//   D = 64: 128 columns x 2 groups 221.8 / 255.8 / 224.8 (128 x 1 235.7 / 272.3 / 240.4; 256 x 1 249.6);
+//   D = 80: 64 x 2 236.6 / 246.1 (128 x 2 266.4 / 229.9);
+//   D = 100: 64 x 2 231.3 / 242.7 / 232.7 (256 x 1 254.6 / 288.5 / 254.2);
+//   D = 128: 64 x 4 233.7 / 242.5 (256 x 1 247.4 / 265.2);
+//   D = 160: 32 x 4 256.4 / 259.6 / 249.4 (32 x 2 242.4 / 253.8 / 242.9, but at D = 200 / 777 335.3);
+//   D = 200: 32 x 4 248.1 / 250.7 (128 x 1 241.6 / 306.3);
+//   D = 257: 128 x 2 269.3 / 253.3 / 238.3 (128 x 1 259.7 / 316.2 / 265.0);
+//   D = 300: 128 x 2 242.0 / 261.5; D = 400: 128 x 2 247.9 / 281.6 / 242.8; D = 500: 64 x 4 329.8 / 351.2
+//   (64 x 2 324.7 / 342.4); D = 700: 64 x 4 293.5 / 251.1 / 276.4; D = 850: 32 x 8 372.0 / 390.3 (32 x 4
+//   368.6 / 386.4); D = 1000: 32 x 8 301.6 / 266.9 / 282.1; D = 1200: 32 x 8 322.8 / 362.9 (32 x 4 339.3 /
+//   333.9).
+// The plans before (the first staged forward, three passes, a thread a column, 75 KB tiles; the cached
+// plan past D = 282): D = 64 245.6, D = 100 243.8, D = 257 265.4, D = 700 383.2; torch.compile 223.2,
+// 430.7, 516.9, 435.7.
+struct StagedForwardShape {
+  int max_dim;  // for D up to this
+  int row_bytes;
+  int groups;
+};
+constexpr StagedForwardShape kStridedStagedForwardShapes[] = {{79, 256, 2}, {111, 128, 2}, {143, 128, 4}, {256, 64, 4}};
+constexpr int kStridedStagedForwardMaxSmem = 113 * 1024;  // 2 x (113 + the 1 KB reserved a block) = 228 KB
+constexpr int kStridedStagedForwardMinRowBytes = 64;
 
 // Bytes of the staged mode's shared memory: the D-rows of a tile of `arrays` arrays (the backward's
 // grad_output and output, the forward's x), `columns` elements and a chunk of slack each (a segment's
 // first chunk starts up to 15 bytes before it).
 inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, int elem_bytes, int arrays) {
   return arrays * dim * (columns + kStridedStagedChunkBytes / elem_bytes) * elem_bytes;
+}
+
+// Bytes of a staged forward's shared memory: x's tile, then with groups > 1 the groups' (max, sum) partials
+// (float pairs, groups x columns).
+inline int64_t softmax_strided_staged_forward_smem_bytes(int64_t dim, int64_t columns, int elem_bytes, int groups) {
+  return softmax_strided_staged_smem_bytes(dim, columns, elem_bytes, 1) + (groups > 1 ? groups * columns * 8 : 0);
 }
 
 // The staged mode's tiles: ceil(inner / columns) of each outer index (the last may be narrower). The
@@ -632,6 +658,7 @@ struct SoftmaxPlan {
   int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
   int64_t workspace_bytes = 0;  // strided split mode: bytes of the partials (softmax_workspace_bytes)
   int columns = 0;         // strided: column vectors per block
+  int groups = 1;          // strided staged forward: thread groups a column, each folding every groups-th D-row
   bool streaming = false;  // strided: D too long to cache, read twice
   bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
@@ -988,33 +1015,60 @@ inline bool strided_element_stream_shape(const SoftmaxProblem& p, int64_t line, 
   return found;
 }
 
-// The columns of a staged tile (kStridedStagedThreads and, for forwards, kStridedStagedForwardMaxSmem
-// say why), or 0 where the strided kernel does not stage: element accesses, sm_90 (measured there only;
-// later devices may allow less shared memory a block than the launcher asks for), D of at least
-// kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width
-// W: the widest power of two of at most kStridedStagedRowBytes a D-row (and at most the inner's largest
-// power of two) whose tile (both arrays of a backward, x of a forward) fits kStridedStagedMaxSmem
-// (forwards: kStridedStagedForwardMaxSmem), if that is still at least kStridedStagedMinRowBytes a D-row.
-// The inner's ceil(inner / W) tiles are then evened out (the columns: ceil(inner / tiles), rounded up
-// to a 16-byte chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128
-// and 1. Last, tiles for kStridedStagedCtasPerSm CTAs on every SM.
-inline int64_t strided_staged_columns(const SoftmaxProblem& p, int vec) {
-  if (vec != 1 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return 0;
-  if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return 0;
+// The staged tile: its columns and thread groups a column.
+struct StagedShape {
+  int64_t columns = 0;  // 0: not staged
+  int groups = 1;
+};
+
+// The staged tile (kStridedStagedThreads and, for forwards, kStridedStagedForwardShapes say why), or no
+// columns where the strided kernel does not stage: element accesses, sm_90 (measured there only; later
+// devices may allow less shared memory a block than the launcher asks for), D of at least
+// kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width W:
+//   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
+//     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row; one group;
+//   forward: kStridedStagedForwardShapes' D-row bytes and groups up to its last D; past it the widest of
+//     256, 128, 64 bytes a D-row whose tile, with its groups' partials, fits kStridedStagedForwardMaxSmem,
+//     kStridedStagedThreads / W groups;
+// W at most the inner's largest power of two (a forward whose W that cuts does not stage). The inner's
+// ceil(inner / W) tiles are then evened out (the columns: ceil(inner / tiles), rounded up to a 16-byte
+// chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128 and 1. Last,
+// tiles for kStridedStagedCtasPerSm CTAs on every SM.
+inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
+  if (vec != 1 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return {};
+  if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return {};
   const int bytes = p.backward ? p.out_bytes : p.in_bytes;  // what is staged: grad_output and output, or x
-  const int arrays = p.backward ? 2 : 1;
-  const int64_t max_smem = p.backward ? kStridedStagedMaxSmem : kStridedStagedForwardMaxSmem;
-  int64_t w = kStridedStagedRowBytes / bytes;
   const int64_t cap = pow2_floor(p.inner);
-  if (w > cap) w = cap;
-  while (w * bytes >= kStridedStagedMinRowBytes &&
-         softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, arrays) > max_smem)
-    w /= 2;
-  if (w * bytes < kStridedStagedMinRowBytes) return 0;
+  int64_t w = 0;
+  int groups = 1;
+  if (p.backward) {
+    w = std::min<int64_t>(kStridedStagedRowBytes / bytes, cap);
+    while (w * bytes >= kStridedStagedMinRowBytes &&
+           softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, 2) > kStridedStagedMaxSmem)
+      w /= 2;
+    if (w * bytes < kStridedStagedMinRowBytes) return {};
+  } else {
+    for (const StagedForwardShape& f : kStridedStagedForwardShapes) {
+      if (p.dim_size <= f.max_dim) {
+        w = f.row_bytes / bytes;
+        groups = f.groups;
+        break;
+      }
+    }
+    if (w == 0) {
+      for (w = 256 / bytes; w * bytes >= kStridedStagedForwardMinRowBytes; w /= 2) {
+        groups = int(kStridedStagedThreads / w);
+        if (softmax_strided_staged_forward_smem_bytes(p.dim_size, w, bytes, groups) <= kStridedStagedForwardMaxSmem)
+          break;
+      }
+      if (w * bytes < kStridedStagedForwardMinRowBytes) return {};
+    }
+    if (w > cap) return {};
+  }
   const int64_t chunk = kStridedStagedChunkBytes / bytes;
   const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), chunk);  // <= w
-  if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return 0;
-  return cols;
+  if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return {};
+  return {cols, groups};
 }
 
 // The chunks of D per tile of the split mode (kStridedStreamThreads says when): enough (tile, chunk)
@@ -1097,9 +1151,10 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
-  // Element accesses at short D: staged (strided_staged_columns; backwards, and 16-bit forwards).
-  if (const int64_t staged = strided_staged_columns(p, s.vec); staged > 0) {
-    s.columns = int(staged);
+  // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards).
+  if (const StagedShape staged = strided_staged_shape(p, s.vec); staged.columns > 0) {
+    s.columns = int(staged.columns);
+    s.groups = staged.groups;
     s.threads = kStridedStagedThreads;
     s.cluster = 1;
     s.streaming = false;
@@ -1377,7 +1432,8 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
     case SoftmaxMode::kStrided:
       if (s.staged) {
         n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, staged in shared "
-                          "memory, 16-byte copies in, element stores out]", s.columns, s.threads, s.cluster);
+                          "memory, %d thread group(s) a column, 16-byte copies in, element stores out]", s.columns,
+                          s.threads, s.cluster, s.groups);
       } else if (s.chunks > 1) {
         n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, streamed twice, %lld "
                           "chunks of D, %s]", s.columns, s.threads, s.cluster, static_cast<long long>(s.chunks), access);

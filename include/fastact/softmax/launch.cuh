@@ -175,7 +175,7 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
     if (plan.staged) {  // element accesses: any alignment, any inner
       if (vec || plan.streaming || plan.cluster != 1 || plan.chunks != 1) return cudaErrorInvalidValue;
       return strided_staged_forward<in_t, out_t, Epilogue>(x, y, outer, dim, inner, plan.threads, plan.columns,
-                                                          stream);
+                                                          plan.groups, stream);
     }
     if (vec && inner % kW != 0) return cudaErrorMisalignedAddress;
     if (plan.chunks > 1) {  // split mode

@@ -1,6 +1,6 @@
 // Variant `strided`, staged mode (plan.staged): the backward of softmax over a dim that is not innermost,
 // and the forward of 16-bit tensors, where the inner size (or a pointer) leaves no 128-bit vector per
-// column and D is short (dispatch.h strided_staged_columns says when). Every tensor is dense
+// column and D is short (dispatch.h strided_staged_shape says when). Every tensor is dense
 // [outer, D, inner].
 //
 // A CTA owns a tile: `columns` consecutive columns [i0, i0 + w) of one outer index, all D rows. With
@@ -12,16 +12,20 @@
 //      16-byte chunks that cover it (cp.async; a chunk that reaches past either end of the tensor
 //      element by element), at row d, chunk k of the tile's buffer: the segment starts there at the
 //      row's own misalignment `shift` (its address mod 16, in elements; V elements a chunk);
-//   2. a thread per column (threads past the tile's width idle) sums its column's backward terms from
+//   2. backward: a thread per column (threads past the tile's width idle) sums its column's terms from
 //      shared memory, then writes grad_input, element stores down the column (a warp: 32 consecutive
-//      columns of a D-row). Forward: the column's max, then the sum of its exps (KeepInput: the exps
-//      taken again for the outputs), then y.
-// One HBM read of each input; the reductions need no exchange between threads.
-// Shared memory: 2 x D x (columns + V) elements, forward D x (columns + V) (dispatch.h
-// softmax_strided_staged_smem_bytes); the dispatcher keeps it to two CTAs an SM (forward: three).
+//      columns of a D-row). Forward: G thread groups a column, each a running (max, sum) over every G-th
+//      D-row, the G pairs combined through shared memory, then each group writes its D-rows of y.
+// One HBM read of each input; the reductions need no exchange between threads (forward: one, through
+// shared memory, after the stage).
+// Shared memory: 2 x D x (columns + V) elements; forward D x (columns + V) and, with G > 1, G x columns
+// (max, sum) pairs (dispatch.h softmax_strided_staged_smem_bytes, softmax_strided_staged_forward_smem_bytes);
+// the dispatcher keeps it to two CTAs an SM.
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "fastact/copy_async.cuh"
 #include "fastact/softmax/common.cuh"
@@ -163,20 +167,28 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
   }
 }
 
-// x: [outer, D, inner] (16-bit), y likewise. KeepInput's terms: the column max M, the sum S of
-// cached_exp(x - M), then y = KeepInput::out(x, M, row_constant(S)), as the cached strided kernels' raw
-// rows.
-template <typename in_t, typename out_t, typename Epi>
+// x: [outer, D, inner] (16-bit), y likewise. G thread groups a column (G x columns <= blockDim.x; the
+// threads past them idle): thread (g, c) = g * columns + c takes column c's D-rows g, g + G, ... It keeps
+// a running (max m, sum of exp(x - m)) over them, an exp an element: a value above m rescales the sum to
+// it, as the online softmax. m starts at the lowest finite float (FiniteMaxSumOp's convention), so -inf
+// adds exp(-inf) = 0 and never meets -inf; a value of +inf adds exp(inf - inf) = NaN, as torch's sum;
+// NaN makes the sum NaN. With G > 1 the groups' (max, sum) pairs meet in shared memory after the stage
+// (G x columns MaxSum<float>, softmax_strided_staged_forward_smem_bytes) and every group combines its
+// column's G. Then each group writes its D-rows: KeepInput::out(x, M, row_constant(S)), as the cached
+// strided kernels' raw rows (a column of -inf: M the lowest float, S = 0, NaN outputs, as torch). Two
+// passes over the staged column, two exps an element (softmax; log_softmax: one). A warp reads 32
+// consecutive columns of a D-row: no bank conflict.
+template <typename in_t, typename out_t, typename Epi, int G>
 __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_fwd_kernel(
     const in_t* __restrict__ x,  // [outer, D, inner]
     out_t* __restrict__ y,       // [outer, D, inner]
     int64_t outer, int64_t dim64, int64_t inner, int columns, Epi epi, int64_t first_tile) {
   using A = acc_t<out_t>;
+  static_assert(std::is_same_v<A, float>, "staged forwards accumulate in float");
   using Terms = KeepInput<Epi>;
-  constexpr int V = kStagedChunk<in_t>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int dim = static_cast<int>(dim64);  // the dispatcher keeps D within a CTA's shared memory
-  const int pitch = columns + V;
+  const int pitch = columns + kStagedChunk<in_t>;
   in_t* s_x = reinterpret_cast<in_t*>(smem_raw);
   const StagedTile tile = staged_tile(first_tile + blockIdx.x, outer, dim64, inner, columns);
   const int64_t seg0 = tile.seg0;
@@ -188,23 +200,39 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
   copy_async_wait<0>();
   __syncthreads();
 
-  const int step = static_cast<int>(inner % V);
+  const int step = static_cast<int>(inner % kStagedChunk<in_t>);
   const int shift = staged_shift(x + seg0);
-  for (int c = threadIdx.x; c < w; c += blockDim.x) {
-    auto at = [&](int d) { return staged_value<A>(s_x, pitch, shift, step, c, d); };
-    A m = neg_inf<A>();
-#pragma unroll 8
-    for (int d = 0; d < dim; ++d) m = MaxOp<A>()(m, at(d));
-    A sum = A(0);
-#pragma unroll 8
-    for (int d = 0; d < dim; ++d) sum += Terms::term(Terms::keep(at(d), m), m);
-    const A cst = epi.row_constant(sum);
-    out_t* yc = y + seg0 + c;
-#pragma unroll 8
-    for (int d = 0; d < dim; ++d) {
-      const A out[1] = {Terms::out(epi, at(d), m, cst)};
-      yc[int64_t(d) * inner] = from_acc<out_t>(out).val[0];
+  const int g = static_cast<int>(threadIdx.x) / columns;
+  const int c = static_cast<int>(threadIdx.x) - g * columns;
+  const bool active = g < G && c < w;
+  auto at = [&](int d) { return staged_value<A>(s_x, pitch, shift, step, c, d); };
+  MaxSum<A> st{std::numeric_limits<A>::lowest(), A(0)};
+  if (active) {
+    for (int d = g; d < dim; d += G) {
+      const A v = at(d);
+      if (v > st.max) {
+        st.sum = st.sum * cached_exp(st.max - v) + cached_exp(v - v);  // exp(v - v): 1, or NaN at +inf
+        st.max = v;
+      } else {
+        st.sum += cached_exp(v - st.max);
+      }
     }
+  }
+  if constexpr (G > 1) {
+    auto* part = reinterpret_cast<MaxSum<A>*>(smem_raw + size_t(dim) * pitch * sizeof(in_t));  // after the stage
+    if (active) part[g * columns + c] = st;
+    __syncthreads();
+    if (!active) return;
+    st = part[c];
+#pragma unroll
+    for (int q = 1; q < G; ++q) st = FiniteMaxSumOp()(st, part[q * columns + c]);
+  }
+  if (!active) return;
+  const A cst = epi.row_constant(st.sum);
+  out_t* yc = y + seg0 + c;
+  for (int d = g; d < dim; d += G) {
+    const A out[1] = {Terms::out(epi, at(d), st.max, cst)};
+    yc[int64_t(d) * inner] = from_acc<out_t>(out).val[0];
   }
 }
 
@@ -213,7 +241,7 @@ namespace detail {
 // Launches staged kernel kKernel, a CTA a tile of `columns` columns, `smem` bytes of shared memory a
 // CTA (at most kMaxSmem, the attribute asked for), after the checks the plan must pass (V: a chunk's
 // elements of the staged tensors). All of the SM's unified L1 / shared memory goes to shared memory: the
-// tiles are sized for two CTAs an SM (backward; forward: three) out of the whole 228 KB, and the kernels
+// tiles are sized for two CTAs an SM out of the whole 228 KB, and the kernels
 // read global memory through cp.async.cg, past L1. A guarantee rather than a measured gain: on the H100
 // the driver's own choice for 87 KB backward tiles (200 KB, ncu) also held two.
 template <auto kKernel, int kMaxSmem, int V, typename... Args>
@@ -233,7 +261,7 @@ template <typename in_t, typename out_t, typename Epi>
 cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim,
                                     int64_t inner, int threads, int columns, cudaStream_t stream) {
   if constexpr (sizeof(out_t) > 4) {
-    return cudaErrorInvalidValue;  // 2- and 4-byte elements only (strided_staged_columns)
+    return cudaErrorInvalidValue;  // 2- and 4-byte elements only (strided_staged_shape)
   } else {
     return staged_launch<softmax_strided_staged_bwd_kernel<in_t, out_t, Epi>, kStridedStagedMaxSmem,
                          kStagedChunk<out_t>>(softmax_strided_staged_smem_bytes(dim, columns, sizeof(out_t), 2),
@@ -244,14 +272,24 @@ cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, i
 
 template <typename in_t, typename out_t, typename Epi>
 cudaError_t strided_staged_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
-                                   int columns, cudaStream_t stream) {
+                                   int columns, int groups, cudaStream_t stream) {
   if constexpr (sizeof(in_t) != 2 || sizeof(out_t) != 2) {
-    return cudaErrorInvalidValue;  // 16-bit x and y only (strided_staged_columns)
+    return cudaErrorInvalidValue;  // 16-bit x and y only (strided_staged_shape)
   } else {
-    return staged_launch<softmax_strided_staged_fwd_kernel<in_t, out_t, Epi>, kStridedStagedForwardMaxSmem,
-                         kStagedChunk<in_t>>(softmax_strided_staged_smem_bytes(dim, columns, sizeof(in_t), 1), outer,
-                                             dim, inner, threads, columns, stream, x, y, outer, dim, inner, columns,
-                                             Epi{});
+    if (int64_t(groups) * columns > threads) return cudaErrorInvalidConfiguration;
+    const int64_t smem = softmax_strided_staged_forward_smem_bytes(dim, columns, sizeof(in_t), groups);
+    auto launch = [&](auto kernel_tag) {
+      constexpr int kG = decltype(kernel_tag)::value;
+      return staged_launch<softmax_strided_staged_fwd_kernel<in_t, out_t, Epi, kG>, kStridedStagedForwardMaxSmem,
+                           kStagedChunk<in_t>>(smem, outer, dim, inner, threads, columns, stream, x, y, outer, dim,
+                                               inner, columns, Epi{});
+    };
+    switch (groups) {  // the groups strided_staged_shape gives
+      case 2: return launch(std::integral_constant<int, 2>{});
+      case 4: return launch(std::integral_constant<int, 4>{});
+      case 8: return launch(std::integral_constant<int, 8>{});
+      default: return cudaErrorInvalidConfiguration;
+    }
   }
 }
 
