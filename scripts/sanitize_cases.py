@@ -114,7 +114,8 @@ def long_row_cases(dtype):
 def staged_cases(dtype):
     """The strided staged mode (backwards of 2- and 4-byte elements, forwards of 16-bit ones; [265, 65, 131]
     dim 1: two tiles an outer index, 72 and 59 columns in 16-bit (forward: 2 thread groups a column), 68
-    and 63 in float; forwards also at D = 120 and 900, 4 and 8 groups) with grad_output and
+    and 63 in float; forwards also at D = 120 and 900, 4 and 8 groups; 16-bit backwards at D = 257 and 600,
+    the narrow tiles, 2 and 4 groups) with grad_output and
     output (x) off the 16-byte alignment, apart and together, and ending off it: the copies of the tensors'
     first and last chunks go element by element, inside the tensors."""
     shape, n = (265, 65, 131), 265 * 65 * 131
@@ -141,6 +142,16 @@ def staged_cases(dtype):
             y.copy_(want)
             check(f"{'log_' if log else ''}softmax_backward staged {offsets} {dtype}", bwd(dy, y, 1, dtype),
                   softmax_backward_reference(dy, y.double(), 1, log), dtype)
+        if dtype.itemsize == 2:  # the narrow backward tiles: 2 and 4 thread groups a column
+            for other in ((265, 257, 131), (60, 600, 131)):
+                m = other[0] * other[1] * other[2]
+                xs = torch.randn(other, device="cuda")
+                for offsets in ((0, 0), (1, 3)):
+                    dy = torch.randn(m + offsets[0], device="cuda", dtype=dtype)[offsets[0]:].view(other)
+                    y = torch.empty(m + offsets[1], device="cuda", dtype=dtype)[offsets[1]:].view(other)
+                    y.copy_(torch.log_softmax(xs, 1) if log else torch.softmax(xs, 1))
+                    check(f"{'log_' if log else ''}softmax_backward staged {other} {offsets} {dtype}",
+                          bwd(dy, y, 1, dtype), softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
 def check_gelu(label, x, dy, dtype):

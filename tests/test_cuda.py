@@ -636,6 +636,8 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
+# dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).
+_STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
 # dispatch.h kStridedStagedForwardShapes: (up to D, bytes a D-row, thread groups a column).
 _STAGED_FORWARD_SHAPES = ((79, 256, 2), (111, 128, 2), (143, 128, 4), (256, 64, 4))
 
@@ -648,7 +650,8 @@ def _staged_shape(shape, size, forward=False, out_size=None):
     (sm_90 only, D >= 64; backwards of 2- or 4-byte elements, forwards of 16-bit x and y). Backward: the
     widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
     tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
-    group. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
+    group; else for 16-bit elements the first narrow shape whose tile (plus 4 bytes a column and group past
+    one group) fits, if the inner's largest power of two holds it. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
     bytes a D-row whose tile (plus 8 bytes a column and group past one group) fits 113 KB, 256 / columns
     groups; no stage if the inner's largest power of two is narrower. Then the inner's tiles of that width
     evened out, the columns rounded up to a 16-byte chunk's elements; tiles for two CTAs on every SM."""
@@ -663,7 +666,16 @@ def _staged_shape(shape, size, forward=False, out_size=None):
         while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
             w //= 2
         if w * size < 256:
-            return 0, 1
+            if size != 2:
+                return 0, 1
+            for row_bytes, groups in _STAGED_NARROW_BACKWARD_SHAPES:
+                w = row_bytes // size
+                if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) <= 113 * 1024:
+                    break
+            else:
+                return 0, 1
+            if w > _pow2_floor(inner):
+                return 0, 1
     else:
         w = 0
         for most, row_bytes, g in _STAGED_FORWARD_SHAPES:
@@ -693,45 +705,56 @@ def _staged_columns(shape, size, forward=False, out_size=None):
 
 
 # (grad_output dtype, grad_input dtype, [outer, D, inner] over dim 1, log_softmax, layouts of (grad_output,
-# output), the staged columns on the H100 (0: not staged)).
+# output), the staged (columns, groups) on the H100 (columns 0: not staged)).
 _STAGED_CASES = [
-    (torch.float32, torch.float32, (140, 64, 67), False, ("contiguous", "contiguous"), 36),  # 2 tiles of 64 evened
-    (torch.float32, torch.float32, (140, 63, 67), False, ("contiguous", "contiguous"), 0),  # D below 64
-    (torch.bfloat16, torch.bfloat16, (264, 100, 300), False, ("contiguous", "contiguous"), 152),
-    (torch.bfloat16, torch.bfloat16, (264, 100, 300), True, ("offset", "contiguous"), 152),  # dy, y misaligned apart
-    (torch.float32, torch.float32, (140, 64, 67), False, ("offset", "offset"), 36),
-    (torch.float16, torch.float16, (264, 64, 1023), True, ("contiguous", "offset"), 256),
-    (torch.float32, torch.float32, (300, 160, 130), True, ("contiguous", "contiguous"), 44),
-    (torch.bfloat16, torch.bfloat16, (264, 212, 129), False, ("contiguous", "contiguous"), 72),
-    (torch.bfloat16, torch.bfloat16, (264, 213, 129), False, ("contiguous", "contiguous"), 0),  # 113 KB at 256 bytes
-    (torch.float32, torch.float32, (264, 100, 63), False, ("contiguous", "contiguous"), 0),  # 32 columns: 128 bytes
-    (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), 0),
-    (torch.float32, torch.float32, (100, 64, 67), False, ("contiguous", "contiguous"), 0),  # 200 tiles < 2 x 132
-    (torch.float32, torch.bfloat16, (140, 64, 67), False, ("contiguous", "contiguous"), 36),  # softmax(bf16, dtype=f32)
+    (torch.float32, torch.float32, (140, 64, 67), False, ("contiguous", "contiguous"), (36, 1)),  # 2 tiles of 64 evened
+    (torch.float32, torch.float32, (140, 63, 67), False, ("contiguous", "contiguous"), (0, 1)),  # D below 64
+    (torch.bfloat16, torch.bfloat16, (264, 100, 300), False, ("contiguous", "contiguous"), (152, 1)),
+    (torch.bfloat16, torch.bfloat16, (264, 100, 300), True, ("offset", "contiguous"), (152, 1)),  # dy, y misaligned apart
+    (torch.float32, torch.float32, (140, 64, 67), False, ("offset", "offset"), (36, 1)),
+    (torch.float16, torch.float16, (264, 64, 1023), True, ("contiguous", "offset"), (256, 1)),
+    (torch.float32, torch.float32, (300, 160, 130), True, ("contiguous", "contiguous"), (44, 1)),
+    (torch.bfloat16, torch.bfloat16, (264, 212, 129), False, ("contiguous", "contiguous"), (72, 1)),
+    (torch.bfloat16, torch.bfloat16, (264, 213, 129), False, ("contiguous", "contiguous"), (48, 2)),  # narrow: 128 bytes
+    (torch.float16, torch.float16, (264, 400, 129), True, ("offset", "contiguous"), (48, 2)),  # 113 KB at 128 x 2
+    (torch.bfloat16, torch.bfloat16, (264, 401, 129), False, ("contiguous", "offset"), (32, 4)),
+    (torch.bfloat16, torch.bfloat16, (100, 720, 129), True, ("contiguous", "contiguous"), (32, 4)),  # 113 KB at 64 x 4
+    (torch.bfloat16, torch.bfloat16, (100, 721, 129), False, ("offset", "offset"), (32, 2)),
+    (torch.bfloat16, torch.bfloat16, (100, 723, 129), False, ("contiguous", "contiguous"), (32, 1)),
+    (torch.bfloat16, torch.bfloat16, (100, 724, 129), False, ("contiguous", "contiguous"), (0, 1)),
+    (torch.bfloat16, torch.bfloat16, (264, 300, 60), False, ("contiguous", "contiguous"), (0, 1)),  # inner holds 32
+    (torch.float32, torch.float32, (264, 213, 129), False, ("contiguous", "contiguous"), (0, 1)),  # float: no narrow
+    (torch.float32, torch.float32, (264, 100, 63), False, ("contiguous", "contiguous"), (0, 1)),  # 32 columns: 128 bytes
+    (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),
+    (torch.float32, torch.float32, (100, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
+    (torch.float32, torch.bfloat16, (140, 64, 67), False, ("contiguous", "contiguous"), (36, 1)),  # softmax(bf16, dtype=f32)
 ]
 
 
 @pytest.mark.parametrize("dtype,in_dtype,shape,log,layouts,h100", _STAGED_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
-    """dispatch.h kStridedStagedThreads / strided_staged_shape: element backwards at short D take the
-    staged mode (tiles through shared memory in 16-byte chunks) exactly where the rule says, at its
-    bounds (D 63 / 64, the shared-memory bound at D 212 / 213, 256 bytes a D-row, the device fill, 2- and
-    4-byte elements); each plan, staged or not, gives the right result (outputs poisoned first),
-    with grad_output and output off the 16-byte alignment, apart or together."""
-    cols = _staged_columns(shape, dtype.itemsize)
+    """dispatch.h kStridedStagedThreads / kStridedStagedNarrowBackwardShapes / strided_staged_shape: element
+    backwards at short D take the staged mode (tiles through shared memory in 16-byte chunks) exactly where
+    the rule says, with its columns and thread groups, at its bounds (D 63 / 64, the wide tiles'
+    shared-memory bound at D 212 / 213, then the narrow shapes' at D 400 / 401, 720 / 721 and 723 / 724 in
+    16-bit, none in float; 256 bytes a D-row, an inner narrower than the tile, the device fill, 2- and
+    4-byte elements); each plan, staged or not, gives the right result (outputs poisoned first), with
+    grad_output and output off the 16-byte alignment, apart or together."""
+    want = _staged_shape(shape, dtype.itemsize)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
-        assert cols == h100, cols  # the rule's Python copy against the H100 figures above
+        assert want == h100, want  # the rule's Python copy against the H100 figures above
     op = "log_softmax" if log else "softmax"
     x = make_tensor(shape, dtype, "cuda")
     y = make_tensor(shape, dtype, "cuda", layouts[1])
     y.copy_(torch.log_softmax(x, 1) if log else torch.softmax(x, 1))
     g = make_tensor(shape, dtype, "cuda", layouts[0])
     s = fastact.explain(op + "_backward", y, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory", s)
-    if cols:
-        assert m and (int(m.group(1)), int(m.group(2))) == (cols, 256), s
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
+                  r"group\(s\) a column", s)
+    if want[0]:
+        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), s
     else:
         assert "staged" not in s, s
     poison_allocator("cuda", y.numel() * in_dtype.itemsize)

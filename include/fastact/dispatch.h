@@ -535,6 +535,25 @@ constexpr int kStridedStagedMinRowBytes = 256;
 constexpr int kStridedStagedMaxSmem = 113 * 1024;
 constexpr int64_t kStridedStagedMinRows = 64;
 constexpr int kStridedStagedCtasPerSm = 2;
+// strided backward, staged mode, 16-bit grad_output past the tiles above (D > 212 in bf16: no tile of
+// kStridedStagedMinRowBytes a D-row fits): the first of these narrower tiles whose two arrays and the groups'
+// partial dots fit kStridedStagedMaxSmem, its columns split over thread groups (softmax/staged.cuh; as the
+// forward). 128 bytes a D-row and 2 groups up to D = 400 in bf16, 64 bytes and 4, 2, 1 groups up to 723. Why
+// (H100, bf16 [*, D, inner] dim 1, 805 MB moved, this kernel at forced tiles against the plan before, the
+// streamed one, µs at inner 1023 / 300 / 2500; twenty-seventh session): D = 213 128 x 2 groups 344.7 / 318.1
+// / 319.8 against 427.4 / 432.7 / 429.3; D = 257 380.9 / 341.6 / 342.0 against 395.8 / 399.2 / 393.8; D = 300
+// 326.0 / 324.5 / 315.6 against 393.4 / 396.0 / 390.5; D = 400 325.3 / 325.3 / 324.6 against 481.4 / 479.5 /
+// 476.0; D = 500 64 x 4 355.8 / 352.4 / 348.2 against 429.8 / 427.4 / 427.7; D = 700 374.9 / 355.0 / 354.7
+// against 442.1 / 446.0 / 437.7; D = 721 64 x 2 382.1 / 398.3 / 385.5 against 504.1 / 504.8 / 511.2. The best
+// shape at single points was up to 12% faster (D = 257: 64 x 1 at inner 300, 32 x 8 at 1023) but no other
+// held at every inner. Within the tiles above, groups gained 0-4% at D = 160 and lost at 64-100 and 212:
+// those keep one. Float past its tiles: staged lost to the streamed plan (D = 257, 700: 329.5 / 364.5
+// against 319.4 / 344.1).
+struct StagedBackwardShape {
+  int row_bytes;
+  int groups;
+};
+constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
 // strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
 // fold every G-th D-row each into a running (max, sum) from shared memory, combine the G pairs there and
 // write the outputs (softmax/staged.cuh). For 16-bit x and y only: element loads of 2 bytes move 64 bytes
@@ -580,6 +599,12 @@ inline int64_t softmax_strided_staged_smem_bytes(int64_t dim, int64_t columns, i
 // (float pairs, groups x columns).
 inline int64_t softmax_strided_staged_forward_smem_bytes(int64_t dim, int64_t columns, int elem_bytes, int groups) {
   return softmax_strided_staged_smem_bytes(dim, columns, elem_bytes, 1) + (groups > 1 ? groups * columns * 8 : 0);
+}
+
+// Bytes of a staged backward's shared memory: both arrays' tiles, then with groups > 1 the groups' partial
+// dots (groups x columns float accumulators).
+inline int64_t softmax_strided_staged_backward_smem_bytes(int64_t dim, int64_t columns, int elem_bytes, int groups) {
+  return softmax_strided_staged_smem_bytes(dim, columns, elem_bytes, 2) + (groups > 1 ? groups * columns * 4 : 0);
 }
 
 // The staged mode's tiles: ceil(inner / columns) of each outer index (the last may be narrower). The
@@ -1026,7 +1051,8 @@ struct StagedShape {
 // devices may allow less shared memory a block than the launcher asks for), D of at least
 // kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width W:
 //   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
-//     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row; one group;
+//     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row, one group;
+//     else, for 16-bit grad_output, the first of kStridedStagedNarrowBackwardShapes that fits;
 //   forward: kStridedStagedForwardShapes' D-row bytes and groups up to its last D; past it the widest of
 //     256, 128, 64 bytes a D-row whose tile, with its groups' partials, fits kStridedStagedForwardMaxSmem,
 //     kStridedStagedThreads / W groups;
@@ -1046,7 +1072,19 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
     while (w * bytes >= kStridedStagedMinRowBytes &&
            softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, 2) > kStridedStagedMaxSmem)
       w /= 2;
-    if (w * bytes < kStridedStagedMinRowBytes) return {};
+    if (w * bytes < kStridedStagedMinRowBytes) {  // 16-bit: the narrow tiles, with groups
+      if (bytes != 2) return {};
+      w = 0;
+      for (const StagedBackwardShape& n : kStridedStagedNarrowBackwardShapes) {
+        if (softmax_strided_staged_backward_smem_bytes(p.dim_size, n.row_bytes / bytes, bytes, n.groups) <=
+            kStridedStagedMaxSmem) {
+          w = n.row_bytes / bytes;
+          groups = n.groups;
+          break;
+        }
+      }
+      if (w == 0 || w > cap) return {};
+    }
   } else {
     for (const StagedForwardShape& f : kStridedStagedForwardShapes) {
       if (p.dim_size <= f.max_dim) {

@@ -251,7 +251,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
     if (plan.staged) {  // element accesses: any alignment, any inner
       if (vec || plan.streaming || plan.cluster != 1 || plan.chunks != 1) return cudaErrorInvalidValue;
       return strided_staged_backward<in_t, out_t, Epilogue>(dy, y, dx, outer, dim, inner, plan.threads, plan.columns,
-                                                           stream);
+                                                           plan.groups, stream);
     }
     if (vec && inner % kW != 0) return cudaErrorMisalignedAddress;
     if (plan.chunks > 1) {  // split mode
