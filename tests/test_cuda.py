@@ -650,8 +650,9 @@ def _staged_shape(shape, size, forward=False, out_size=None):
     (sm_90 only, D >= 64; backwards of 2- or 4-byte elements, forwards of 16-bit x and y). Backward: the
     widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
     tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
-    group; else for 16-bit elements the first narrow shape whose tile (plus 4 bytes a column and group past
-    one group) fits, if the inner's largest power of two holds it. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
+    group; else for 16-bit elements where no 256-byte tile fits shared memory, the first narrow shape whose
+    tile (plus 4 bytes a column and group past one group) fits, if the inner's largest power of two holds
+    it. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
     bytes a D-row whose tile (plus 8 bytes a column and group past one group) fits 113 KB, 256 / columns
     groups; no stage if the inner's largest power of two is narrower. Then the inner's tiles of that width
     evened out, the columns rounded up to a 16-byte chunk's elements; tiles for two CTAs on every SM."""
@@ -666,8 +667,8 @@ def _staged_shape(shape, size, forward=False, out_size=None):
         while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
             w //= 2
         if w * size < 256:
-            if size != 2:
-                return 0, 1
+            if size != 2 or 2 * d * (256 // size + 16 // size) * size <= 113 * 1024:
+                return 0, 1  # narrow tiles: 16-bit, where shared memory (not the inner) stops the wide ones
             for row_bytes, groups in _STAGED_NARROW_BACKWARD_SHAPES:
                 w = row_bytes // size
                 if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) <= 113 * 1024:
@@ -723,6 +724,8 @@ _STAGED_CASES = [
     (torch.bfloat16, torch.bfloat16, (100, 723, 129), False, ("contiguous", "contiguous"), (32, 1)),
     (torch.bfloat16, torch.bfloat16, (100, 724, 129), False, ("contiguous", "contiguous"), (0, 1)),
     (torch.bfloat16, torch.bfloat16, (264, 300, 60), False, ("contiguous", "contiguous"), (0, 1)),  # inner holds 32
+    (torch.bfloat16, torch.bfloat16, (264, 100, 100), False, ("contiguous", "contiguous"), (0, 1)),  # the inner, not
+    # shared memory, narrows the wide tile (64 columns): not the narrow tiles
     (torch.float32, torch.float32, (264, 213, 129), False, ("contiguous", "contiguous"), (0, 1)),  # float: no narrow
     (torch.float32, torch.float32, (264, 100, 63), False, ("contiguous", "contiguous"), (0, 1)),  # 32 columns: 128 bytes
     (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),

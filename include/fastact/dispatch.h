@@ -49,8 +49,8 @@
 //             the tiles alone leave the device short of threads; where even that does, D cut into
 //             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
 //             of element accesses at short D (and 16-bit forwards) instead copy each tile's D-rows to
-//             shared memory in aligned 16-byte chunks and reduce a column a thread there (the staged
-//             mode). No transposing copy.
+//             shared memory in aligned 16-byte chunks and reduce each column there, over a thread or a
+//             few thread groups (the staged mode). No transposing copy.
 #pragma once
 
 #include <algorithm>
@@ -1052,7 +1052,8 @@ struct StagedShape {
 // kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width W:
 //   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
 //     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row, one group;
-//     else, for 16-bit grad_output, the first of kStridedStagedNarrowBackwardShapes that fits;
+//     else, for 16-bit grad_output where even that many bytes a D-row do not fit, the first of
+//     kStridedStagedNarrowBackwardShapes that fits;
 //   forward: kStridedStagedForwardShapes' D-row bytes and groups up to its last D; past it the widest of
 //     256, 128, 64 bytes a D-row whose tile, with its groups' partials, fits kStridedStagedForwardMaxSmem,
 //     kStridedStagedThreads / W groups;
@@ -1072,8 +1073,12 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
     while (w * bytes >= kStridedStagedMinRowBytes &&
            softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, 2) > kStridedStagedMaxSmem)
       w /= 2;
-    if (w * bytes < kStridedStagedMinRowBytes) {  // 16-bit: the narrow tiles, with groups
-      if (bytes != 2) return {};
+    if (w * bytes < kStridedStagedMinRowBytes) {
+      // 16-bit, where shared memory (not the inner) stops the wide tiles: the narrow ones, with groups.
+      if (bytes != 2 ||
+          softmax_strided_staged_smem_bytes(p.dim_size, kStridedStagedMinRowBytes / bytes, bytes, 2) <=
+              kStridedStagedMaxSmem)
+        return {};
       w = 0;
       for (const StagedBackwardShape& n : kStridedStagedNarrowBackwardShapes) {
         if (softmax_strided_staged_backward_smem_bytes(p.dim_size, n.row_bytes / bytes, bytes, n.groups) <=
@@ -1378,7 +1383,8 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
     s.why = s.staged ? "the softmax dim is not innermost; element accesses at short D: each tile's "
-                       "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread: one read"
+                       "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread or a few "
+                       "thread groups: one read"
             : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
                            "(and a cluster) with the tile cached: one read"
             : strided_element_streams(p, s)
