@@ -700,6 +700,16 @@ def _staged_shape(shape, size, forward=False, out_size=None):
     return (cols, groups) if outer * -(-inner // cols) >= 2 * sms else (0, 1)
 
 
+def _assert_staged_plan(explained, want):
+    """explain()'s plan is staged with want = (columns, groups) in CTAs of 256 threads, or (columns 0) not staged."""
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
+                  r"group\(s\) a column", explained)
+    if want[0]:
+        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), explained
+    else:
+        assert "staged" not in explained, explained
+
+
 def _staged_columns(shape, size, forward=False, out_size=None):
     """The staged tile's columns (_staged_shape), 0 where it does not stage."""
     return _staged_shape(shape, size, forward, out_size)[0]
@@ -754,12 +764,7 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
     y.copy_(torch.log_softmax(x, 1) if log else torch.softmax(x, 1))
     g = make_tensor(shape, dtype, "cuda", layouts[0])
     s = fastact.explain(op + "_backward", y, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
-                  r"group\(s\) a column", s)
-    if want[0]:
-        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), s
-    else:
-        assert "staged" not in s, s
+    _assert_staged_plan(s, want)
     poison_allocator("cuda", y.numel() * in_dtype.itemsize)
     backward = ops.log_softmax_backward if log else ops.softmax_backward
     assert_close(backward(g, y, 1, in_dtype), softmax_backward_ref(g, y, 1, log),
@@ -816,12 +821,7 @@ def test_strided_staged_forward(dtype, shape, log, layout, h100):
     op = "log_softmax" if log else "softmax"
     x = make_tensor(shape, dtype, "cuda", layout)
     s = fastact.explain(op, x, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
-                  r"group\(s\) a column", s)
-    if want[0]:
-        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), s
-    else:
-        assert "staged" not in s, s
+    _assert_staged_plan(s, want)
     ref = getattr(torch, op)(x.double(), 1)
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     assert_close(getattr(fastact, op)(x, 1), ref, torch_actual=getattr(torch, op)(x, 1), msg=s)

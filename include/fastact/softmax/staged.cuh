@@ -270,16 +270,17 @@ __global__ __launch_bounds__(kStridedStagedThreads) void softmax_strided_staged_
 
 namespace detail {
 
-// Launches staged kernel kKernel, a CTA a tile of `columns` columns, `smem` bytes of shared memory a
-// CTA (at most kMaxSmem, the attribute asked for), after the checks the plan must pass (V: a chunk's
-// elements of the staged tensors). All of the SM's unified L1 / shared memory goes to shared memory: the
-// tiles are sized for two CTAs an SM out of the whole 228 KB, and the kernels
-// read global memory through cp.async.cg, past L1. A guarantee rather than a measured gain: on the H100
+// Launches staged kernel kKernel, a CTA a tile of `columns` columns over `groups` thread groups, `smem`
+// bytes of shared memory a CTA (at most kMaxSmem, the attribute asked for), after the checks the plan must
+// pass (V: a chunk's elements of the staged tensors). All of the SM's unified L1 / shared memory goes to
+// shared memory: the tiles are sized for two CTAs an SM out of the whole 228 KB, and the kernels read
+// global memory through cp.async.cg, past L1. A guarantee rather than a measured gain: on the H100
 // the driver's own choice for 87 KB backward tiles (200 KB, ncu) also held two.
 template <auto kKernel, int kMaxSmem, int V, typename... Args>
 cudaError_t staged_launch(int64_t smem, int64_t outer, int64_t dim, int64_t inner, int threads, int columns,
-                          cudaStream_t stream, Args... args) {
-  if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || dim < 1 || smem > kMaxSmem)
+                          int groups, cudaStream_t stream, Args... args) {
+  if (threads != kStridedStagedThreads || columns < V || columns % V != 0 || int64_t(groups) * columns > threads ||
+      dim < 1 || smem > kMaxSmem)
     return cudaErrorInvalidConfiguration;
   cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
   if (err != cudaSuccess) return err;
@@ -289,26 +290,28 @@ cudaError_t staged_launch(int64_t smem, int64_t outer, int64_t dim, int64_t inne
                                args...);
 }
 
+// launch(std::integral_constant<int, G>{}) for the G among kGroups (the groups strided_staged_shape gives) that
+// equals `groups`; cudaErrorInvalidConfiguration for any other.
+template <int... kGroups, typename Launch>
+cudaError_t with_groups(int groups, const Launch& launch) {
+  cudaError_t err = cudaErrorInvalidConfiguration;
+  (void)((groups == kGroups && ((err = launch(std::integral_constant<int, kGroups>{})), true)) || ...);
+  return err;
+}
+
 template <typename in_t, typename out_t, typename Epi>
 cudaError_t strided_staged_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t outer, int64_t dim,
                                     int64_t inner, int threads, int columns, int groups, cudaStream_t stream) {
   if constexpr (sizeof(out_t) > 4) {
     return cudaErrorInvalidValue;  // 2- and 4-byte elements only (strided_staged_shape)
   } else {
-    if (int64_t(groups) * columns > threads) return cudaErrorInvalidConfiguration;
     const int64_t smem = softmax_strided_staged_backward_smem_bytes(dim, columns, sizeof(out_t), groups);
-    auto launch = [&](auto kernel_tag) {
-      constexpr int kG = decltype(kernel_tag)::value;
-      return staged_launch<softmax_strided_staged_bwd_kernel<in_t, out_t, Epi, kG>, kStridedStagedMaxSmem,
-                           kStagedChunk<out_t>>(smem, outer, dim, inner, threads, columns, stream, dy, y, dx, outer,
-                                                dim, inner, columns, Epi{});
-    };
-    switch (groups) {  // the groups strided_staged_shape gives
-      case 1: return launch(std::integral_constant<int, 1>{});
-      case 2: return launch(std::integral_constant<int, 2>{});
-      case 4: return launch(std::integral_constant<int, 4>{});
-      default: return cudaErrorInvalidConfiguration;
-    }
+    return with_groups<1, 2, 4>(groups, [&](auto g) {
+      return staged_launch<softmax_strided_staged_bwd_kernel<in_t, out_t, Epi, decltype(g)::value>,
+                           kStridedStagedMaxSmem, kStagedChunk<out_t>>(smem, outer, dim, inner, threads, columns,
+                                                                       groups, stream, dy, y, dx, outer, dim, inner,
+                                                                       columns, Epi{});
+    });
   }
 }
 
@@ -318,20 +321,13 @@ cudaError_t strided_staged_forward(const in_t* x, out_t* y, int64_t outer, int64
   if constexpr (sizeof(in_t) != 2 || sizeof(out_t) != 2) {
     return cudaErrorInvalidValue;  // 16-bit x and y only (strided_staged_shape)
   } else {
-    if (int64_t(groups) * columns > threads) return cudaErrorInvalidConfiguration;
     const int64_t smem = softmax_strided_staged_forward_smem_bytes(dim, columns, sizeof(in_t), groups);
-    auto launch = [&](auto kernel_tag) {
-      constexpr int kG = decltype(kernel_tag)::value;
-      return staged_launch<softmax_strided_staged_fwd_kernel<in_t, out_t, Epi, kG>, kStridedStagedForwardMaxSmem,
-                           kStagedChunk<in_t>>(smem, outer, dim, inner, threads, columns, stream, x, y, outer, dim,
-                                               inner, columns, Epi{});
-    };
-    switch (groups) {  // the groups strided_staged_shape gives
-      case 2: return launch(std::integral_constant<int, 2>{});
-      case 4: return launch(std::integral_constant<int, 4>{});
-      case 8: return launch(std::integral_constant<int, 8>{});
-      default: return cudaErrorInvalidConfiguration;
-    }
+    return with_groups<2, 4, 8>(groups, [&](auto g) {
+      return staged_launch<softmax_strided_staged_fwd_kernel<in_t, out_t, Epi, decltype(g)::value>,
+                           kStridedStagedForwardMaxSmem, kStagedChunk<in_t>>(smem, outer, dim, inner, threads,
+                                                                             columns, groups, stream, x, y, outer,
+                                                                             dim, inner, columns, Epi{});
+    });
   }
 }
 
