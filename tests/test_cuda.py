@@ -216,7 +216,9 @@ def _cluster_plan(explanation):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-@pytest.mark.parametrize("d", (32776, 65536, 65544, 131072, 262136, 262144, 524288, 1 << 20, (1 << 20) + 1, 3 << 19))
+@pytest.mark.parametrize(
+    "d", (32776, 65536, 65544, 131072, 151936, 262136, 262144, 300000, 524288, 1 << 20, (1 << 20) + 1, 3 << 19)
+)
 @pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("direction,layout", [("fwd", "rows"), ("fwd", "row_padded"), ("bwd", "rows")])
@@ -227,8 +229,9 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
     16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). Beyond what a
     cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
-    their partials; an odd D takes element accesses. Twice, bitwise equal: partials fold in a fixed
-    order."""
+    their partials; an odd D takes element accesses. Backwards whose cluster CTAs would run one an SM
+    (151936 in float, 300000 in 16-bit) take the grid mode too. Twice, bitwise equal: partials fold in a
+    fixed order."""
     in_dtype, out_dtype = dtypes
     log = op.name == "log_softmax"
     out_arg = out_dtype if out_dtype != in_dtype else None
@@ -269,6 +272,27 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     )
     again = getattr(ops, f"{op.name}_backward").default(g, y, -1, in_dtype, variant="long_row")
     assert torch.equal(dx, again), msg + ": not deterministic"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
+def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype):
+    """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a cluster only where
+    two of its CTAs fit an SM (float: at most 576 threads, 16-bit: 512) or its CTAs are 1024 threads; in
+    between it takes the grid mode. Rows off the vector width keep their cluster."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    two_cta = 576 if dtype.itemsize == 4 else 512
+    grids = 0
+    for d in (131072, 132096, 140000, 151936, 163840, 200000, 262144, 270336, 300000, 400000, 524288):
+        s = fastact.explain("softmax_backward", make_tensor((2, d), dtype, "cuda"))
+        assert _variant(s) == "long_row", s
+        if "partials through global memory" in s:
+            grids += 1
+        elif "128-bit" in s and (plan := _cluster_plan(s)) is not None:
+            assert plan[1] <= two_cta or plan[1] == 1024, s
+    assert grids > 0, "no row length took the grid mode"
+    s = fastact.explain("softmax_backward", make_tensor((2, 151935), dtype, "cuda"))  # off the vector width
+    assert "partials through global memory" not in s, s
 
 
 def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():

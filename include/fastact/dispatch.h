@@ -242,6 +242,18 @@ constexpr int kVecBackwardAccesses = 2;
 // 4 x 512 and 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
 constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
+// long_row backward of 128-bit accesses, 2- or 4-byte grad_output: a cluster of CTAs too large for two an SM
+// (block.cuh's backward: 56 registers a thread in float, 64 in 16-bit, nvcc 13.0 for sm_90: two CTAs of at most
+// cluster_backward_two_cta_threads) but short of kResidentMaxThreads gives way to the grid mode, whose CTAs (at most
+// kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM: one such CTA has no other on its SM
+// to overlap its load, reduce and store phases with, and too few warps for the loads alone. Why (H100, 256 MB,
+// us, the cluster plan against the grid variant forced, softmax / log_softmax; bench/NOTES.md twenty-eighth
+// session): f32 rows of 151936 (16 x 608 threads) 288.1 / 314.4 -> 279.1 / 277.2, 163840 (640) 284.9 / 309.1
+// -> 279.7 / 278.0, 200000 (800) 279.1 / 296.3 -> 279.5 / 278.1; bf16 270336 (16 x 544) 307.9 / 301.7 ->
+// 276.7 / 278.1, 300000 (608) 300.8 / 294.9 -> 280.9 / 281.3. The cluster stays where two CTAs fit (f32
+// 140000, 16 x 576: 266.6 / 266.5 against 280.0 / 278.4) and at 1024 threads (f32 262144: 279.7 / 276.4
+// against 280.1 / 278.6; bf16 524288: 283.6 / 269.1 against 279.8 / 280.1).
+constexpr int cluster_backward_two_cta_threads(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
 // long_row forward, 128-bit accesses, float arithmetic (softmax_cluster_smem_eligible): besides its
 // registers a thread keeps kClusterSmemBytes of its slice in dynamic shared memory, as loaded
 // (cp.async), so a CTA of at most kClusterSmemMaxThreads threads caches what a register-only CTA of
@@ -920,6 +932,12 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
   return s;
 }
 
+// Whether a long_row backward's cluster plan `s` gives way to the grid mode (cluster_backward_two_cta_threads).
+inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  if (!p.backward || s.vec == 1 || s.edges || (p.out_bytes != 2 && p.out_bytes != 4)) return false;
+  return s.threads > cluster_backward_two_cta_threads(p.out_bytes) && s.threads < kResidentMaxThreads;
+}
+
 // long_row beyond a cluster (grid.cuh): the row over `chunks` CTAs of `threads` threads anywhere on the
 // device, each caching elems_per_thread elements a thread as long_row's clusters do (registers; the
 // forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems), the backwards
@@ -1347,7 +1365,11 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       return plan_split(p, v, 1, /*one_block_per_row=*/true);
     case SoftmaxVariant::kLongRow: {
       SoftmaxPlan s;
-      if (plan_cluster(p, edges ? w : row_vec, edges, &s)) return s;
+      if (plan_cluster(p, edges ? w : row_vec, edges, &s)) {
+        SoftmaxPlan g;
+        if (cluster_backward_yields_to_grid(p, s) && plan_grid(p, v, row_vec, false, &g)) return g;
+        return s;
+      }
       if (plan_grid(p, v, row_vec, false, &s)) return s;
       return plan_split(p, v, row_vec, false);
     }
@@ -1419,8 +1441,9 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   }
   s = plan_softmax(SoftmaxVariant::kLongRow, p);
   s.why = s.mode == SoftmaxMode::kGrid
-              ? "the row is longer than a cluster caches (or no clusters): split over CTAs anywhere on the "
-                "device, each caching its slice, combined through global memory: one read"
+              ? "the row is longer than a cluster caches (or no clusters, or a backward whose cluster CTAs would "
+                "run one an SM): split over CTAs anywhere on the device, each caching its slice, combined "
+                "through global memory: one read"
           : s.mode != SoftmaxMode::kResident
               ? "the row is longer than the device caches (or no workspace): online max+sum per chunk, then "
                 "a write pass"
