@@ -115,9 +115,9 @@ def staged_cases(dtype):
     """The strided staged mode (backwards of 2- and 4-byte elements, forwards of 16-bit ones; [265, 65, 131]
     dim 1: two tiles an outer index, 72 and 59 columns in 16-bit (forward: 2 thread groups a column), 68
     and 63 in float; forwards also at D = 120 and 900, 4 and 8 groups; 16-bit backwards at D = 257 and 600,
-    the narrow tiles, 2 and 4 groups) with grad_output and
-    output (x) off the 16-byte alignment, apart and together, and ending off it: the copies of the tensors'
-    first and last chunks go element by element, inside the tensors."""
+    the narrow tiles, 2 and 4 groups; float backwards of 16-byte vectors at [264, 70, 300], 2 groups) with
+    grad_output and output (x) off the 16-byte alignment, apart and together, and ending off it: the copies
+    of the tensors' first and last chunks go element by element, inside the tensors."""
     shape, n = (265, 65, 131), 265 * 65 * 131
     x = torch.randn(shape, device="cuda", dtype=dtype)
     for log in (False, True):
@@ -152,6 +152,13 @@ def staged_cases(dtype):
                     y.copy_(torch.log_softmax(xs, 1) if log else torch.softmax(xs, 1))
                     check(f"{'log_' if log else ''}softmax_backward staged {other} {offsets} {dtype}",
                           bwd(dy, y, 1, dtype), softmax_backward_reference(dy, y.double(), 1, log), dtype)
+        if dtype == torch.float32:  # 16-byte vectors whose D-rows are not whole 128-byte lines: 64 x 2 groups
+            other = (264, 70, 300)
+            xs = torch.randn(other, device="cuda")
+            dy = torch.randn(other, device="cuda")
+            y = torch.log_softmax(xs, 1) if log else torch.softmax(xs, 1)
+            check(f"{'log_' if log else ''}softmax_backward staged vector {other}", bwd(dy, y, 1, dtype),
+                  softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
 def check_gelu(label, x, dy, dtype):

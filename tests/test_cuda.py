@@ -666,12 +666,15 @@ _STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
 _STAGED_FORWARD_SHAPES = ((79, 256, 2), (111, 128, 2), (143, 128, 4), (256, 64, 4))
 
 
-def _staged_shape(shape, size, forward=False, out_size=None):
+def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
     """dispatch.h strided_staged_shape, written again from its comment: the staged tile's (columns, thread
     groups a column) of an element backward (an inner no 16-byte vector divides, or a pointer off the
-    alignment, as in every case below) of [outer, D, inner] with `size`-byte grad_output, or of an element
-    forward of `size`-byte x and `out_size`-byte y (default: the same); columns 0 where it does not stage
-    (sm_90 only, D >= 64; backwards of 2- or 4-byte elements, forwards of 16-bit x and y). Backward: the
+    alignment) of [outer, D, inner] with `size`-byte grad_output, or of an element forward of `size`-byte x
+    and `out_size`-byte y (default: the same), or with `vector` of a backward whose plan takes 16-byte
+    vectors; columns 0 where it does not stage (sm_90 only, D >= 64; backwards of 2- or 4-byte elements,
+    forwards of 16-bit x and y; vector backwards of float grad_output whose D-rows, inner x 4 bytes, are not
+    whole 128-byte lines: 64 columns and 2 groups where both arrays and the partial dots fit 113 KB and the
+    inner's largest power of two holds 64). Element backward: the
     widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
     tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
     group; else for 16-bit elements where no 256-byte tile fits shared memory, the first narrow shape whose
@@ -686,7 +689,13 @@ def _staged_shape(shape, size, forward=False, out_size=None):
     if (size != 2 or (out_size or size) != 2) if forward else size > 4:
         return 0, 1
     groups = 1
-    if not forward:
+    if vector:
+        if forward or size != 4 or inner * size % 128 == 0:
+            return 0, 1
+        w, groups = 64, 2
+        if w > _pow2_floor(inner) or 2 * d * (w + 16 // size) * size + 4 * groups * w > 113 * 1024:
+            return 0, 1
+    elif not forward:
         w = min(512 // size, _pow2_floor(inner))
         while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
             w //= 2
@@ -765,6 +774,19 @@ _STAGED_CASES = [
     (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),
     (torch.float32, torch.float32, (100, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
     (torch.float32, torch.bfloat16, (140, 64, 67), False, ("contiguous", "contiguous"), (36, 1)),  # softmax(bf16, dtype=f32)
+    # 16-byte vectors of float whose D-rows are not whole 128-byte lines: 64 columns (evened out), 2 groups
+    (torch.float32, torch.float32, (264, 64, 300), False, ("contiguous", "contiguous"), (60, 2)),  # 5 tiles of 60
+    (torch.float32, torch.float32, (264, 64, 300), True, ("contiguous", "offset"), (100, 1)),  # y off the alignment
+    (torch.float32, torch.float32, (100, 64, 2500), True, ("contiguous", "contiguous"), (64, 2)),
+    (torch.float32, torch.float32, (264, 63, 300), False, ("contiguous", "contiguous"), (0, 1)),  # D below 64
+    (torch.float32, torch.float32, (264, 211, 300), True, ("contiguous", "contiguous"), (60, 2)),  # 113 KB
+    (torch.float32, torch.float32, (264, 212, 300), False, ("contiguous", "contiguous"), (0, 1)),
+    (torch.float32, torch.float32, (264, 64, 1024), False, ("contiguous", "contiguous"), (0, 1)),  # whole lines
+    (torch.float32, torch.float32, (264, 64, 96), False, ("contiguous", "contiguous"), (0, 1)),  # 384 bytes: whole
+    (torch.float32, torch.float32, (264, 100, 36), False, ("contiguous", "contiguous"), (0, 1)),  # the inner holds 32
+    (torch.float32, torch.float32, (40, 64, 300), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
+    (torch.float32, torch.bfloat16, (264, 100, 300), False, ("contiguous", "contiguous"), (60, 2)),  # bf16 grad_input
+    (torch.bfloat16, torch.bfloat16, (264, 64, 264), False, ("contiguous", "contiguous"), (0, 1)),  # 16-bit: cached
 ]
 
 
@@ -776,9 +798,12 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
     the rule says, with its columns and thread groups, at its bounds (D 63 / 64, the wide tiles'
     shared-memory bound at D 212 / 213, then the narrow shapes' at D 400 / 401, 720 / 721 and 723 / 724 in
     16-bit, none in float; 256 bytes a D-row, an inner narrower than the tile, the device fill, 2- and
-    4-byte elements); each plan, staged or not, gives the right result (outputs poisoned first), with
-    grad_output and output off the 16-byte alignment, apart or together."""
-    want = _staged_shape(shape, dtype.itemsize)
+    4-byte elements); so do float backwards of 16-byte vectors whose D-rows are not whole 128-byte lines
+    (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, a narrow inner, 16-bit not);
+    each plan, staged or not, gives the right result (outputs poisoned first), with grad_output and output
+    off the 16-byte alignment, apart or together."""
+    vector = layouts == ("contiguous", "contiguous") and shape[2] % (16 // dtype.itemsize) == 0
+    want = _staged_shape(shape, dtype.itemsize, vector=vector)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
         assert want == h100, want  # the rule's Python copy against the H100 figures above

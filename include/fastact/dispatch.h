@@ -566,6 +566,24 @@ struct StagedBackwardShape {
   int groups;
 };
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
+// strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4) whose
+// D-rows start off the 128-byte line (inner x 4 bytes not a multiple of kStridedRowBytes): the cached vector
+// plan's 128-byte line of a D-row then spans two lines, and the staged copies of wider tiles (256 bytes a
+// D-row) waste less of them. One shape: kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits
+// kStridedStagedMaxSmem (D = 211). Why (H100, f32 [*, D, inner] dim 1, 805 MB moved; twenty-eighth session):
+// a sweep of the staged kernel at forced tiles against the cached plan (64 x 2 among the best at D = 64-160,
+// inners 300 and 2500), then this rule against the plan before (the op, both builds in one run, µs, softmax /
+// log_softmax): inner 300 D = 64 302.7 / 317.0 -> 280.1 / 280.7, D = 128 308.8 / 303.3 -> 280.7 / 280.6,
+// D = 160 295.2 / 294.4 -> 280.9 / 280.4, D = 211 292.5 / 287.3 -> 285.3 / 284.6; inner 2500 D = 64 299.4 /
+// 302.2 -> 274.6 / 275.0, D = 128 297.9 / 287.9 -> 275.2 / 274.9; inner 1020 D = 64 308.2 / 293.0 -> 276.2 /
+// 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. It loses at D = 100, where the cached plan is near
+// the limit: inner 300 279.2 / 278.8 -> 280.3 / 280.6, inner 1000 273.4 / 273.3 -> 280.2 / 280.0. Where the
+// D-rows are whole lines (inner 1024, 4096) the cached plan runs at 0.99-1.0 of the limit and staged tiles lost
+// 1-2% in the sweep; at D = 212 (past this tile; 32 columns fit) the plan won or tied (inner 300: 286.1
+// against 290.8). 16-bit rows off the line gained too, but no single shape held (bf16 inner 264: 128 x 1 best
+// at D = 64, 64 x 4 at D = 212), so they keep the cached plan.
+constexpr int64_t kStridedStagedVecBackwardColumns = 64;
+constexpr int kStridedStagedVecBackwardGroups = 2;
 // strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
 // fold every G-th D-row each into a running (max, sum) from shared memory, combine the G pairs there and
 // write the outputs (softmax/staged.cuh). For 16-bit x and y only: element loads of 2 bytes move 64 bytes
@@ -1065,9 +1083,12 @@ struct StagedShape {
 };
 
 // The staged tile (kStridedStagedThreads and, for forwards, kStridedStagedForwardShapes say why), or no
-// columns where the strided kernel does not stage: element accesses, sm_90 (measured there only; later
-// devices may allow less shared memory a block than the launcher asks for), D of at least
-// kStridedStagedMinRows; backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width W:
+// columns where the strided kernel does not stage: element accesses (and the 128-bit float backwards of
+// kStridedStagedVecBackwardColumns), sm_90 (measured there only; later devices may allow less shared memory a
+// block than the launcher asks for), D of at least kStridedStagedMinRows; backwards of 2- or 4-byte
+// grad_output, forwards of 16-bit x and y. The width W:
+//   128-bit float backward whose D-rows start off the 128-byte line: kStridedStagedVecBackwardColumns and
+//     kStridedStagedVecBackwardGroups where that tile fits kStridedStagedMaxSmem;
 //   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
 //     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row, one group;
 //     else, for 16-bit grad_output where even that many bytes a D-row do not fit, the first of
@@ -1080,13 +1101,19 @@ struct StagedShape {
 // chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128 and 1. Last,
 // tiles for kStridedStagedCtasPerSm CTAs on every SM.
 inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
-  if (vec != 1 || p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return {};
+  if (p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return {};
+  if (vec != 1 && !(p.backward && p.out_bytes == 4 && p.inner * p.out_bytes % kStridedRowBytes != 0)) return {};
   if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return {};
   const int bytes = p.backward ? p.out_bytes : p.in_bytes;  // what is staged: grad_output and output, or x
   const int64_t cap = pow2_floor(p.inner);
   int64_t w = 0;
   int groups = 1;
-  if (p.backward) {
+  if (vec != 1) {  // 128-bit float backward off the line: kStridedStagedVecBackwardColumns
+    w = kStridedStagedVecBackwardColumns;
+    groups = kStridedStagedVecBackwardGroups;
+    if (w > cap || softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem)
+      return {};
+  } else if (p.backward) {
     w = std::min<int64_t>(kStridedStagedRowBytes / bytes, cap);
     while (w * bytes >= kStridedStagedMinRowBytes &&
            softmax_strided_staged_smem_bytes(p.dim_size, w, bytes, 2) > kStridedStagedMaxSmem)
@@ -1212,8 +1239,11 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.streaming = false;
     return s;
   };
-  // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards).
+  // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
+  // float backwards whose D-rows start off the 128-byte line. The staged kernel copies 16-byte chunks from
+  // any alignment: the plan takes element accesses.
   if (const StagedShape staged = strided_staged_shape(p, s.vec); staged.columns > 0) {
+    s.vec = 1;
     s.columns = int(staged.columns);
     s.groups = staged.groups;
     s.threads = kStridedStagedThreads;
@@ -1404,7 +1434,8 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = s.staged ? "the softmax dim is not innermost; element accesses at short D: each tile's "
+    s.why = s.staged ? "the softmax dim is not innermost; element accesses (or a float backward whose D-rows "
+                       "start off the 128-byte line) at short D: each tile's "
                        "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread or a few "
                        "thread groups: one read"
             : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
