@@ -573,7 +573,7 @@ constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, 
 // kStridedStagedMaxSmem (D = 211). Why (H100, f32 [*, D, inner] dim 1, 805 MB moved; twenty-eighth session):
 // a sweep of the staged kernel at forced tiles against the cached plan (64 x 2 among the best at D = 64-160,
 // inners 300 and 2500), then this rule against the plan before (the op, both builds in one run, µs, softmax /
-// log_softmax): inner 300 D = 64 302.7 / 317.0 -> 280.1 / 280.7, D = 128 308.8 / 303.3 -> 280.7 / 280.6,
+// log_softmax): inner 300 D = 64 300.4 / 317.0 -> 280.0 / 280.7, D = 128 308.8 / 303.3 -> 280.7 / 280.6,
 // D = 160 295.2 / 294.4 -> 280.9 / 280.4, D = 211 292.5 / 287.3 -> 285.3 / 284.6; inner 2500 D = 64 299.4 /
 // 302.2 -> 274.6 / 275.0, D = 128 297.9 / 287.9 -> 275.2 / 274.9; inner 1020 D = 64 308.2 / 293.0 -> 276.2 /
 // 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. It loses at D = 100, where the cached plan is near
