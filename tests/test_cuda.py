@@ -276,9 +276,9 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype):
-    """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a cluster only where
-    two of its CTAs fit an SM (float: at most 576 threads, 16-bit: 512) or its CTAs are 1024 threads; in
-    between it takes the grid mode. Rows off the vector width keep their cluster."""
+    """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a 16-CTA cluster only
+    where two of its CTAs fit an SM (float: at most 576 threads, 16-bit: 512) or its CTAs are 1024 threads; in
+    between it takes the grid mode. 8-CTA clusters and rows off the vector width keep their cluster."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     two_cta = 576 if dtype.itemsize == 4 else 512
@@ -289,10 +289,11 @@ def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype):
         if "partials through global memory" in s:
             grids += 1
         elif "128-bit" in s and (plan := _cluster_plan(s)) is not None:
-            assert plan[1] <= two_cta or plan[1] == 1024, s
+            assert plan[0] <= 8 or plan[1] <= two_cta or plan[1] == 1024, s
     assert grids > 0, "no row length took the grid mode"
-    s = fastact.explain("softmax_backward", make_tensor((2, 151935), dtype, "cuda"))  # off the vector width
-    assert "partials through global memory" not in s, s
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16-CTA clusters cache it (H100, H200)
+        s = fastact.explain("softmax_backward", make_tensor((2, 151935), dtype, "cuda"))  # off the vector width
+        assert "partials through global memory" not in s, s
 
 
 def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
@@ -785,7 +786,6 @@ _STAGED_CASES = [
     (torch.float32, torch.float32, (264, 64, 96), False, ("contiguous", "contiguous"), (0, 1)),  # 384 bytes: whole
     (torch.float32, torch.float32, (264, 100, 36), False, ("contiguous", "contiguous"), (0, 1)),  # the inner holds 32
     (torch.float32, torch.float32, (40, 64, 300), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
-    (torch.float32, torch.bfloat16, (264, 100, 300), False, ("contiguous", "contiguous"), (60, 2)),  # bf16 grad_input
     (torch.bfloat16, torch.bfloat16, (264, 64, 264), False, ("contiguous", "contiguous"), (0, 1)),  # 16-bit: cached
 ]
 
@@ -802,6 +802,7 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
     (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, a narrow inner, 16-bit not);
     each plan, staged or not, gives the right result (outputs poisoned first), with grad_output and output
     off the 16-byte alignment, apart or together."""
+    # explain sees only the output: a float output of a fused 16-bit grad_input plans as float there
     vector = layouts == ("contiguous", "contiguous") and shape[2] % (16 // dtype.itemsize) == 0
     want = _staged_shape(shape, dtype.itemsize, vector=vector)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -29,9 +29,10 @@
 //             keep the register cache as loaded (64 elements a thread). Forwards with 128-bit
 //             accesses (no edges) and float arithmetic may instead keep part of each thread's slice
 //             in shared memory, as loaded, so a CTA holds twice the elements and long rows run at
-//             two or more CTAs per SM (softmax/long_row.cuh). Without clusters, or beyond what a
-//             cluster can cache: the grid scheme below, where the caller provides a workspace (the
-//             torch ops do) and the device's SMs can cache the row; else the split scheme.
+//             two or more CTAs per SM (softmax/long_row.cuh). Without clusters, beyond what a
+//             cluster can cache, or for a backward whose cluster CTAs would run one an SM
+//             (cluster_backward_yields_to_grid): the grid scheme below, where the caller provides a
+//             workspace (the torch ops do) and the device's SMs can cache the row; else the split scheme.
 //   grid      inner == 1, rows the device's SMs cache (added variant; long_row's mode beyond a cluster,
 //             forceable for tests). The row over 2..sm_count CTAs anywhere on the device, each caching
 //             its slice as long_row's clusters do (registers, and shared memory in the forwards with
@@ -48,7 +49,8 @@
 //             streamed twice when D is too long to cache (each tile's D split over a cluster where
 //             the tiles alone leave the device short of threads; where even that does, D cut into
 //             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
-//             of element accesses at short D (and 16-bit forwards) instead copy each tile's D-rows to
+//             of element accesses at short D (and 16-bit forwards, and float backwards whose D-rows
+//             start off the 128-byte line) instead copy each tile's D-rows to
 //             shared memory in aligned 16-byte chunks and reduce each column there, over a thread or a
 //             few thread groups (the staged mode). No transposing copy.
 #pragma once
@@ -242,17 +244,21 @@ constexpr int kVecBackwardAccesses = 2;
 // 4 x 512 and 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
 constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
-// long_row backward of 128-bit accesses, 2- or 4-byte grad_output: a cluster of CTAs too large for two an SM
-// (block.cuh's backward: 56 registers a thread in float, 64 in 16-bit, nvcc 13.0 for sm_90: two CTAs of at most
-// cluster_backward_two_cta_threads) but short of kResidentMaxThreads gives way to the grid mode, whose CTAs (at most
-// kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM: one such CTA has no other on its SM
-// to overlap its load, reduce and store phases with, and too few warps for the loads alone. Why (H100, 256 MB,
-// us, the cluster plan against the grid variant forced, softmax / log_softmax; bench/NOTES.md twenty-eighth
-// session): f32 rows of 151936 (16 x 608 threads) 288.1 / 314.4 -> 279.1 / 277.2, 163840 (640) 284.9 / 309.1
+// long_row backward of 128-bit accesses, 2- or 4-byte grad_output and grad_input of the same type (the fused
+// 16-bit grad_input's grid CTAs keep no shared memory; not measured): a 16-CTA cluster of CTAs too large for two an
+// SM (block.cuh's backward: 56 registers a thread in float, 60 in bf16, nvcc 13.0 for sm_90: two CTAs of at most
+// cluster_backward_two_cta_threads) but short of kResidentMaxThreads gives way to the grid mode, whose CTAs (at
+// most kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM. Such a cluster holds one CTA on
+// each of 16 SMs with no other CTA there to overlap its load, reduce and store phases. Why (H100, 256 MB, us,
+// softmax / log_softmax; bench/NOTES.md twenty-eighth session): the cluster plan against the grid variant
+// forced, f32 rows of 151936 (16 x 608 threads) 288.1 / 314.4 -> 279.1 / 277.2, 163840 (640) 284.9 / 309.1
 // -> 279.7 / 278.0, 200000 (800) 279.1 / 296.3 -> 279.5 / 278.1; bf16 270336 (16 x 544) 307.9 / 301.7 ->
-// 276.7 / 278.1, 300000 (608) 300.8 / 294.9 -> 280.9 / 281.3. The cluster stays where two CTAs fit (f32
-// 140000, 16 x 576: 266.6 / 266.5 against 280.0 / 278.4) and at 1024 threads (f32 262144: 279.7 / 276.4
-// against 280.1 / 278.6; bf16 524288: 283.6 / 269.1 against 279.8 / 280.1).
+// 276.7 / 278.1, 300000 (608) 300.8 / 294.9 -> 280.9 / 281.3; and the op before and after, f16 300000 (16 x 608)
+// 298.6 / 296.4 -> 281.5 / 281.3, f16 270336 (16 x 544) 307.9 / 266.0 -> 277.1 / 277.9 (f16 log_softmax's 55
+// registers fit two such CTAs: it loses there). The cluster stays where two CTAs fit (f32 140000, 16 x 576:
+// 266.6 / 266.5 against 280.0 / 278.4), at 1024 threads (f32 262144: 279.7 / 276.4 against 280.1 / 278.6), and
+// in 8-CTA clusters, which ran near the limit at 576-992 threads (f32 100000, 8 x 800: 268.6 / 272.9 against
+// 280.0 / 277.9 in the grid; bf16 200000, 8 x 800: 268.8 / 267.2 against 277.5 / 277.8).
 constexpr int cluster_backward_two_cta_threads(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
 // long_row forward, 128-bit accesses, float arithmetic (softmax_cluster_smem_eligible): besides its
 // registers a thread keeps kClusterSmemBytes of its slice in dynamic shared memory, as loaded
@@ -559,14 +565,16 @@ constexpr int kStridedStagedCtasPerSm = 2;
 // against 442.1 / 446.0 / 437.7; D = 721 64 x 2 382.1 / 398.3 / 385.5 against 504.1 / 504.8 / 511.2. The best
 // shape at single points was up to 12% faster (D = 257: 64 x 1 at inner 300, 32 x 8 at 1023) but no other
 // held at every inner. Within the tiles above, groups gained 0-4% at D = 160 and lost at 64-100 and 212:
-// those keep one. Float past its tiles: staged lost to the streamed plan (D = 257, 700: 329.5 / 364.5
+// those keep one (the vector float backward's 2 groups: kStridedStagedVecBackwardColumns). Float past its
+// tiles: staged lost to the streamed plan (D = 257, 700: 329.5 / 364.5
 // against 319.4 / 344.1).
 struct StagedBackwardShape {
   int row_bytes;
   int groups;
 };
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
-// strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4) whose
+// strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input
+// too: the fused 16-bit grad_input was not measured) whose
 // D-rows start off the 128-byte line (inner x 4 bytes not a multiple of kStridedRowBytes): the cached vector
 // plan's 128-byte line of a D-row then spans two lines, and the staged copies of wider tiles (256 bytes a
 // D-row) waste less of them. One shape: kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits
@@ -713,7 +721,7 @@ struct SoftmaxPlan {
   int64_t group_rows = 0;  // split with chunks > 1: rows per (stats, write) launch pair
   int64_t workspace_bytes = 0;  // strided split mode: bytes of the partials (softmax_workspace_bytes)
   int columns = 0;         // strided: column vectors per block
-  int groups = 1;          // strided staged forward: thread groups a column, each folding every groups-th D-row
+  int groups = 1;          // strided staged: thread groups a column, each folding every groups-th D-row
   bool streaming = false;  // strided: D too long to cache, read twice
   bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
@@ -952,17 +960,19 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 
 // Whether a long_row backward's cluster plan `s` gives way to the grid mode (cluster_backward_two_cta_threads).
 inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
-  if (!p.backward || s.vec == 1 || s.edges || (p.out_bytes != 2 && p.out_bytes != 4)) return false;
-  return s.threads > cluster_backward_two_cta_threads(p.out_bytes) && s.threads < kResidentMaxThreads;
+  if (!p.backward || s.vec == 1 || s.edges || p.in_bytes != p.out_bytes || (p.out_bytes != 2 && p.out_bytes != 4))
+    return false;
+  return s.cluster > kMaxPortableCluster && s.threads > cluster_backward_two_cta_threads(p.out_bytes) &&
+         s.threads < kResidentMaxThreads;
 }
 
-// long_row beyond a cluster (grid.cuh): the row over `chunks` CTAs of `threads` threads anywhere on the
-// device, each caching elems_per_thread elements a thread as long_row's clusters do (registers; the
-// forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems), the backwards
-// with 16-byte units of grad_output and output kGridBwdSmemBytes more in shared memory. False where no
-// CTA size of kGridThreads caches the row in at most sm_count CTAs: a row's CTAs wait for each other, so
-// the device must hold all of them at once, and one CTA an SM always fits (grid_sync.cuh). `forced`
-// (the variant named by a test): at least two CTAs, so that short rows exchange too.
+// long_row beyond a cluster, or in place of one (cluster_backward_yields_to_grid) (grid.cuh): the row over `chunks`
+// CTAs of `threads` threads anywhere on the device, each caching elems_per_thread elements a thread as long_row's
+// clusters do (registers; the forwards with 128-bit accesses and float arithmetic also shared memory: smem_elems),
+// the backwards with 16-byte units of grad_output and output kGridBwdSmemBytes more in shared memory. False where
+// no CTA size of kGridThreads caches the row in at most sm_count CTAs: a row's CTAs wait for each other, so the
+// device must hold all of them at once, and one CTA an SM always fits (grid_sync.cuh). `forced` (the variant named
+// by a test): at least two CTAs, so that short rows exchange too.
 inline bool plan_grid(const SoftmaxProblem& p, SoftmaxVariant v, int vec, bool forced, SoftmaxPlan* out) {
   if (!p.workspace || p.inner != 1 || p.sm_count < 2) return false;
   // Elements a thread keeps, and of them those in shared memory (forward: long_row's shared-memory
@@ -1096,13 +1106,14 @@ struct StagedShape {
 //   forward: kStridedStagedForwardShapes' D-row bytes and groups up to its last D; past it the widest of
 //     256, 128, 64 bytes a D-row whose tile, with its groups' partials, fits kStridedStagedForwardMaxSmem,
 //     kStridedStagedThreads / W groups;
-// W at most the inner's largest power of two (a forward whose W that cuts does not stage). The inner's
-// ceil(inner / W) tiles are then evened out (the columns: ceil(inner / tiles), rounded up to a 16-byte
-// chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128 and 1. Last,
-// tiles for kStridedStagedCtasPerSm CTAs on every SM.
+// W at most the inner's largest power of two (a forward, or a vector backward, whose W that cuts does not stage).
+// The inner's ceil(inner / W) tiles are then evened out (the columns: ceil(inner / tiles), rounded up to a 16-byte
+// chunk's elements), so that an inner of 129 takes two tiles of 72 and 57 rather than 128 and 1. Last, tiles for
+// kStridedStagedCtasPerSm CTAs on every SM.
 inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
   if (p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return {};
-  if (vec != 1 && !(p.backward && p.out_bytes == 4 && p.inner * p.out_bytes % kStridedRowBytes != 0)) return {};
+  if (vec != 1 && !(p.backward && p.out_bytes == 4 && p.in_bytes == 4 && p.inner * p.out_bytes % kStridedRowBytes != 0))
+    return {};
   if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return {};
   const int bytes = p.backward ? p.out_bytes : p.in_bytes;  // what is staged: grad_output and output, or x
   const int64_t cap = pow2_floor(p.inner);
