@@ -694,7 +694,7 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
         if forward or size != 4 or inner * size % 128 == 0:
             return 0, 1
         w, groups = 64, 2
-        if w > _pow2_floor(inner) or 2 * d * (w + 16 // size) * size + 4 * groups * w > 113 * 1024:
+        if 2 * d * (w + 16 // size) * size + 4 * groups * w > 113 * 1024:
             return 0, 1
     elif not forward:
         w = min(512 // size, _pow2_floor(inner))
@@ -708,8 +708,6 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
                 if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) <= 113 * 1024:
                     break
             else:
-                return 0, 1
-            if w > _pow2_floor(inner):
                 return 0, 1
     else:
         w = 0
@@ -726,8 +724,8 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
                 w //= 2
             if w * size < 64:
                 return 0, 1
-        if w > _pow2_floor(inner):
-            return 0, 1
+    if w > _pow2_floor(inner):  # the wide backward tiles are capped above
+        return 0, 1
     tiles = -(-inner // w)
     cols = -(-(-(-inner // tiles)) // (16 // size)) * (16 // size)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

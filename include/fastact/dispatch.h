@@ -1112,18 +1112,16 @@ struct StagedShape {
 // kStridedStagedCtasPerSm CTAs on every SM.
 inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
   if (p.cc_major != 9 || p.dim_size < kStridedStagedMinRows) return {};
-  if (vec != 1 && !(p.backward && p.out_bytes == 4 && p.in_bytes == 4 && p.inner * p.out_bytes % kStridedRowBytes != 0))
-    return {};
   if (p.backward ? p.out_bytes > 4 : p.in_bytes != 2 || p.out_bytes != 2) return {};
   const int bytes = p.backward ? p.out_bytes : p.in_bytes;  // what is staged: grad_output and output, or x
   const int64_t cap = pow2_floor(p.inner);
   int64_t w = 0;
   int groups = 1;
   if (vec != 1) {  // 128-bit float backward off the line: kStridedStagedVecBackwardColumns
+    if (!p.backward || p.out_bytes != 4 || p.in_bytes != 4 || p.inner * p.out_bytes % kStridedRowBytes == 0) return {};
     w = kStridedStagedVecBackwardColumns;
     groups = kStridedStagedVecBackwardGroups;
-    if (w > cap || softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem)
-      return {};
+    if (softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem) return {};
   } else if (p.backward) {
     w = std::min<int64_t>(kStridedStagedRowBytes / bytes, cap);
     while (w * bytes >= kStridedStagedMinRowBytes &&
@@ -1144,7 +1142,7 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
           break;
         }
       }
-      if (w == 0 || w > cap) return {};
+      if (w == 0) return {};
     }
   } else {
     for (const StagedForwardShape& f : kStridedStagedForwardShapes) {
@@ -1162,8 +1160,8 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
       }
       if (w * bytes < kStridedStagedForwardMinRowBytes) return {};
     }
-    if (w > cap) return {};
   }
+  if (w > cap) return {};  // the wide backward tiles are capped above
   const int64_t chunk = kStridedStagedChunkBytes / bytes;
   const int64_t cols = round_up(ceil_div(p.inner, ceil_div(p.inner, w)), chunk);  // <= w
   if (softmax_strided_staged_tiles(p.outer, p.inner, cols) < int64_t(kStridedStagedCtasPerSm) * p.sm_count) return {};
