@@ -34,13 +34,16 @@ SoftmaxDeviceProps softmax_device_props_cached(int device);
 // fused casts (half/bfloat16 input -> float output forward; float grad_output/output -> half/bfloat16
 // grad_input backward). Geometry, plan and workspace as fastact::softmax_forward / softmax_backward
 // (include/fastact/softmax/launch.cuh); `log` picks LogSoftmaxEpilogue over SoftmaxEpilogue.
+// softmax_backward_two_cta_threads: SoftmaxProblem::bwd_two_cta_threads of the pair's backward on the
+// current device (the pointers only pick the overload; null is fine).
 #define FASTACT_SOFTMAX_CUDA_DECLARE(in_t, out_t)                                                          \
   cudaError_t softmax_forward_cuda(bool log, const in_t* x, out_t* y, int64_t outer, int64_t dim,          \
                                    int64_t inner, int64_t row_stride, const SoftmaxPlan& plan,             \
                                    cudaStream_t stream, void* workspace);                                   \
   cudaError_t softmax_backward_cuda(bool log, const out_t* grad_output, const out_t* output, in_t* grad_input, \
                                     int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,    \
-                                    cudaStream_t stream, void* workspace);
+                                    cudaStream_t stream, void* workspace);                                  \
+  int softmax_backward_two_cta_threads(bool log, const out_t* grad_output, const in_t* grad_input);
 
 FASTACT_SOFTMAX_CUDA_DECLARE(float, float)
 FASTACT_SOFTMAX_CUDA_DECLARE(double, double)
@@ -73,5 +76,10 @@ FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, float)
                      grad_output, output, grad_input, outer, dim, inner, plan, stream, workspace)           \
                : ::fastact::softmax_backward<in_t, out_t, math::SoftmaxEpilogue>(                            \
                      grad_output, output, grad_input, outer, dim, inner, plan, stream, workspace);          \
+  }                                                                                                         \
+  int softmax_backward_two_cta_threads(bool log, const out_t*, const in_t*) {                               \
+    using ::fastact::softmax_impl::detail::block_backward_two_cta_threads;                                  \
+    return log ? block_backward_two_cta_threads<in_t, out_t, math::LogSoftmaxEpilogue>()                    \
+               : block_backward_two_cta_threads<in_t, out_t, math::SoftmaxEpilogue>();                      \
   }                                                                                                         \
   }

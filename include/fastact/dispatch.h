@@ -246,20 +246,26 @@ constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
 // long_row backward of 128-bit accesses, 2- or 4-byte grad_output and grad_input of the same type (the fused
 // 16-bit grad_input's grid CTAs keep no shared memory; not measured): a 16-CTA cluster of CTAs too large for two an
-// SM (block.cuh's backward: 56 registers a thread in float, 60 in bf16, nvcc 13.0 for sm_90: two CTAs of at most
-// cluster_backward_two_cta_threads) but short of kResidentMaxThreads gives way to the grid mode, whose CTAs (at
-// most kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM. Such a cluster holds one CTA on
-// each of 16 SMs with no other CTA there to overlap its load, reduce and store phases. Why (H100, 256 MB, us,
-// softmax / log_softmax; bench/NOTES.md twenty-eighth session): the cluster plan against the grid variant
-// forced, f32 rows of 151936 (16 x 608 threads) 288.1 / 314.4 -> 279.1 / 277.2, 163840 (640) 284.9 / 309.1
-// -> 279.7 / 278.0, 200000 (800) 279.1 / 296.3 -> 279.5 / 278.1; bf16 270336 (16 x 544) 307.9 / 301.7 ->
-// 276.7 / 278.1, 300000 (608) 300.8 / 294.9 -> 280.9 / 281.3; and the op before and after, f16 300000 (16 x 608)
-// 298.6 / 296.4 -> 281.5 / 281.3, f16 270336 (16 x 544) 307.9 / 266.0 -> 277.1 / 277.9 (f16 log_softmax's 55
-// registers fit two such CTAs: it loses there). The cluster stays where two CTAs fit (f32 140000, 16 x 576:
-// 266.6 / 266.5 against 280.0 / 278.4), at 1024 threads (f32 262144: 279.7 / 276.4 against 280.1 / 278.6), and
-// in 8-CTA clusters, which ran near the limit at 576-992 threads (f32 100000, 8 x 800: 268.6 / 272.9 against
-// 280.0 / 277.9 in the grid; bf16 200000, 8 x 800: 268.8 / 267.2 against 277.5 / 277.8).
-constexpr int cluster_backward_two_cta_threads(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
+// SM (more threads than SoftmaxProblem::bwd_two_cta_threads, probed from the registers the compiler gave block.cuh's
+// backward for these types and epilogue: nvcc 13.0 for sm_90 gives 53-56 in float (576 threads), 60 in 16-bit
+// softmax and 57 in bf16 log_softmax (512), 55 in f16 log_softmax (576)) but short of kResidentMaxThreads gives way
+// to the grid mode, whose CTAs (at most kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM.
+// Such a cluster holds one CTA on each of 16 SMs with no other CTA there to overlap its load, reduce and store
+// phases. Why (H100, 256 MB, us, softmax / log_softmax; bench/NOTES.md twenty-eighth session): the cluster plan
+// against the grid variant forced, f32 rows of 151936 (16 x 608 threads) 288.1 / 314.4 -> 279.1 / 277.2, 163840
+// (640) 284.9 / 309.1 -> 279.7 / 278.0, 200000 (800) 279.1 / 296.3 -> 279.5 / 278.1; bf16 270336 (16 x 544) 307.9 /
+// 301.7 -> 276.7 / 278.1, 300000 (608) 300.8 / 294.9 -> 280.9 / 281.3; and the op before and after, f16 300000 (16
+// x 608) 298.6 / 296.4 -> 281.5 / 281.3. The cluster stays where two CTAs fit (f32 140000, 16 x 576: 266.6 / 266.5
+// against 280.0 / 278.4; f16 log_softmax 270336, 16 x 544: 266.0 against 277.9), at 1024 threads (f32 262144: 279.7
+// / 276.4 against 280.1 / 278.6), and in 8-CTA clusters, which ran near the limit at 576-992 threads (f32 100000, 8
+// x 800: 268.6 / 272.9 against 280.0 / 277.9 in the grid; bf16 200000, 8 x 800: 268.8 / 267.2 against 277.5 /
+// 277.8).
+// Two CTAs of this many threads always fit: __launch_bounds__(kResidentMaxThreads, 1) holds the kernel to 64
+// registers a thread. The rule's size where the probe is missing (a SoftmaxProblem built without it).
+constexpr int kBlockBackwardTwoCtaThreadsFloor = 512;
+inline int cluster_backward_two_cta_threads(int probed) {
+  return probed > kBlockBackwardTwoCtaThreadsFloor ? probed : kBlockBackwardTwoCtaThreadsFloor;
+}
 // long_row forward, 128-bit accesses, float arithmetic (softmax_cluster_smem_eligible): besides its
 // registers a thread keeps kClusterSmemBytes of its slice in dynamic shared memory, as loaded
 // (cp.async), so a CTA of at most kClusterSmemMaxThreads threads caches what a register-only CTA of
@@ -687,6 +693,11 @@ struct SoftmaxProblem {
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
   int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
+  // Backward: the largest CTA (threads, a multiple of 32) of which two of block.cuh's backward kernel of 128-bit
+  // accesses for these element types and epilogue fit an SM, as the CUDA occupancy query gives it for the
+  // registers the compiler chose (softmax/launch.cuh block_backward_two_cta_threads); 0: not probed
+  // (cluster_backward_two_cta_threads then takes kBlockBackwardTwoCtaThreadsFloor).
+  int bwd_two_cta_threads = 0;
   // The caller hands the launcher a workspace of softmax_workspace_bytes(plan, outer) bytes, zeroed
   // for grid plans (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no
   // grid mode, no strided split mode).
@@ -962,7 +973,7 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   if (!p.backward || s.vec == 1 || s.edges || p.in_bytes != p.out_bytes || (p.out_bytes != 2 && p.out_bytes != 4))
     return false;
-  return s.cluster > kMaxPortableCluster && s.threads > cluster_backward_two_cta_threads(p.out_bytes) &&
+  return s.cluster > kMaxPortableCluster && s.threads > cluster_backward_two_cta_threads(p.bwd_two_cta_threads) &&
          s.threads < kResidentMaxThreads;
 }
 
@@ -1505,6 +1516,13 @@ inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
 }
 
 // "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
+// explain's note on a cluster backward of 128-bit accesses whose two-CTA size was probed
+// (SoftmaxProblem::bwd_two_cta_threads): whether other CTAs share its SMs.
+inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  if (!p.backward || p.bwd_two_cta_threads <= 0 || s.cluster == 1 || s.vec == 1 || s.edges) return "";
+  return s.threads <= p.bwd_two_cta_threads ? ", at least two CTAs an SM" : ", one CTA an SM";
+}
+
 inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   char buf[512];
   const char* access = s.vec == 1 ? "element accesses"
@@ -1528,8 +1546,9 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
         n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s]",
                           s.cluster, s.threads, s.elems_per_thread, s.smem_elems, access);
       } else {
-        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s]", s.cluster,
-                          s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access);
+        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s]", s.cluster,
+                          s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access,
+                          resident_backward_occupancy(p, s));
       }
       break;
     case SoftmaxMode::kSplit:

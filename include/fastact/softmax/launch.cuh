@@ -86,6 +86,37 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   }
 }
 
+// SoftmaxProblem::bwd_two_cta_threads for block.cuh's backward kernel of 128-bit accesses (no edges) on the
+// current device: the largest block, a multiple of a warp, of which the occupancy query fits two CTAs an SM. The
+// registers the compiler chose decide it, so it is asked, not assumed; once per device. 0 when the query fails
+// (the dispatcher then takes its floor).
+template <typename in_t, typename out_t, typename Epi>
+int block_backward_two_cta_threads() {
+  constexpr auto kKernel = softmax_block_bwd_kernel<in_t, out_t, Epi, softmax_vec_width(sizeof(in_t), sizeof(out_t))>;
+  static std::once_flag once[kMaxDevices];
+  static int threads[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  std::call_once(once[device], [device] {
+    threads[device] = 0;
+    for (int t = kResidentMaxThreads; t >= kWarpSize; t -= kWarpSize) {
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, t, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
+      if (per_sm >= 2) {
+        threads[device] = t;
+        return;
+      }
+    }
+  });
+  return threads[device];
+}
+
 }  // namespace softmax_impl::detail
 
 // Properties of `device`, read once per device per process (host-side cache). Switches to `device`
@@ -331,7 +362,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = softmax_device_props(device, &dev);
   if (err != cudaSuccess) return err;
-  const SoftmaxProblem p = softmax_backward_problem(grad_output, output, grad_input, outer, dim, inner, dev);
+  SoftmaxProblem p = softmax_backward_problem(grad_output, output, grad_input, outer, dim, inner, dev);
+  p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<in_t, out_t, Epilogue>();
   if (softmax_variant_rejects(variant, p) != nullptr) return cudaErrorInvalidValue;
   const SoftmaxPlan plan = variant == SoftmaxVariant::kAuto ? choose_softmax(p) : plan_softmax(variant, p);
   return softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, dim, inner, plan, stream);
