@@ -152,7 +152,7 @@ def staged_cases(dtype):
                     y.copy_(torch.log_softmax(xs, 1) if log else torch.softmax(xs, 1))
                     check(f"{'log_' if log else ''}softmax_backward staged {other} {offsets} {dtype}",
                           bwd(dy, y, 1, dtype), softmax_backward_reference(dy, y.double(), 1, log), dtype)
-        if dtype == torch.float32:  # 16-byte vectors whose D-rows are not whole 128-byte lines: 64 x 2 groups
+        if dtype == torch.float32:  # 16-byte vectors whose D-rows are not whole 32-byte sectors: 64 x 2 groups
             other = (264, 70, 300)
             xs = torch.randn(other, device="cuda")
             dy = torch.randn(other, device="cuda")

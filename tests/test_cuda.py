@@ -679,7 +679,7 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
     and `out_size`-byte y (default: the same), or with `vector` of a backward whose plan takes 16-byte
     vectors; columns 0 where it does not stage (sm_90 only, D >= 64; backwards of 2- or 4-byte elements,
     forwards of 16-bit x and y; vector backwards of float grad_output whose D-rows, inner x 4 bytes, are not
-    whole 128-byte lines: 64 columns and 2 groups where both arrays and the partial dots fit 113 KB and the
+    whole 32-byte sectors: 64 columns and 2 groups where both arrays and the partial dots fit 113 KB and the
     inner's largest power of two holds 64). Element backward: the
     widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
     tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
@@ -696,7 +696,7 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
         return 0, 1
     groups = 1
     if vector:
-        if forward or size != 4 or inner * size % 128 == 0:
+        if forward or size != 4 or inner * size % 32 == 0:
             return 0, 1
         w, groups = 64, 2
         if 2 * d * (w + 16 // size) * size + 4 * groups * w > 113 * 1024:
@@ -778,7 +778,7 @@ _STAGED_CASES = [
     (torch.float64, torch.float64, (140, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),
     (torch.float32, torch.float32, (100, 64, 67), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
     (torch.float32, torch.bfloat16, (140, 64, 67), False, ("contiguous", "contiguous"), (36, 1)),  # softmax(bf16, dtype=f32)
-    # 16-byte vectors of float whose D-rows are not whole 128-byte lines: 64 columns (evened out), 2 groups
+    # 16-byte vectors of float whose D-rows are not whole 32-byte sectors: 64 columns (evened out), 2 groups
     (torch.float32, torch.float32, (264, 64, 300), False, ("contiguous", "contiguous"), (60, 2)),  # 5 tiles of 60
     (torch.float32, torch.float32, (264, 64, 300), True, ("contiguous", "offset"), (100, 1)),  # y off the alignment
     (torch.float32, torch.float32, (100, 64, 2500), True, ("contiguous", "contiguous"), (64, 2)),
@@ -786,6 +786,8 @@ _STAGED_CASES = [
     (torch.float32, torch.float32, (264, 211, 300), True, ("contiguous", "contiguous"), (60, 2)),  # 113 KB
     (torch.float32, torch.float32, (264, 212, 300), False, ("contiguous", "contiguous"), (0, 1)),
     (torch.float32, torch.float32, (264, 64, 1024), False, ("contiguous", "contiguous"), (0, 1)),  # whole lines
+    (torch.float32, torch.float32, (264, 100, 1000), True, ("contiguous", "contiguous"), (0, 1)),  # whole sectors
+    (torch.float32, torch.float32, (264, 100, 1004), False, ("contiguous", "contiguous"), (64, 2)),  # half a sector off
     (torch.float32, torch.float32, (264, 64, 96), False, ("contiguous", "contiguous"), (0, 1)),  # 384 bytes: whole
     (torch.float32, torch.float32, (264, 100, 36), False, ("contiguous", "contiguous"), (0, 1)),  # the inner holds 32
     (torch.float32, torch.float32, (40, 64, 300), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
@@ -801,8 +803,9 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
     the rule says, with its columns and thread groups, at its bounds (D 63 / 64, the wide tiles'
     shared-memory bound at D 212 / 213, then the narrow shapes' at D 400 / 401, 720 / 721 and 723 / 724 in
     16-bit, none in float; 256 bytes a D-row, an inner narrower than the tile, the device fill, 2- and
-    4-byte elements); so do float backwards of 16-byte vectors whose D-rows are not whole 128-byte lines
-    (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, a narrow inner, 16-bit not);
+    4-byte elements); so do float backwards of 16-byte vectors whose D-rows are not whole 32-byte sectors
+    (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, whole sectors, a narrow inner,
+    16-bit not);
     each plan, staged or not, gives the right result (outputs poisoned first), with grad_output and output
     off the 16-byte alignment, apart or together."""
     # explain sees only the output: a float output of a fused 16-bit grad_input plans as float there

@@ -50,7 +50,7 @@
 //             the tiles alone leave the device short of threads; where even that does, D cut into
 //             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
 //             of element accesses at short D (and 16-bit forwards, and float backwards whose D-rows
-//             start off the 128-byte line) instead copy each tile's D-rows to
+//             start off a 32-byte sector) instead copy each tile's D-rows to
 //             shared memory in aligned 16-byte chunks and reduce each column there, over a thread or a
 //             few thread groups (the staged mode). No transposing copy.
 #pragma once
@@ -580,20 +580,20 @@ struct StagedBackwardShape {
 };
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
 // strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input
-// too: the fused 16-bit grad_input was not measured) whose
-// D-rows start off the 128-byte line (inner x 4 bytes not a multiple of kStridedRowBytes): the cached vector
-// plan's 128-byte line of a D-row then spans two lines, and the staged copies of wider tiles (256 bytes a
-// D-row) waste less of them. One shape: kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits
+// too: the fused 16-bit grad_input was not measured) whose D-rows start in the middle of a 32-byte sector (inner x
+// 4 bytes not a multiple of kStridedSectorBytes): the cached vector plan's 128-byte line of a D-row then touches
+// five sectors for four, and the staged copies of wider tiles (256 bytes a D-row) waste less of them. One shape: kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits
 // kStridedStagedMaxSmem (D = 211). Why (H100, f32 [*, D, inner] dim 1, 805 MB moved; twenty-eighth session):
 // a sweep of the staged kernel at forced tiles against the cached plan (64 x 2 among the best at D = 64-160,
 // inners 300 and 2500), then this rule against the plan before (the op, both builds in one run, µs, softmax /
 // log_softmax): inner 300 D = 64 300.4 / 317.0 -> 280.0 / 280.7, D = 128 308.8 / 303.3 -> 280.7 / 280.6,
 // D = 160 295.2 / 294.4 -> 280.9 / 280.4, D = 211 292.5 / 287.3 -> 285.3 / 284.6; inner 2500 D = 64 299.4 /
 // 302.2 -> 274.6 / 275.0, D = 128 297.9 / 287.9 -> 275.2 / 274.9; inner 1020 D = 64 308.2 / 293.0 -> 276.2 /
-// 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. It loses at D = 100, where the cached plan is near
-// the limit: inner 300 279.2 / 278.8 -> 280.3 / 280.6, inner 1000 273.4 / 273.3 -> 280.2 / 280.0. Where the
-// D-rows are whole lines (inner 1024, 4096) the cached plan runs at 0.99-1.0 of the limit and staged tiles lost
-// 1-2% in the sweep; at D = 212 (past this tile; 32 columns fit) the plan won or tied (inner 300: 286.1
+// 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. Where the D-rows start on a sector, though off the
+// line (inner 1000: 4000 bytes), the cached plan runs at 0.99 of the limit and staged tiles lost 1.5-2.6% at every D
+// of 64-144 (twenty-ninth session, softmax, 273.5-274.8 against 278.3-280.9); at the other inners of that sweep
+// (300, 1020, 2500, 4100) they won by 0.5-11% at every D. Where the D-rows are whole lines (inner 1024, 4096) the
+// cached plan runs at 0.99-1.0 of the limit and staged tiles lost 1-2% in the sweep; at D = 212 (past this tile; 32 columns fit) the plan won or tied (inner 300: 286.1
 // against 290.8). 16-bit rows off the line gained too, but no single shape held (bf16 inner 264: 128 x 1 best
 // at D = 64, 64 x 4 at D = 212), so they keep the cached plan.
 constexpr int64_t kStridedStagedVecBackwardColumns = 64;
@@ -1108,7 +1108,7 @@ struct StagedShape {
 // kStridedStagedVecBackwardColumns), sm_90 (measured there only; later devices may allow less shared memory a
 // block than the launcher asks for), D of at least kStridedStagedMinRows; backwards of 2- or 4-byte
 // grad_output, forwards of 16-bit x and y. The width W:
-//   128-bit float backward whose D-rows start off the 128-byte line: kStridedStagedVecBackwardColumns and
+//   128-bit float backward whose D-rows start off a 32-byte sector: kStridedStagedVecBackwardColumns and
 //     kStridedStagedVecBackwardGroups where that tile fits kStridedStagedMaxSmem;
 //   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
 //     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row, one group;
@@ -1128,8 +1128,9 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
   const int64_t cap = pow2_floor(p.inner);
   int64_t w = 0;
   int groups = 1;
-  if (vec != 1) {  // 128-bit float backward off the line: kStridedStagedVecBackwardColumns
-    if (!p.backward || p.out_bytes != 4 || p.in_bytes != 4 || p.inner * p.out_bytes % kStridedRowBytes == 0) return {};
+  if (vec != 1) {  // 128-bit float backward off the sector: kStridedStagedVecBackwardColumns
+    if (!p.backward || p.out_bytes != 4 || p.in_bytes != 4 || p.inner * p.out_bytes % kStridedSectorBytes == 0)
+      return {};
     w = kStridedStagedVecBackwardColumns;
     groups = kStridedStagedVecBackwardGroups;
     if (softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem) return {};
@@ -1260,7 +1261,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     return s;
   };
   // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
-  // float backwards whose D-rows start off the 128-byte line. The staged kernel copies 16-byte chunks from
+  // float backwards whose D-rows start off a 32-byte sector. The staged kernel copies 16-byte chunks from
   // any alignment: the plan takes element accesses.
   if (const StagedShape staged = strided_staged_shape(p, s.vec); staged.columns > 0) {
     s.vec = 1;
@@ -1455,7 +1456,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
     s.why = s.staged ? "the softmax dim is not innermost; element accesses (or a float backward whose D-rows "
-                       "start off the 128-byte line) at short D: each tile's "
+                       "start off a 32-byte sector) at short D: each tile's "
                        "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread or a few "
                        "thread groups: one read"
             : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads "
