@@ -49,7 +49,7 @@
 //             streamed twice when D is too long to cache (each tile's D split over a cluster where
 //             the tiles alone leave the device short of threads; where even that does, D cut into
 //             chunks, a CTA each, partials through the caller's workspace: the split mode). Backwards
-//             of element accesses at short D (and 16-bit forwards, and float backwards whose D-rows
+//             of element accesses at short D (and 16-bit forwards, and 128-bit backwards whose D-rows
 //             start off a 32-byte sector) instead copy each tile's D-rows to
 //             shared memory in aligned 16-byte chunks and reduce each column there, over a thread or a
 //             few thread groups (the staged mode). No transposing copy.
@@ -578,6 +578,12 @@ struct StagedBackwardShape {
   int row_bytes;
   int groups;
 };
+// A staged tile by D (kStridedStagedVec16BackwardShapes, kStridedStagedForwardShapes).
+struct StagedTileByDim {
+  int max_dim;  // for D up to this
+  int row_bytes;
+  int groups;
+};
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
 // strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input
 // too: the fused 16-bit grad_input was not measured) whose D-rows start in the middle of a 32-byte sector (inner x
@@ -598,6 +604,20 @@ constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, 
 // at D = 64, 64 x 4 at D = 212), so they keep the cached plan.
 constexpr int64_t kStridedStagedVecBackwardColumns = 64;
 constexpr int kStridedStagedVecBackwardGroups = 2;
+// The same for 16-bit columns (2-byte grad_output and grad_input, inner = 8 mod 16): the tile's D-row bytes and
+// groups by D; past the last D the cached plan. Why (H100, bf16 [*, D, inner] dim 1, softmax, 805 MB moved, twenty-ninth session: the staged
+// kernel at forced tiles against the op's cached plan at inners 264, 520, 1000, 2056, D 64-300, us): D = 64
+// 256 bytes x 1 group 285.6 / 277.1 / 279.5 / 277.6 against 322.8 / 310.2 / 310.7 / 302.6; D = 96 128 x 2
+// 287.2 / 278.8 / 282.3 / 278.6 against 310.7 / 298.3 / 291.1 / 285.4; D = 128 287.8 / 291.1 / 287.7 / 289.2
+// against 321.0 / 294.4 / 304.0 / 304.8. Then the rule through the op against the plan before (both builds in one
+// run, softmax): D = 64 -> 299.1 / 297.3 / 280.2 / 277.9 against 323.9 / 313.0 / 307.9 / 301.5, D = 80 304.1 /
+// 306.5 / 278.6 / 277.7 against 314.4 / 307.2 / 302.6 / 287.9, D = 96 288.6 / 279.0 / 283.5 / 279.5 against 312.4
+// / 306.1 / 292.5 / 298.0, D = 128 298.7 / 289.2 / 289.5 / 291.1 against 324.1 / 310.2 / 307.1 / 293.3 (log_softmax
+// and float16 alike). At D = 160 it lost 5-8% at inners 264 and 2056 (the op evens inner 264 into 56-column tiles;
+// the sweep's 64-column tiles ran 288.2 there), so the table stops at 128. At D = 212 the plan (448 threads) won
+// by 1-2.7% but at 264; at D = 300 64 bytes x 4 groups won by 6.5-9.4% at every inner (one D: not taken). At
+// inner 1008 (whole sectors) the plan runs at 0.99 and every staged tile lost.
+constexpr StagedTileByDim kStridedStagedVec16BackwardShapes[] = {{95, 256, 1}, {128, 128, 2}};
 // strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
 // fold every G-th D-row each into a running (max, sum) from shared memory, combine the G pairs there and
 // write the outputs (softmax/staged.cuh). For 16-bit x and y only: element loads of 2 bytes move 64 bytes
@@ -623,12 +643,7 @@ constexpr int kStridedStagedVecBackwardGroups = 2;
 // The plans before (the first staged forward, three passes, a thread a column, 75 KB tiles; the cached
 // plan past D = 282): D = 64 245.6, D = 100 243.8, D = 257 265.4, D = 700 383.2; torch.compile 223.2,
 // 430.7, 516.9, 435.7.
-struct StagedForwardShape {
-  int max_dim;  // for D up to this
-  int row_bytes;
-  int groups;
-};
-constexpr StagedForwardShape kStridedStagedForwardShapes[] = {{79, 256, 2}, {111, 128, 2}, {143, 128, 4}, {256, 64, 4}};
+constexpr StagedTileByDim kStridedStagedForwardShapes[] = {{79, 256, 2}, {111, 128, 2}, {143, 128, 4}, {256, 64, 4}};
 constexpr int kStridedStagedForwardMaxSmem = 113 * 1024;  // 2 x (113 + the 1 KB reserved a block) = 228 KB
 constexpr int kStridedStagedForwardMinRowBytes = 64;
 
@@ -1108,8 +1123,9 @@ struct StagedShape {
 // kStridedStagedVecBackwardColumns), sm_90 (measured there only; later devices may allow less shared memory a
 // block than the launcher asks for), D of at least kStridedStagedMinRows; backwards of 2- or 4-byte
 // grad_output, forwards of 16-bit x and y. The width W:
-//   128-bit float backward whose D-rows start off a 32-byte sector: kStridedStagedVecBackwardColumns and
-//     kStridedStagedVecBackwardGroups where that tile fits kStridedStagedMaxSmem;
+//   128-bit backward whose D-rows start off a 32-byte sector: float kStridedStagedVecBackwardColumns and
+//     kStridedStagedVecBackwardGroups where that tile fits kStridedStagedMaxSmem, 16-bit
+//     kStridedStagedVec16BackwardShapes up to its last D;
 //   backward: the widest power of two of at most kStridedStagedRowBytes a D-row whose tile (both arrays)
 //     fits kStridedStagedMaxSmem, if that is still at least kStridedStagedMinRowBytes a D-row, one group;
 //     else, for 16-bit grad_output where even that many bytes a D-row do not fit, the first of
@@ -1128,11 +1144,21 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
   const int64_t cap = pow2_floor(p.inner);
   int64_t w = 0;
   int groups = 1;
-  if (vec != 1) {  // 128-bit float backward off the sector: kStridedStagedVecBackwardColumns
-    if (!p.backward || p.out_bytes != 4 || p.in_bytes != 4 || p.inner * p.out_bytes % kStridedSectorBytes == 0)
-      return {};
-    w = kStridedStagedVecBackwardColumns;
-    groups = kStridedStagedVecBackwardGroups;
+  if (vec != 1) {  // 128-bit backward off the sector: kStridedStagedVec(16)Backward*
+    if (!p.backward || p.in_bytes != p.out_bytes || p.inner * p.out_bytes % kStridedSectorBytes == 0) return {};
+    if (p.out_bytes == 4) {
+      w = kStridedStagedVecBackwardColumns;
+      groups = kStridedStagedVecBackwardGroups;
+    } else {
+      for (const StagedTileByDim& v : kStridedStagedVec16BackwardShapes) {
+        if (p.dim_size <= v.max_dim) {
+          w = v.row_bytes / bytes;
+          groups = v.groups;
+          break;
+        }
+      }
+      if (w == 0) return {};
+    }
     if (softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem) return {};
   } else if (p.backward) {
     w = std::min<int64_t>(kStridedStagedRowBytes / bytes, cap);
@@ -1157,7 +1183,7 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
       if (w == 0) return {};
     }
   } else {
-    for (const StagedForwardShape& f : kStridedStagedForwardShapes) {
+    for (const StagedTileByDim& f : kStridedStagedForwardShapes) {
       if (p.dim_size <= f.max_dim) {
         w = f.row_bytes / bytes;
         groups = f.groups;
@@ -1261,7 +1287,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     return s;
   };
   // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
-  // float backwards whose D-rows start off a 32-byte sector. The staged kernel copies 16-byte chunks from
+  // backwards whose D-rows start off a 32-byte sector. The staged kernel copies 16-byte chunks from
   // any alignment: the plan takes element accesses.
   if (const StagedShape staged = strided_staged_shape(p, s.vec); staged.columns > 0) {
     s.vec = 1;
@@ -1455,7 +1481,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   if (p.inner > 1) {
     s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = s.staged ? "the softmax dim is not innermost; element accesses (or a float backward whose D-rows "
+    s.why = s.staged ? "the softmax dim is not innermost; element accesses (or a 128-bit backward whose D-rows "
                        "start off a 32-byte sector) at short D: each tile's "
                        "D-rows copied to shared memory in aligned 16-byte chunks, a column a thread or a few "
                        "thread groups: one read"
