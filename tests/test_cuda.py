@@ -669,7 +669,7 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
 # dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).
 _STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
 # dispatch.h kStridedStagedVec16BackwardShapes: (up to D, bytes a D-row, thread groups a column).
-_STAGED_VEC16_BACKWARD_SHAPES = ((95, 256, 1), (128, 128, 2))
+_STAGED_VEC16_BACKWARD_SHAPES = ((95, 256, 1), (128, 128, 2), (299, 0, 0), (398, 128, 4), (400, 128, 2))
 # dispatch.h kStridedStagedForwardShapes: (up to D, bytes a D-row, thread groups a column).
 _STAGED_FORWARD_SHAPES = ((79, 256, 2), (111, 128, 2), (143, 128, 4), (256, 64, 4))
 
@@ -681,7 +681,7 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
     and `out_size`-byte y (default: the same), or with `vector` of a backward whose plan takes 16-byte
     vectors; columns 0 where it does not stage (sm_90 only, D >= 64; backwards of 2- or 4-byte elements,
     forwards of 16-bit x and y; vector backwards of 2- or 4-byte grad_output and grad_input whose D-rows are
-    not whole 32-byte sectors: in float 64 columns and 2 groups, in 16-bit the table's tile up to D = 128,
+    not whole 32-byte sectors: in float 64 columns and 2 groups, in 16-bit the table's tile (none at D 129-299),
     where both arrays and the partial dots fit 113 KB and the inner's largest power of two holds the
     columns). Element backward: the
     widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
@@ -705,7 +705,7 @@ def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
             w, groups = 64, 2
         else:
             tile = next(((b // size, g) for most, b, g in _STAGED_VEC16_BACKWARD_SHAPES if d <= most), None)
-            if tile is None:
+            if tile is None or tile[0] == 0:  # past the table, or its cached-plan row
                 return 0, 1
             w, groups = tile
         if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) > 113 * 1024:
@@ -800,12 +800,20 @@ _STAGED_CASES = [
     (torch.float32, torch.float32, (264, 64, 96), False, ("contiguous", "contiguous"), (0, 1)),  # 384 bytes: whole
     (torch.float32, torch.float32, (264, 100, 36), False, ("contiguous", "contiguous"), (0, 1)),  # the inner holds 32
     (torch.float32, torch.float32, (40, 64, 300), False, ("contiguous", "contiguous"), (0, 1)),  # 200 tiles < 2 x 132
-    # the same in 16-bit (inner = 8 mod 16): 256 bytes x 1 group up to D 95, 128 x 2 up to 128
+    # the same in 16-bit (inner = 8 mod 16): 256 bytes x 1 group up to D 95, 128 x 2 up to 128, the cached plan
+    # up to 299, 128 x 4 up to 398, 128 x 2 up to 400
     (torch.bfloat16, torch.bfloat16, (264, 64, 264), False, ("contiguous", "contiguous"), (88, 1)),
     (torch.float16, torch.float16, (264, 95, 520), True, ("contiguous", "contiguous"), (104, 1)),
     (torch.bfloat16, torch.bfloat16, (264, 96, 520), True, ("contiguous", "contiguous"), (64, 2)),
     (torch.float16, torch.float16, (264, 128, 1000), False, ("contiguous", "contiguous"), (64, 2)),
     (torch.bfloat16, torch.bfloat16, (264, 129, 1000), False, ("contiguous", "contiguous"), (0, 1)),  # past the table
+    (torch.bfloat16, torch.bfloat16, (264, 256, 264), False, ("contiguous", "contiguous"), (0, 1)),
+    (torch.float16, torch.float16, (200, 299, 264), True, ("contiguous", "contiguous"), (0, 1)),
+    (torch.float16, torch.float16, (200, 300, 264), True, ("contiguous", "contiguous"), (56, 4)),
+    (torch.bfloat16, torch.bfloat16, (100, 398, 520), False, ("contiguous", "contiguous"), (64, 4)),
+    (torch.bfloat16, torch.bfloat16, (100, 399, 520), True, ("contiguous", "contiguous"), (64, 2)),
+    (torch.float16, torch.float16, (100, 400, 1000), False, ("contiguous", "contiguous"), (64, 2)),
+    (torch.bfloat16, torch.bfloat16, (100, 401, 1000), False, ("contiguous", "contiguous"), (0, 1)),  # past the table
     (torch.bfloat16, torch.bfloat16, (264, 64, 1008), False, ("contiguous", "contiguous"), (0, 1)),  # whole sectors
     (torch.bfloat16, torch.bfloat16, (30, 64, 264), False, ("contiguous", "contiguous"), (0, 1)),  # 90 tiles < 2 x 132
 ]
@@ -821,7 +829,7 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
     16-bit, none in float; 256 bytes a D-row, an inner narrower than the tile, the device fill, 2- and
     4-byte elements); so do float backwards of 16-byte vectors whose D-rows are not whole 32-byte sectors
     (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, whole sectors, a narrow inner;
-    16-bit kStridedStagedVec16BackwardShapes: D 95 / 96 and 128 / 129);
+    16-bit kStridedStagedVec16BackwardShapes: D 95 / 96, 128 / 129, 299 / 300, 398 / 399, 400 / 401);
     each plan, staged or not, gives the right result (outputs poisoned first), with grad_output and output
     off the 16-byte alignment, apart or together."""
     # explain sees only the output: a float output of a fused 16-bit grad_input plans as float there

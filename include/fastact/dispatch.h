@@ -615,9 +615,20 @@ constexpr int kStridedStagedVecBackwardGroups = 2;
 // / 306.1 / 292.5 / 298.0, D = 128 298.7 / 289.2 / 289.5 / 291.1 against 324.1 / 310.2 / 307.1 / 293.3 (log_softmax
 // and float16 alike). At D = 160 it lost 5-8% at inners 264 and 2056 (the op evens inner 264 into 56-column tiles;
 // the sweep's 64-column tiles ran 288.2 there), so the table stops at 128. At D = 212 the plan (448 threads) won
-// by 1-2.7% but at 264; at D = 300 64 bytes x 4 groups won by 6.5-9.4% at every inner (one D: not taken). At
-// inner 1008 (whole sectors) the plan runs at 0.99 and every staged tile lost.
-constexpr StagedTileByDim kStridedStagedVec16BackwardShapes[] = {{95, 256, 1}, {128, 128, 2}};
+// by 1-2.7% but at 264. At inner 1008 (whole sectors) the plan runs at 0.99 and every staged tile lost.
+// Past D = 128 (a second sweep, the op's evened tiles, us at the four inners): D = 136-256 the plan held or the
+// tiles split (D = 200: plan 291.8 / 281.9 / 280.8 / 280.1, best tile 286.4 / 284.4 / 283.3 / 280.7); at D = 300
+// the cached plan drops to 4 columns and 128 bytes x 4 groups won at every inner (297.7 / 290.3 / 288.2 / 287.3
+// against 330.9 / 315.5 / 305.9 / 303.5), and x 2 groups where 4 no longer fit (D = 400: 303.6 / 291.3 / 300.0 /
+// 292.3 against 312.5 / 307.0 / 306.7 / 306.1). Through the op against the plan before (softmax, both builds in
+// one run): D = 300 296.6 / 290.7 / 289.4 / 287.4 against 331.7 / 324.2 / 312.9 / 304.9 (log_softmax and float16
+// alike), D = 350 294.9 / 295.3 / 294.0 / 292.2 against 306.6 / 299.9 / 297.1 / 294.2, D = 398 302.6 / 296.3 /
+// 297.8 / 295.4 against 320.6 / 312.3 / 304.6 / 309.7, D = 400 304.9 / 291.6 / 299.1 / 294.1 against 319.5 / 313.5
+// / 309.1 / 312.3; but D = 257 lost 2-6% (338.3 / 311.3 / 307.4 / 309.7 against 318.5 / 299.6 / 301.0 / 295.8), so
+// the cached plan keeps D up to 299 (257-299 not measured between). (A row of 0 bytes: the cached plan; 398 and
+// 400: the largest D whose tile of 4 and 2 groups fits kStridedStagedMaxSmem.)
+constexpr StagedTileByDim kStridedStagedVec16BackwardShapes[] = {
+    {95, 256, 1}, {128, 128, 2}, {299, 0, 0}, {398, 128, 4}, {400, 128, 2}};
 // strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
 // fold every G-th D-row each into a running (max, sum) from shared memory, combine the G pairs there and
 // write the outputs (softmax/staged.cuh). For 16-bit x and y only: element loads of 2 bytes move 64 bytes
@@ -1157,7 +1168,7 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
           break;
         }
       }
-      if (w == 0) return {};
+      if (w == 0) return {};  // past the table, or its cached-plan row
     }
     if (softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem) return {};
   } else if (p.backward) {
