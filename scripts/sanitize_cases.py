@@ -153,8 +153,9 @@ def staged_cases(dtype):
                     check(f"{'log_' if log else ''}softmax_backward staged {other} {offsets} {dtype}",
                           bwd(dy, y, 1, dtype), softmax_backward_reference(dy, y.double(), 1, log), dtype)
         # 16-byte vectors whose D-rows are not whole 32-byte sectors: float 64 x 2 groups; 16-bit 256 bytes x 1
-        # group (D 70), 128 x 2 (D 100)
-        for other in ((264, 70, 300),) if dtype == torch.float32 else ((264, 70, 264), (264, 100, 264)):
+        # group (D 70), 128 x 2 (D 100), 128 x 4 (D 398) and x 2 (D 400), the last two at the shared-memory bound
+        vector_cases = ((264, 70, 264), (264, 100, 264), (100, 398, 264), (100, 400, 264))
+        for other in ((264, 70, 300),) if dtype == torch.float32 else vector_cases:
             xs = torch.randn(other, device="cuda")
             dy = torch.randn(other, device="cuda", dtype=dtype)
             y = (torch.log_softmax(xs, 1) if log else torch.softmax(xs, 1)).to(dtype)

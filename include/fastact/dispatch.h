@@ -246,9 +246,10 @@ constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
 // long_row backward of 128-bit accesses, 2- or 4-byte grad_output and grad_input of the same type (the fused
 // 16-bit grad_input's grid CTAs keep no shared memory; not measured): a 16-CTA cluster of CTAs too large for two an
-// SM (more threads than SoftmaxProblem::bwd_two_cta_threads, probed from the registers the compiler gave block.cuh's
-// backward for these types and epilogue: nvcc 13.0 for sm_90 gives 53-56 in float (576 threads), 60 in 16-bit
-// softmax and 57 in bf16 log_softmax (512), 55 in f16 log_softmax (576)) but short of kResidentMaxThreads gives way
+// SM (more threads than cluster_backward_two_cta_threads: SoftmaxProblem::bwd_two_cta_threads, probed from the
+// registers the compiler gave block.cuh's backward for these types and epilogue: nvcc 13.0 for sm_90 gives 53-56 in
+// float (576 threads), 60 in 16-bit softmax and 57 in bf16 log_softmax (512), 55 in f16 log_softmax (576); without
+// the probe, those of nvcc 13.0 by element size) but short of kResidentMaxThreads gives way
 // to the grid mode, whose CTAs (at most kGridBwdSmemMaxThreads, part of the slice in shared memory) run two an SM.
 // Such a cluster holds one CTA on each of 16 SMs with no other CTA there to overlap its load, reduce and store
 // phases. Why (H100, 256 MB, us, softmax / log_softmax; bench/NOTES.md twenty-eighth session): the cluster plan
@@ -260,11 +261,11 @@ constexpr int kClusterBackwardMinThreads = 512;
 // / 276.4 against 280.1 / 278.6), and in 8-CTA clusters, which ran near the limit at 576-992 threads (f32 100000, 8
 // x 800: 268.6 / 272.9 against 280.0 / 277.9 in the grid; bf16 200000, 8 x 800: 268.8 / 267.2 against 277.5 /
 // 277.8).
-// Two CTAs of this many threads always fit: __launch_bounds__(kResidentMaxThreads, 1) holds the kernel to 64
-// registers a thread. The rule's size where the probe is missing (a SoftmaxProblem built without it).
-constexpr int kBlockBackwardTwoCtaThreadsFloor = 512;
-inline int cluster_backward_two_cta_threads(int probed) {
-  return probed > kBlockBackwardTwoCtaThreadsFloor ? probed : kBlockBackwardTwoCtaThreadsFloor;
+// The two-CTA size where the probe is missing (a SoftmaxProblem built without it, or a query that failed): nvcc
+// 13.0's for sm_90 by element size, as the rule took it before the probe.
+constexpr int block_backward_two_cta_threads_unprobed(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
+inline int cluster_backward_two_cta_threads(int probed, int out_bytes) {
+  return probed > 0 ? probed : block_backward_two_cta_threads_unprobed(out_bytes);
 }
 // long_row forward, 128-bit accesses, float arithmetic (softmax_cluster_smem_eligible): besides its
 // registers a thread keeps kClusterSmemBytes of its slice in dynamic shared memory, as loaded
@@ -585,48 +586,46 @@ struct StagedTileByDim {
   int groups;
 };
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
-// strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input
-// too: the fused 16-bit grad_input was not measured) whose D-rows start in the middle of a 32-byte sector (inner x
-// 4 bytes not a multiple of kStridedSectorBytes): the cached vector plan's 128-byte line of a D-row then touches
-// five sectors for four, and the staged copies of wider tiles (256 bytes a D-row) waste less of them. One shape: kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits
-// kStridedStagedMaxSmem (D = 211). Why (H100, f32 [*, D, inner] dim 1, 805 MB moved; twenty-eighth session):
-// a sweep of the staged kernel at forced tiles against the cached plan (64 x 2 among the best at D = 64-160,
-// inners 300 and 2500), then this rule against the plan before (the op, both builds in one run, µs, softmax /
-// log_softmax): inner 300 D = 64 300.4 / 317.0 -> 280.0 / 280.7, D = 128 308.8 / 303.3 -> 280.7 / 280.6,
-// D = 160 295.2 / 294.4 -> 280.9 / 280.4, D = 211 292.5 / 287.3 -> 285.3 / 284.6; inner 2500 D = 64 299.4 /
-// 302.2 -> 274.6 / 275.0, D = 128 297.9 / 287.9 -> 275.2 / 274.9; inner 1020 D = 64 308.2 / 293.0 -> 276.2 /
-// 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. Where the D-rows start on a sector, though off the
-// line (inner 1000: 4000 bytes), the cached plan runs at 0.99 of the limit and staged tiles lost 1.5-2.6% at every D
-// of 64-144 (twenty-ninth session, softmax, 273.5-274.8 against 278.3-280.9); at the other inners of that sweep
-// (300, 1020, 2500, 4100) they won by 0.5-11% at every D. Where the D-rows are whole lines (inner 1024, 4096) the
-// cached plan runs at 0.99-1.0 of the limit and staged tiles lost 1-2% in the sweep; at D = 212 (past this tile; 32 columns fit) the plan won or tied (inner 300: 286.1
-// against 290.8). 16-bit rows off the line gained too, but no single shape held (bf16 inner 264: 128 x 1 best
-// at D = 64, 64 x 4 at D = 212), so they keep the cached plan.
+// strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input too:
+// the fused 16-bit grad_input was not measured) whose D-rows start in the middle of a 32-byte sector (inner x 4 bytes
+// not a multiple of kStridedSectorBytes): the cached vector plan's 128-byte line of a D-row then touches five sectors
+// for four, and the staged copies of wider tiles (256 bytes a D-row) waste less of them. One shape:
+// kStridedStagedVecBackwardColumns with 2 groups, up to the D that fits kStridedStagedMaxSmem (D = 211). Why (H100, f32
+// [*, D, inner] dim 1, 805 MB moved; twenty-eighth session): a sweep of the staged kernel at forced tiles against the
+// cached plan (64 x 2 among the best at D = 64-160, inners 300 and 2500), then this rule against the plan before (the
+// op, both builds in one run, µs, softmax / log_softmax): inner 300 D = 64 300.4 / 317.0 -> 280.0 / 280.7, D = 128
+// 308.8 / 303.3 -> 280.7 / 280.6, D = 160 295.2 / 294.4 -> 280.9 / 280.4, D = 211 292.5 / 287.3 -> 285.3 / 284.6; inner
+// 2500 D = 64 299.4 / 302.2 -> 274.6 / 275.0, D = 128 297.9 / 287.9 -> 275.2 / 274.9; inner 1020 D = 64 308.2 / 293.0
+// -> 276.2 / 275.7; inner 4100 D = 128 290.8 / 291.6 -> 273.2 / 272.8. Where the D-rows start on a sector, though off
+// the line (inner 1000: 4000 bytes), the cached plan runs at 0.99 of the limit and staged tiles lost 1.5-2.6% at every
+// D of 64-144 (twenty-ninth session, softmax, 273.5-274.8 against 278.3-280.9); at the other inners of that sweep (300,
+// 1020, 2500, 4100) they won by 0.5-11% at every D. Where the D-rows are whole lines (inner 1024, 4096) the cached plan
+// runs at 0.99-1.0 of the limit and staged tiles lost 1-2% in the sweep; at D = 212 (past this tile; 32 columns fit)
+// the plan won or tied (inner 300: 286.1 against 290.8). 16-bit: the table below.
 constexpr int64_t kStridedStagedVecBackwardColumns = 64;
 constexpr int kStridedStagedVecBackwardGroups = 2;
-// The same for 16-bit columns (2-byte grad_output and grad_input, inner = 8 mod 16): the tile's D-row bytes and
-// groups by D; past the last D the cached plan. Why (H100, bf16 [*, D, inner] dim 1, softmax, 805 MB moved, twenty-ninth session: the staged
-// kernel at forced tiles against the op's cached plan at inners 264, 520, 1000, 2056, D 64-300, us): D = 64
-// 256 bytes x 1 group 285.6 / 277.1 / 279.5 / 277.6 against 322.8 / 310.2 / 310.7 / 302.6; D = 96 128 x 2
-// 287.2 / 278.8 / 282.3 / 278.6 against 310.7 / 298.3 / 291.1 / 285.4; D = 128 287.8 / 291.1 / 287.7 / 289.2
-// against 321.0 / 294.4 / 304.0 / 304.8. Then the rule through the op against the plan before (both builds in one
-// run, softmax): D = 64 -> 299.1 / 297.3 / 280.2 / 277.9 against 323.9 / 313.0 / 307.9 / 301.5, D = 80 304.1 /
-// 306.5 / 278.6 / 277.7 against 314.4 / 307.2 / 302.6 / 287.9, D = 96 288.6 / 279.0 / 283.5 / 279.5 against 312.4
-// / 306.1 / 292.5 / 298.0, D = 128 298.7 / 289.2 / 289.5 / 291.1 against 324.1 / 310.2 / 307.1 / 293.3 (log_softmax
-// and float16 alike). At D = 160 it lost 5-8% at inners 264 and 2056 (the op evens inner 264 into 56-column tiles;
-// the sweep's 64-column tiles ran 288.2 there), so the table stops at 128. At D = 212 the plan (448 threads) won
-// by 1-2.7% but at 264. At inner 1008 (whole sectors) the plan runs at 0.99 and every staged tile lost.
-// Past D = 128 (a second sweep, the op's evened tiles, us at the four inners): D = 136-256 the plan held or the
-// tiles split (D = 200: plan 291.8 / 281.9 / 280.8 / 280.1, best tile 286.4 / 284.4 / 283.3 / 280.7); at D = 300
-// the cached plan drops to 4 columns and 128 bytes x 4 groups won at every inner (297.7 / 290.3 / 288.2 / 287.3
-// against 330.9 / 315.5 / 305.9 / 303.5), and x 2 groups where 4 no longer fit (D = 400: 303.6 / 291.3 / 300.0 /
-// 292.3 against 312.5 / 307.0 / 306.7 / 306.1). Through the op against the plan before (softmax, both builds in
-// one run): D = 300 296.6 / 290.7 / 289.4 / 287.4 against 331.7 / 324.2 / 312.9 / 304.9 (log_softmax and float16
-// alike), D = 350 294.9 / 295.3 / 294.0 / 292.2 against 306.6 / 299.9 / 297.1 / 294.2, D = 398 302.6 / 296.3 /
-// 297.8 / 295.4 against 320.6 / 312.3 / 304.6 / 309.7, D = 400 304.9 / 291.6 / 299.1 / 294.1 against 319.5 / 313.5
-// / 309.1 / 312.3; but D = 257 lost 2-6% (338.3 / 311.3 / 307.4 / 309.7 against 318.5 / 299.6 / 301.0 / 295.8), so
-// the cached plan keeps D up to 299 (257-299 not measured between). (A row of 0 bytes: the cached plan; 398 and
-// 400: the largest D whose tile of 4 and 2 groups fits kStridedStagedMaxSmem.)
+// The same for 16-bit columns (2-byte grad_output and grad_input, inner = 8 mod 16): the tile's D-row bytes and groups
+// by D; past the last D the cached plan. Why (H100, bf16 [*, D, inner] dim 1, softmax, 805 MB moved, twenty-ninth
+// session: the staged kernel at forced tiles against the op's cached plan at inners 264, 520, 1000, 2056, D 64-300,
+// us): D = 64 256 bytes x 1 group 285.6 / 277.1 / 279.5 / 277.6 against 322.8 / 310.2 / 310.7 / 302.6; D = 96 128 x 2
+// 287.2 / 278.8 / 282.3 / 278.6 against 310.7 / 298.3 / 291.1 / 285.4; D = 128 287.8 / 291.1 / 287.7 / 289.2 against
+// 321.0 / 294.4 / 304.0 / 304.8. Then the rule through the op against the plan before (both builds in one run,
+// softmax): D = 64 -> 299.1 / 297.3 / 280.2 / 277.9 against 323.9 / 313.0 / 307.9 / 301.5, D = 80 304.1 / 306.5 / 278.6
+// / 277.7 against 314.4 / 307.2 / 302.6 / 287.9, D = 96 288.6 / 279.0 / 283.5 / 279.5 against 312.4 / 306.1 / 292.5 /
+// 298.0, D = 128 298.7 / 289.2 / 289.5 / 291.1 against 324.1 / 310.2 / 307.1 / 293.3 (log_softmax and float16 alike).
+// At D = 160 it lost 5-8% at inners 264 and 2056 (the op evens inner 264 into 56-column tiles; the sweep's 64-column
+// tiles ran 288.2 there), so the table stops at 128. At D = 212 the plan (448 threads) won by 1-2.7% but at 264. At
+// inner 1008 (whole sectors) the plan runs at 0.99 and every staged tile lost. Past D = 128 (a second sweep, the op's
+// evened tiles, us at the four inners): D = 136-256 the plan held or the tiles split (D = 200: plan 291.8 / 281.9 /
+// 280.8 / 280.1, best tile 286.4 / 284.4 / 283.3 / 280.7); at D = 300 the cached plan drops to 4 columns and 128 bytes
+// x 4 groups won at every inner (297.7 / 290.3 / 288.2 / 287.3 against 330.9 / 315.5 / 305.9 / 303.5), and x 2 groups
+// where 4 no longer fit (D = 400: 303.6 / 291.3 / 300.0 / 292.3 against 312.5 / 307.0 / 306.7 / 306.1). Through the op
+// against the plan before (softmax, both builds in one run): D = 300 296.6 / 290.7 / 289.4 / 287.4 against 331.7 /
+// 324.2 / 312.9 / 304.9 (log_softmax and float16 alike), D = 350 294.9 / 295.3 / 294.0 / 292.2 against 306.6 / 299.9 /
+// 297.1 / 294.2, D = 398 302.6 / 296.3 / 297.8 / 295.4 against 320.6 / 312.3 / 304.6 / 309.7, D = 400 304.9 / 291.6 /
+// 299.1 / 294.1 against 319.5 / 313.5 / 309.1 / 312.3; but D = 257 lost 2-6% (338.3 / 311.3 / 307.4 / 309.7 against
+// 318.5 / 299.6 / 301.0 / 295.8), so the cached plan keeps D up to 299 (257-299 not measured between). (A row of 0
+// bytes: the cached plan; 398 and 400: the largest D whose tile of 4 and 2 groups fits kStridedStagedMaxSmem.)
 constexpr StagedTileByDim kStridedStagedVec16BackwardShapes[] = {
     {95, 256, 1}, {128, 128, 2}, {299, 0, 0}, {398, 128, 4}, {400, 128, 2}};
 // strided forward, staged mode: the same copies of x's D-rows (one array), then G thread groups a column
@@ -722,7 +721,7 @@ struct SoftmaxProblem {
   // Backward: the largest CTA (threads, a multiple of 32) of which two of block.cuh's backward kernel of 128-bit
   // accesses for these element types and epilogue fit an SM, as the CUDA occupancy query gives it for the
   // registers the compiler chose (softmax/launch.cuh block_backward_two_cta_threads); 0: not probed
-  // (cluster_backward_two_cta_threads then takes kBlockBackwardTwoCtaThreadsFloor).
+  // (cluster_backward_two_cta_threads then takes block_backward_two_cta_threads_unprobed).
   int bwd_two_cta_threads = 0;
   // The caller hands the launcher a workspace of softmax_workspace_bytes(plan, outer) bytes, zeroed
   // for grid plans (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no
@@ -999,7 +998,8 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   if (!p.backward || s.vec == 1 || s.edges || p.in_bytes != p.out_bytes || (p.out_bytes != 2 && p.out_bytes != 4))
     return false;
-  return s.cluster > kMaxPortableCluster && s.threads > cluster_backward_two_cta_threads(p.bwd_two_cta_threads) &&
+  return s.cluster > kMaxPortableCluster &&
+         s.threads > cluster_backward_two_cta_threads(p.bwd_two_cta_threads, p.out_bytes) &&
          s.threads < kResidentMaxThreads;
 }
 
@@ -1130,10 +1130,10 @@ struct StagedShape {
 };
 
 // The staged tile (kStridedStagedThreads and, for forwards, kStridedStagedForwardShapes say why), or no
-// columns where the strided kernel does not stage: element accesses (and the 128-bit float backwards of
-// kStridedStagedVecBackwardColumns), sm_90 (measured there only; later devices may allow less shared memory a
-// block than the launcher asks for), D of at least kStridedStagedMinRows; backwards of 2- or 4-byte
-// grad_output, forwards of 16-bit x and y. The width W:
+// columns where the strided kernel does not stage: element accesses (and the 128-bit backwards of
+// kStridedStagedVecBackwardColumns and kStridedStagedVec16BackwardShapes), sm_90 (measured there only; later
+// devices may allow less shared memory a block than the launcher asks for), D of at least kStridedStagedMinRows;
+// backwards of 2- or 4-byte grad_output, forwards of 16-bit x and y. The width W:
 //   128-bit backward whose D-rows start off a 32-byte sector: float kStridedStagedVecBackwardColumns and
 //     kStridedStagedVecBackwardGroups where that tile fits kStridedStagedMaxSmem, 16-bit
 //     kStridedStagedVec16BackwardShapes up to its last D;
@@ -1558,7 +1558,8 @@ inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
 // (SoftmaxProblem::bwd_two_cta_threads): whether other CTAs share its SMs.
 inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   if (!p.backward || p.bwd_two_cta_threads <= 0 || s.cluster == 1 || s.vec == 1 || s.edges) return "";
-  return s.threads <= p.bwd_two_cta_threads ? ", at least two CTAs an SM" : ", one CTA an SM";
+  return s.threads <= cluster_backward_two_cta_threads(p.bwd_two_cta_threads, p.out_bytes) ? ", at least two CTAs an SM"
+                                                                                            : ", one CTA an SM";
 }
 
 inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {

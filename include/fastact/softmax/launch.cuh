@@ -96,10 +96,11 @@ int block_backward_two_cta_threads() {
   static std::once_flag once[kMaxDevices];
   static int threads[kMaxDevices];
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
+  if (device < 0 || device >= kMaxDevices) return 0;
   std::call_once(once[device], [device] {
     threads[device] = 0;
     for (int t = kResidentMaxThreads; t >= kWarpSize; t -= kWarpSize) {
