@@ -115,7 +115,8 @@ def staged_cases(dtype):
     """The strided staged mode (backwards of 2- and 4-byte elements, forwards of 16-bit ones; [265, 65, 131]
     dim 1: two tiles an outer index, 72 and 59 columns in 16-bit (forward: 2 thread groups a column), 68
     and 63 in float; forwards also at D = 120 and 900, 4 and 8 groups; 16-bit backwards at D = 257 and 600,
-    the narrow tiles, 2 and 4 groups; float backwards of 16-byte vectors at [264, 70, 300], 2 groups) with
+    the narrow tiles, 2 and 4 groups; backwards of 16-byte vectors off the 32-byte sector: float [264, 70, 300],
+    2 groups, 16-bit inner 264 at D = 70, 100, 398, 400, 1 to 4 groups) with
     grad_output and output (x) off the 16-byte alignment, apart and together, and ending off it: the copies
     of the tensors' first and last chunks go element by element, inside the tensors."""
     shape, n = (265, 65, 131), 265 * 65 * 131

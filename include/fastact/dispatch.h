@@ -585,6 +585,13 @@ struct StagedTileByDim {
   int row_bytes;
   int groups;
 };
+// The first row of `table` that takes D = dim, or null past its last.
+template <size_t N>
+constexpr const StagedTileByDim* staged_tile_by_dim(const StagedTileByDim (&table)[N], int64_t dim) {
+  for (const StagedTileByDim& t : table)
+    if (dim <= t.max_dim) return &t;
+  return nullptr;
+}
 constexpr StagedBackwardShape kStridedStagedNarrowBackwardShapes[] = {{128, 2}, {64, 4}, {64, 2}, {64, 1}};
 // strided backward, staged mode for 128-bit float columns (vector-aligned, inner a multiple of 4; float grad_input too:
 // the fused 16-bit grad_input was not measured) whose D-rows start in the middle of a 32-byte sector (inner x 4 bytes
@@ -1161,14 +1168,10 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
       w = kStridedStagedVecBackwardColumns;
       groups = kStridedStagedVecBackwardGroups;
     } else {
-      for (const StagedTileByDim& v : kStridedStagedVec16BackwardShapes) {
-        if (p.dim_size <= v.max_dim) {
-          w = v.row_bytes / bytes;
-          groups = v.groups;
-          break;
-        }
-      }
-      if (w == 0) return {};  // past the table, or its cached-plan row
+      const StagedTileByDim* t = staged_tile_by_dim(kStridedStagedVec16BackwardShapes, p.dim_size);
+      if (t == nullptr || t->row_bytes == 0) return {};  // past the table, or its cached-plan row
+      w = t->row_bytes / bytes;
+      groups = t->groups;
     }
     if (softmax_strided_staged_backward_smem_bytes(p.dim_size, w, bytes, groups) > kStridedStagedMaxSmem) return {};
   } else if (p.backward) {
@@ -1194,14 +1197,10 @@ inline StagedShape strided_staged_shape(const SoftmaxProblem& p, int vec) {
       if (w == 0) return {};
     }
   } else {
-    for (const StagedTileByDim& f : kStridedStagedForwardShapes) {
-      if (p.dim_size <= f.max_dim) {
-        w = f.row_bytes / bytes;
-        groups = f.groups;
-        break;
-      }
-    }
-    if (w == 0) {
+    if (const StagedTileByDim* t = staged_tile_by_dim(kStridedStagedForwardShapes, p.dim_size)) {
+      w = t->row_bytes / bytes;
+      groups = t->groups;
+    } else {
       for (w = 256 / bytes; w * bytes >= kStridedStagedForwardMinRowBytes; w /= 2) {
         groups = int(kStridedStagedThreads / w);
         if (softmax_strided_staged_forward_smem_bytes(p.dim_size, w, bytes, groups) <= kStridedStagedForwardMaxSmem)

@@ -89,7 +89,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
 // SoftmaxProblem::bwd_two_cta_threads for block.cuh's backward kernel of 128-bit accesses (no edges) on the
 // current device: the largest block, a multiple of a warp, of which the occupancy query fits two CTAs an SM. The
 // registers the compiler chose decide it, so it is asked, not assumed; once per device. 0 when the query fails
-// (the dispatcher then takes its floor).
+// (the dispatcher then takes block_backward_two_cta_threads_unprobed).
 template <typename in_t, typename out_t, typename Epi>
 int block_backward_two_cta_threads() {
   constexpr auto kKernel = softmax_block_bwd_kernel<in_t, out_t, Epi, softmax_vec_width(sizeof(in_t), sizeof(out_t))>;
@@ -364,7 +364,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   if (err == cudaSuccess) err = softmax_device_props(device, &dev);
   if (err != cudaSuccess) return err;
   SoftmaxProblem p = softmax_backward_problem(grad_output, output, grad_input, outer, dim, inner, dev);
-  p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<in_t, out_t, Epilogue>();
+  if (inner == 1) p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<in_t, out_t, Epilogue>();
   if (softmax_variant_rejects(variant, p) != nullptr) return cudaErrorInvalidValue;
   const SoftmaxPlan plan = variant == SoftmaxVariant::kAuto ? choose_softmax(p) : plan_softmax(variant, p);
   return softmax_backward<in_t, out_t, Epilogue>(grad_output, output, grad_input, outer, dim, inner, plan, stream);

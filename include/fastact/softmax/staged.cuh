@@ -1,7 +1,7 @@
 // Variant `strided`, staged mode (plan.staged): the backward of softmax over a dim that is not innermost,
 // and the forward of 16-bit tensors, where the inner size (or a pointer) leaves no 128-bit vector per
-// column, or a float backward's D-rows start off the 128-byte line, and D is short (dispatch.h
-// strided_staged_shape says when). Every tensor is dense
+// column, or a 2- or 4-byte backward's 128-bit D-rows start in the middle of a 32-byte sector, and D is
+// short (dispatch.h strided_staged_shape says when). Every tensor is dense
 // [outer, D, inner].
 //
 // A CTA owns a tile: `columns` consecutive columns [i0, i0 + w) of one outer index, all D rows. With
@@ -13,11 +13,11 @@
 //      16-byte chunks that cover it (cp.async; a chunk that reaches past either end of the tensor
 //      element by element), at row d, chunk k of the tile's buffer: the segment starts there at the
 //      row's own misalignment `shift` (its address mod 16, in elements; V elements a chunk);
-//   2. backward: G thread groups a column (G = 1 but for the 16-bit narrow tiles and the float vector rows;
+//   2. backward: G thread groups a column (G = 1 but for the 16-bit narrow tiles and the vector rows;
 //      threads past the tile's width idle), each summing the terms of every G-th D-row from shared memory,
 //      the G partial dots combined through shared memory; then each group writes its D-rows of grad_input,
-//      element stores down the column (a warp: 32 consecutive columns of a D-row). Forward: G groups a column, each a
-//      running (max, sum) over every G-th D-row, the G pairs combined likewise, then y.
+//      element stores down the column (a warp: 32 consecutive columns of a D-row). Forward: G groups a
+//      column, each a running (max, sum) over every G-th D-row, the G pairs combined likewise, then y.
 // One HBM read of each input; with one group the reductions need no exchange between threads, with G
 // one through shared memory after the stage.
 // Shared memory: 2 x D x (columns + V) elements and, with G > 1, G x columns partial dots; forward D x
