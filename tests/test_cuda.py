@@ -1466,6 +1466,37 @@ def test_strided_stream_over_cluster(backward):
                      torch_actual=softmax_backward_torch(g, y, 1, torch.float32, False), msg=s)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("d,inner", ((2, 2056), (3, 2056), (8, 2056), (2, 2055), (3, 2055)))
+@pytest.mark.parametrize("backward", (False, True), ids=("fwd", "bwd"))
+def test_strided_one_group_tiles(dtype, d, inner, backward):
+    """dispatch.h softmax_strided_smem_bytes, common.cuh column_allreduce: at D <= a thread's cached D-rows every
+    column has one D-group (columns == threads, no cluster), which folds nothing across threads and takes no
+    shared-memory scratch, so 16-bit 128-bit forwards widen to 128 columns x 128 threads at D <= 8 (before: 64 x
+    64, the scratch of 128 columns being over 48 KB); 128-bit (inner 2056) and element (inner 2055) tiles, the
+    last of them partial (D = 1 runs as rows: a dim of size 1 has no stride to follow). Results against float64,
+    outputs poisoned first."""
+    shape = (3, d, inner)
+    x = make_tensor(shape, dtype, "cuda")
+    y = torch.softmax(x, 1)
+    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, 1)
+    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, cached", s)
+    vector = inner % (16 // dtype.itemsize) == 0
+    if d <= 3:
+        assert m and m.group(1) == m.group(2), s
+    if dtype.itemsize == 2 and vector and not backward:
+        assert m and (int(m.group(1)), int(m.group(2))) == (128, 128), s
+    poison_allocator("cuda", x.numel() * dtype.itemsize)
+    if not backward:
+        assert_close(fastact.softmax(x, 1), torch.softmax(x.double(), 1), torch_actual=y, msg=s)
+        assert_close(fastact.log_softmax(x, 1), torch.log_softmax(x.double(), 1),
+                     torch_actual=torch.log_softmax(x, 1), msg=s)
+    else:
+        g = make_tensor(shape, dtype, "cuda")
+        assert_close(ops.softmax_backward(g, y, 1, dtype), softmax_backward_ref(g, y, 1, False),
+                     torch_actual=softmax_backward_torch(g, y, 1, dtype, False), msg=s)
+
+
 @pytest.mark.huge
 @pytest.mark.parametrize("variant", ("auto",) + VARIANTS)
 def test_huge_softmax_many_short_rows(variant):

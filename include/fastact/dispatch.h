@@ -691,12 +691,16 @@ inline int64_t softmax_strided_staged_tiles(int64_t outer, int64_t inner, int64_
 
 // Bytes of the strided kernel's reduction buffers (ColumnScratch in softmax/common.cuh): two
 // mbarriers, then values of `value_bytes` red[2][R][C * L + 1], res[2][C][L], cta[2][cluster][C][L];
-// R = threads / 32 when C < 32 is a power of two (column_warp_levels), else threads / C.
+// R = threads / 32 when C < 32 is a power of two (column_warp_levels), else threads / C. With one D-group
+// (R = 1, C >= 32) in one CTA the threads hold their columns' folds already: the barriers alone. Why it
+// matters: the buffers of 128 16-bit forward column vectors (8 KB of pairs a row of red) were 49 KB,
+// over kStridedMaxSmem, so short-D tiles stopped at 64 threads, nine CTAs an SM by shared memory.
 constexpr int kColumnBarrierBytes = 16;
 inline int64_t softmax_strided_smem_bytes(int64_t threads, int64_t columns, int lanes, int64_t cluster,
                                           int64_t value_bytes) {
   const bool warp_levels = columns < 32 && (columns & (columns - 1)) == 0;
   const int64_t reps = warp_levels ? threads / 32 : threads / columns;
+  if (!warp_levels && reps == 1 && cluster == 1) return kColumnBarrierBytes;  // one D-group: no exchange
   const int64_t cl = columns * lanes;
   return kColumnBarrierBytes + (2 * reps * (cl + 1) + 2 * cl + 2 * cluster * cl) * value_bytes;
 }

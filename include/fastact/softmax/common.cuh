@@ -582,6 +582,9 @@ FASTACT_DEVICE void column_allreduce(V (&vals)[L], Op op, ColumnScratch<V> sm, i
     if constexpr (kAnyColumns<Cols>) return warp_levels ? nthreads / kWarpSize : cols.whole_groups;
     else return C < kWarpSize ? nthreads / kWarpSize : nthreads >> log_c;
   }();
+  // One D-group a column, one CTA: each thread's values are already its column's fold. No shared memory
+  // and no barrier (softmax_strided_smem_bytes reserves none for it).
+  if (!warp_levels && R == 1 && cluster == 1) return;
   const int CL = C * L;
   const int stride = CL + 1;                                 // red's padded row
   V* red = sm.values + ring * R * stride;                    // [R][C * L + 1]
