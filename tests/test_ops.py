@@ -453,6 +453,28 @@ def test_softmax_special_values(device, dtype, op, n, dim):
     check_op(op, m, dim=dim)
 
 
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "sliced_last"])
+def test_softmax_short_rows(device, dtype, op, layout):
+    """Every row length from 1 to 33 (the CPU kernels turn rows shorter than two SIMD vectors so that a lane
+    holds a row, kV rows at a time: D < 8 in double, < 16 in float on AVX2, < 32 on AVX512), 19 rows (a
+    partial block of lanes): an all -inf row, a +inf and a NaN forward; masked elements and a fully masked
+    row forward and backward, against float64."""
+    ninf = float("-inf")
+    for d in range(1, 34):
+        x = make_tensor((19, d), dtype, device, layout=layout)
+        x[0] = ninf
+        x[5, d // 2] = float("inf")
+        x[18, d - 1] = float("nan")
+        check_op(op, x, dim=-1, backward=False)
+        m = make_tensor((19, d), dtype, device, layout=layout)
+        m[3] = ninf
+        if d > 1:
+            m[7, 0] = ninf
+            m[18, d // 2] = ninf
+        check_op(op, m, dim=-1)
+
+
 @pytest.mark.parametrize("op", ALL_OPS, ids=str)
 def test_large_values(device, dtype, op):
     """No overflow: values of 1e4 (65000 in float16 and bfloat16) go through exp/erf/tanh safely."""

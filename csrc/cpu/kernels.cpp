@@ -142,6 +142,33 @@ template <>
 struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 #endif
 
+// A row's last n (< 2 kV) elements p[0, n) as two vectors of the acc type, the lanes past n holding
+// `fill`; and n elements stored from two vectors. For the tails that take exps (the forward's sum, the
+// log_softmax backward) of more than kPaddedTail elements: vector exps instead of n scalar ones. The
+// cheap tails and the short ones stay scalar: a padded pair for a tail of one element cost more than the
+// scalar element (2-core AVX2 VM, 8 MB f32 rows of 17, log_softmax bwd 1.6 -> 3.4 ms; bench/NOTES.md
+// thirtieth session).
+constexpr int64_t kPaddedTail = 4;
+template <typename T>
+void load2_tail(const T* p, int64_t n, typename Io<T>::A fill, typename Io<T>::V& a, typename Io<T>::V& b) {
+  using A = typename Io<T>::A;
+  constexpr int64_t kV = Io<T>::kV;
+  alignas(64) A buf[2 * kV];
+  const int64_t lanes = n <= kV ? kV : 2 * kV;
+  for (int64_t k = 0; k < lanes; ++k) buf[k] = k < n ? A(p[k]) : fill;
+  a = Io<T>::V::loadu(buf);
+  b = n <= kV ? typename Io<T>::V(fill) : Io<T>::V::loadu(buf + kV);
+}
+template <typename T>
+void store2_tail(T* p, int64_t n, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+  using A = typename Io<T>::A;
+  constexpr int64_t kV = Io<T>::kV;
+  alignas(64) A buf[2 * kV];
+  a.store(buf);
+  b.store(buf + kV);
+  for (int64_t k = 0; k < n; ++k) p[k] = T(buf[k]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Non-temporal ("streaming") stores for outputs much larger than the caches. A normal store first
 // reads the line it writes into the cache (read-for-ownership), so writing dx of a backward moves
@@ -769,6 +796,47 @@ void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* 
 template <bool kLog>
 using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::SoftmaxEpilogue>;
 
+// Rows shorter than a vector pair (D < 2 kV): kV rows at a time, turned through a buffer [D][kV] so that
+// a lane holds a row. The max, the exps, the sum and the outputs are then lane-wise vector ops over D
+// (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
+// Why (this 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
+// 9.7 (4.7) with a padded vector pair a row; bench/NOTES.md thirtieth session has the figures after.
+template <typename In, typename Out, bool kLog>
+void softmax_short_rows_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kV = IO::kV;
+  const int64_t D = shape.dim_size, rows = shape.outer;
+  parallel_for(ceil_div(rows, kV), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t b0, int64_t b1) {
+    alignas(64) A buf[2 * kV * kV];  // [d][lane]
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kV, nr = std::min(kV, rows - r0);
+      for (int64_t l = 0; l < kV; ++l) {  // lanes past the last row: zeros, computed and dropped
+        const In* xr = x + (r0 + l) * shape.row_stride;
+        for (int64_t d = 0; d < D; ++d) buf[d * kV + l] = l < nr ? A(xr[d]) : A(0);
+      }
+      V m(-std::numeric_limits<A>::infinity());
+      for (int64_t d = 0; d < D; ++d) m = at::vec::maximum(m, V::loadu(buf + d * kV));
+      V s(A(0));
+      for (int64_t d = 0; d < D; ++d) {
+        const V e = exp_nonpos(V::loadu(buf + d * kV) - m);  // lanes with a non-finite max: masked below
+        s = s + e;
+        if constexpr (!kLog) e.store(buf + d * kV);
+      }
+      const V c = nan_unless_finite(m, kLog ? s.log() : V(A(1)) / s);  // torch's NaN rows
+      for (int64_t d = 0; d < D; ++d) {
+        const V v = V::loadu(buf + d * kV);
+        (kLog ? (v - m) - c : v * c).store(buf + d * kV);
+      }
+      for (int64_t l = 0; l < nr; ++l) {
+        Out* yr = y + (r0 + l) * D;
+        for (int64_t d = 0; d < D; ++d) yr[d] = Out(buf[d * kV + l]);
+      }
+    }
+  });
+}
+
 // Softmax over dim_size for inner == 1: rows of D elements, x row r at x + r * row_stride,
 // y dense.
 template <typename In, typename Out, bool kLog>
@@ -829,13 +897,27 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         }
         total = total + (s0 + s1);
       }
+      if (D - vec_end > kPaddedTail) {  // the tail: the padding's exps are 0
+        V a, b;
+        load2_tail(xr + vec_end, D - vec_end, -std::numeric_limits<A>::infinity(), a, b);
+        a = exp_nonpos(a - vmax);
+        b = D - vec_end > kV ? exp_nonpos(b - vmax) : V(A(0));
+        total = total + (a + b);
+        if constexpr (!kLog) store2_tail(e + vec_end, D - vec_end, a, b);
+      }
       A s = hsum(total);
-      for (i = vec_end; i < D; ++i) s += math::exp_(A(xr[i]) - m);
+      if (D - vec_end <= kPaddedTail) {
+        for (i = vec_end; i < D; ++i) {
+          const A t = math::exp_(A(xr[i]) - m);
+          s += t;
+          if constexpr (!kLog) e[i] = t;
+        }
+      }
       const A c = epi.row_constant(s);
 
       // Pass 3: y.
       const V vc(c);
-      for (i = 0; i + kStep <= D; i += kStep) {
+      for (i = 0; i < vec_end; i += kStep) {
         if constexpr (kLog) {
           V a, b;
           IO::load2(xr + i, a, b);
@@ -844,7 +926,10 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
           OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
         }
       }
-      for (; i < D; ++i) yr[i] = Out(epi.forward(A(xr[i]), m, c));
+      for (; i < D; ++i) {  // the tail: softmax from its kept exps, as the body
+        if constexpr (kLog) yr[i] = Out(epi.forward(A(xr[i]), m, c));
+        else yr[i] = Out(e[i] * c);
+      }
     }
   });
 }
@@ -976,7 +1061,10 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
 
 template <typename In, typename Out>
 void softmax_fwd_any(const In* x, Out* y, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1) {
+  if (shape.inner == 1 && shape.dim_size < 2 * Io<In>::kV) {
+    if (log) softmax_short_rows_fwd<In, Out, true>(x, y, shape);
+    else softmax_short_rows_fwd<In, Out, false>(x, y, shape);
+  } else if (shape.inner == 1) {
     if (log) softmax_lastdim_fwd<In, Out, true>(x, y, shape);
     else softmax_lastdim_fwd<In, Out, false>(x, y, shape);
   } else {
@@ -1001,6 +1089,36 @@ struct VecBackward {
   }
 };
 
+// The backward of rows shorter than a vector pair, turned as softmax_short_rows_fwd turns them.
+template <typename In, typename Out, bool kLog>
+void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kV = IO::kV;
+  const int64_t D = shape.dim_size, rows = shape.outer;
+  parallel_for(ceil_div(rows, kV), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t b0, int64_t b1) {
+    alignas(64) A g[2 * kV * kV], o[2 * kV * kV];  // [d][lane]
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kV, nr = std::min(kV, rows - r0);
+      for (int64_t l = 0; l < kV; ++l) {
+        const int64_t off = (r0 + l) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          g[d * kV + l] = l < nr ? A(dy[off + d]) : A(0);
+          o[d * kV + l] = l < nr ? A(y[off + d]) : A(0);
+        }
+      }
+      V s(A(0));
+      for (int64_t d = 0; d < D; ++d) s = s + VecBackward<kLog>::term(V::loadu(g + d * kV), V::loadu(o + d * kV));
+      for (int64_t d = 0; d < D; ++d) VecBackward<kLog>::map(V::loadu(g + d * kV), V::loadu(o + d * kV), s).store(g + d * kV);
+      for (int64_t l = 0; l < nr; ++l) {
+        Out* dxr = dx + (r0 + l) * D;
+        for (int64_t d = 0; d < D; ++d) dxr[d] = Out(g[d * kV + l]);
+      }
+    }
+  });
+}
+
 template <typename In, typename Out, bool kLog>
 void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   using IO = Io<In>;
@@ -1010,8 +1128,10 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   constexpr int64_t kStep = 2 * IO::kV;
   const Epilogue<kLog> epi;
   const int64_t D = shape.dim_size;
-  // Streaming stores for a large dx (see kStreamBytes).
-  const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes;
+  // Streaming stores for a large dx (see kStreamBytes), in rows long enough to hold an aligned vector pair
+  // past the head that reaches the alignment element by element.
+  const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes &&
+                      D >= int64_t(kStreamAlign / sizeof(Out)) + kStep;
   parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const In* dyr = dy + r * D;
@@ -1047,7 +1167,17 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         if (stream) stream2(dxr + i, d0, d1);
         else OO::store2(dxr + i, d0, d1);
       }
-      for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+      if constexpr (kLog) {
+        for (; i < D && D - i <= kPaddedTail; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+        if (i < D) {  // the tail's exps as vectors
+          V g0, g1, y0, y1;
+          load2_tail(dyr + i, D - i, A(0), g0, g1);
+          load2_tail(yr + i, D - i, A(0), y0, y1);
+          store2_tail(dxr + i, D - i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+        }
+      } else {
+        for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+      }
     }
     if (stream) stream_fence();
   });
@@ -1117,7 +1247,10 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
 
 template <typename In, typename Out>
 void softmax_bwd_any(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1) {
+  if (shape.inner == 1 && shape.dim_size < 2 * Io<In>::kV) {
+    if (log) softmax_short_rows_bwd<In, Out, true>(dy, y, dx, shape);
+    else softmax_short_rows_bwd<In, Out, false>(dy, y, dx, shape);
+  } else if (shape.inner == 1) {
     if (log) softmax_lastdim_bwd<In, Out, true>(dy, y, dx, shape);
     else softmax_lastdim_bwd<In, Out, false>(dy, y, dx, shape);
   } else {
