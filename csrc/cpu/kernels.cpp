@@ -801,39 +801,52 @@ using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::Softma
 // (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
 // Why (this 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
 // 9.7 (4.7) with a padded vector pair a row; bench/NOTES.md thirtieth session has the figures after.
+
+// The blocks of kV rows of those kernels: f(r0, nr) for rows [r0, r0 + nr), split over threads.
+template <typename F>
+void for_row_blocks(int64_t rows, int64_t D, int64_t kV, const F& f) {
+  parallel_for(ceil_div(rows, kV), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) f(b * kV, std::min(kV, rows - b * kV));
+  });
+}
+// nr rows of D elements, row l at p + l * stride, turned into buf[d * kV + l]; the lanes past nr zeros
+// (computed and dropped). And back: buf's first nr lanes to nr dense rows at p.
+template <typename A, typename T>
+void turn_rows_in(const T* p, int64_t stride, int64_t nr, int64_t D, int64_t kV, A* buf) {
+  for (int64_t l = 0; l < kV; ++l)
+    for (int64_t d = 0; d < D; ++d) buf[d * kV + l] = l < nr ? A(p[l * stride + d]) : A(0);
+}
+template <typename A, typename T>
+void turn_rows_out(const A* buf, int64_t nr, int64_t D, int64_t kV, T* p) {
+  for (int64_t l = 0; l < nr; ++l)
+    for (int64_t d = 0; d < D; ++d) p[l * D + d] = T(buf[d * kV + l]);
+}
+
+// The forward of those rows.
 template <typename In, typename Out, bool kLog>
 void softmax_short_rows_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using IO = Io<In>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kV = IO::kV;
-  const int64_t D = shape.dim_size, rows = shape.outer;
-  parallel_for(ceil_div(rows, kV), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t b0, int64_t b1) {
+  const int64_t D = shape.dim_size;
+  for_row_blocks(shape.outer, D, kV, [&](int64_t r0, int64_t nr) {
     alignas(64) A buf[2 * kV * kV];  // [d][lane]
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kV, nr = std::min(kV, rows - r0);
-      for (int64_t l = 0; l < kV; ++l) {  // lanes past the last row: zeros, computed and dropped
-        const In* xr = x + (r0 + l) * shape.row_stride;
-        for (int64_t d = 0; d < D; ++d) buf[d * kV + l] = l < nr ? A(xr[d]) : A(0);
-      }
-      V m(-std::numeric_limits<A>::infinity());
-      for (int64_t d = 0; d < D; ++d) m = at::vec::maximum(m, V::loadu(buf + d * kV));
-      V s(A(0));
-      for (int64_t d = 0; d < D; ++d) {
-        const V e = exp_nonpos(V::loadu(buf + d * kV) - m);  // lanes with a non-finite max: masked below
-        s = s + e;
-        if constexpr (!kLog) e.store(buf + d * kV);
-      }
-      const V c = nan_unless_finite(m, kLog ? s.log() : V(A(1)) / s);  // torch's NaN rows
-      for (int64_t d = 0; d < D; ++d) {
-        const V v = V::loadu(buf + d * kV);
-        (kLog ? (v - m) - c : v * c).store(buf + d * kV);
-      }
-      for (int64_t l = 0; l < nr; ++l) {
-        Out* yr = y + (r0 + l) * D;
-        for (int64_t d = 0; d < D; ++d) yr[d] = Out(buf[d * kV + l]);
-      }
+    turn_rows_in(x + r0 * shape.row_stride, shape.row_stride, nr, D, kV, buf);
+    V m(-std::numeric_limits<A>::infinity());
+    for (int64_t d = 0; d < D; ++d) m = at::vec::maximum(m, V::loadu(buf + d * kV));
+    V s(A(0));
+    for (int64_t d = 0; d < D; ++d) {
+      const V e = exp_nonpos(V::loadu(buf + d * kV) - m);  // lanes with a non-finite max: masked below
+      s = s + e;
+      if constexpr (!kLog) e.store(buf + d * kV);
     }
+    const V c = nan_unless_finite(m, kLog ? s.log() : V(A(1)) / s);  // torch's NaN rows
+    for (int64_t d = 0; d < D; ++d) {
+      const V v = V::loadu(buf + d * kV);
+      (kLog ? (v - m) - c : v * c).store(buf + d * kV);
+    }
+    turn_rows_out(buf, nr, D, kV, y + r0 * D);
   });
 }
 
@@ -897,16 +910,17 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         }
         total = total + (s0 + s1);
       }
-      if (D - vec_end > kPaddedTail) {  // the tail: the padding's exps are 0
+      const int64_t tail = D - vec_end;
+      A s;
+      if (tail > kPaddedTail) {  // the padding's exps are 0
         V a, b;
-        load2_tail(xr + vec_end, D - vec_end, -std::numeric_limits<A>::infinity(), a, b);
+        load2_tail(xr + vec_end, tail, -std::numeric_limits<A>::infinity(), a, b);
         a = exp_nonpos(a - vmax);
-        b = D - vec_end > kV ? exp_nonpos(b - vmax) : V(A(0));
-        total = total + (a + b);
-        if constexpr (!kLog) store2_tail(e + vec_end, D - vec_end, a, b);
-      }
-      A s = hsum(total);
-      if (D - vec_end <= kPaddedTail) {
+        b = tail > kV ? exp_nonpos(b - vmax) : V(A(0));
+        s = hsum(total + (a + b));
+        if constexpr (!kLog) store2_tail(e + vec_end, tail, a, b);
+      } else {
+        s = hsum(total);
         for (i = vec_end; i < D; ++i) {
           const A t = math::exp_(A(xr[i]) - m);
           s += t;
@@ -1096,26 +1110,15 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kV = IO::kV;
-  const int64_t D = shape.dim_size, rows = shape.outer;
-  parallel_for(ceil_div(rows, kV), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t b0, int64_t b1) {
+  const int64_t D = shape.dim_size;
+  for_row_blocks(shape.outer, D, kV, [&](int64_t r0, int64_t nr) {
     alignas(64) A g[2 * kV * kV], o[2 * kV * kV];  // [d][lane]
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kV, nr = std::min(kV, rows - r0);
-      for (int64_t l = 0; l < kV; ++l) {
-        const int64_t off = (r0 + l) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          g[d * kV + l] = l < nr ? A(dy[off + d]) : A(0);
-          o[d * kV + l] = l < nr ? A(y[off + d]) : A(0);
-        }
-      }
-      V s(A(0));
-      for (int64_t d = 0; d < D; ++d) s = s + VecBackward<kLog>::term(V::loadu(g + d * kV), V::loadu(o + d * kV));
-      for (int64_t d = 0; d < D; ++d) VecBackward<kLog>::map(V::loadu(g + d * kV), V::loadu(o + d * kV), s).store(g + d * kV);
-      for (int64_t l = 0; l < nr; ++l) {
-        Out* dxr = dx + (r0 + l) * D;
-        for (int64_t d = 0; d < D; ++d) dxr[d] = Out(g[d * kV + l]);
-      }
-    }
+    turn_rows_in(dy + r0 * D, D, nr, D, kV, g);
+    turn_rows_in(y + r0 * D, D, nr, D, kV, o);
+    V s(A(0));
+    for (int64_t d = 0; d < D; ++d) s = s + VecBackward<kLog>::term(V::loadu(g + d * kV), V::loadu(o + d * kV));
+    for (int64_t d = 0; d < D; ++d) VecBackward<kLog>::map(V::loadu(g + d * kV), V::loadu(o + d * kV), s).store(g + d * kV);
+    turn_rows_out(g, nr, D, kV, dx + r0 * D);
   });
 }
 
@@ -1167,14 +1170,11 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         if (stream) stream2(dxr + i, d0, d1);
         else OO::store2(dxr + i, d0, d1);
       }
-      if constexpr (kLog) {
-        for (; i < D && D - i <= kPaddedTail; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
-        if (i < D) {  // the tail's exps as vectors
-          V g0, g1, y0, y1;
-          load2_tail(dyr + i, D - i, A(0), g0, g1);
-          load2_tail(yr + i, D - i, A(0), y0, y1);
-          store2_tail(dxr + i, D - i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
-        }
+      if (kLog && D - i > kPaddedTail) {  // the tail's exps as vectors
+        V g0, g1, y0, y1;
+        load2_tail(dyr + i, D - i, A(0), g0, g1);
+        load2_tail(yr + i, D - i, A(0), y0, y1);
+        store2_tail(dxr + i, D - i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
       } else {
         for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
       }

@@ -1556,7 +1556,6 @@ inline int64_t softmax_workspace_bytes(const SoftmaxPlan& s, int64_t outer) {
   return s.mode == SoftmaxMode::kGrid ? softmax_grid_workspace(outer, s.chunks).bytes : 0;
 }
 
-// "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
 // explain's note on a cluster backward of 128-bit accesses whose two-CTA size was probed
 // (SoftmaxProblem::bwd_two_cta_threads): whether other CTAs share its SMs.
 inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const SoftmaxPlan& s) {
@@ -1565,6 +1564,7 @@ inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const So
                                                                                             : ", one CTA an SM";
 }
 
+// "variant=vec: D=4096, outer=8, inner=1: <why>; <configuration>"
 inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   char buf[512];
   const char* access = s.vec == 1 ? "element accesses"
