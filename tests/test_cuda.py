@@ -406,6 +406,37 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
     assert _variant(s) == expected, s
 
 
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("d", [3, 65, 127, 257, 301, 511, 513, 577, 1001, 1023])
+def test_warp_element_rows(op, dtype, d):
+    """softmax/warp.cuh at one element an access (D off the vector width): a lane's slots past the row are filled
+    (-inf forward, 0 backward) so that the max and the backward's dot run over every slot, and the forward's sum
+    and the stores test fresh copies of the lane's count. Every padded row length (2^2 ... 2^10), a last slot that
+    few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
+    show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the
+    last; masked rows forward and backward (autograd: the warp backward), against float64, outputs poisoned."""
+    if dtype == torch.float64 and d > 512:
+        pytest.skip("the warp kernel takes float64 rows up to 512")
+    ninf, inf, nan = float("-inf"), float("inf"), float("nan")
+    x = make_tensor((13, d), dtype, "cuda")
+    s = fastact.explain(op.name, x, -1)
+    assert _variant(s) == "warp" and "element accesses" in s, s
+    x[0] = ninf
+    x[2, -1] = inf
+    x[3, -1] = nan
+    x[4, -1] = ninf
+    x[5, :-1] = ninf
+    x[12, 0] = inf
+    check_op(op, x, dim=-1, backward=False, note=s)
+    m = make_tensor((13, d), dtype, "cuda")
+    m[1, : d // 2] = ninf
+    m[6, 1::2] = ninf
+    m[7, -1] = ninf
+    m[12, :-1] = ninf
+    check_op(op, m, dim=-1, note=s)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("d", [1025, 4097, 30522, 50257])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

@@ -4,11 +4,21 @@
 // a warp takes 32 / kTpr rows at once. Each lane holds kElems = 2^kLog2 / kTpr elements in registers,
 // as kVecs accesses of kVec elements (kVec = 128-bit width when aligned, else 1):
 //   element e of the row, with lane-in-row l and access j:  e = (j * kTpr + l) * kVec + k,
-// so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). Accesses at or
-// beyond D (kVec divides D when kVec > 1) are skipped: loops are guarded by j < nvalid. Reductions
-// are xor shuffles within the row's lanes; no shared memory, no barriers. Blocks of 4 warps, one
-// block of rows each. The forward of 16-bit rows of 512 and 1024 keeps them as loaded
-// (softmax_warp_raw), the others converted to the accumulation type.
+// so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). A lane's first nvalid
+// accesses lie inside the row (kVec divides D when kVec > 1); the others are not loaded but filled
+// with values that change nothing: -inf in the forward (the max keeps; exp(-inf - m) = 0), 0 in the
+// backward (a term of 0). Reductions are xor shuffles within the row's lanes; no shared memory, no
+// barriers. Blocks of 4 warps, one block of rows each. The forward of 16-bit rows of 512 and 1024
+// keeps them as loaded (softmax_warp_raw), the others converted to the accumulation type.
+//
+// Guards. Only the loads, the forward's sum (an exp a slot) and the stores test j < nvalid; the max
+// and the backward's dot run over every slot. The sum and the stores test a fresh_copy of nvalid: with
+// one nvalid for every phase, ptxas computed a lane's (up to 32) predicates once and kept them alive
+// from the loads to the stores by saving them to registers (P2R). At one element an access (16-bit
+// rows of D % 8 != 0, float rows of odd D) that took the bf16 log forward at 2^10 to 95 registers
+// (five blocks an SM) and those rows behind torch's: 256 MB, H100, bf16 log forward D = 577
+// 386.7 -> 216.9 us (torch 281.1), log backward 419.1 -> 284.8 (torch 374.0); 128-bit rows and float
+// unchanged (bench/NOTES.md, thirty-first session).
 #pragma once
 
 #include <type_traits>
@@ -44,11 +54,17 @@ FASTACT_DEVICE int warp_valid(int lane_in_row, int dim) {
   return n < kVecs ? n : kVecs;
 }
 
+// v, through a shuffle of a lane with itself: a value that ptxas cannot prove equal to v, so that
+// compares against it are computed anew rather than merged with earlier compares against v (and
+// those kept alive in registers in between). Every lane of the warp must call it.
+FASTACT_DEVICE int fresh_copy(int v) { return __shfl_sync(0xffffffffu, v, static_cast<int>(threadIdx.x % kWarpSize)); }
+
 // A lane's slice of a row in the forward: kVecs accesses of kVec elements, of which the first nvalid
 // hold data. Two ways to keep it, with the same interface, so that one kernel body runs either:
-//   load<kL2>(p, step, nvalid)  accesses j < nvalid from p + j * step (kL2: load_vector_l2)
-//   lane_max(nvalid)            the max of the lane's values
-//   keep_and_sum(m, nvalid)     the sum of the lane's terms exp(x - m) (m the row's max)
+//   load<kL2>(p, step, nvalid)  accesses j < nvalid from p + j * step (kL2: load_vector_l2), the
+//                               others -inf
+//   lane_max()                  the max of the lane's values (every slot: the fill is -inf)
+//   keep_and_sum(m, nsum)       the sum of the terms exp(x - m) of accesses j < nsum (m the row's max)
 //   out(epi, j, m, c, o)        access j's outputs, c = epi.row_constant(row sum)
 // WarpConvertedRow holds the values as A, ForwardCache<Epi>'s kept values after keep_and_sum (for
 // softmax exp(x - m): one exp an element). WarpRawRow holds them as loaded (half the registers for
@@ -65,25 +81,26 @@ struct WarpConvertedRow {
     for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
         to_acc(kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step), v[j]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[j][k] = neg_inf<A>();
       }
     }
   }
-  FASTACT_DEVICE A lane_max(int nvalid) const {
+  FASTACT_DEVICE A lane_max() const {
     A m = neg_inf<A>();
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nvalid) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
-      }
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
     }
     return m;
   }
-  FASTACT_DEVICE A keep_and_sum(A m, int nvalid) {
+  FASTACT_DEVICE A keep_and_sum(A m, int nsum) {
     A s = A(0);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nvalid) {
+      if (j < nsum) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           v[j][k] = Cache::keep(v[j][k], m);
@@ -106,27 +123,34 @@ struct WarpRawRow {
 
   template <bool kL2>
   FASTACT_DEVICE void load(const in_t* p, int step, int nvalid) {
+    A fill[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) fill[k] = neg_inf<A>();
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nvalid) r[j] = kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step);
+      if (j < nvalid) {
+        r[j] = kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step);
+      } else {
+        r[j] = from_acc<in_t>(fill);
+      }
     }
   }
-  FASTACT_DEVICE A lane_max(int nvalid) const {
+  FASTACT_DEVICE A lane_max() const {
     A mv[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
-    ElementMax<in_t>::into(r, nvalid, mv);
+    ElementMax<in_t>::into(r, kVecs, mv);
     A m = mv[0];
 #pragma unroll
     for (int k = 1; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
     return m;
   }
-  FASTACT_DEVICE A keep_and_sum(A m, int nvalid) const {
+  FASTACT_DEVICE A keep_and_sum(A m, int nsum) const {
     const A base = max_base(m);
     A s = A(0);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nvalid) {
+      if (j < nsum) {
         A w[kVec];
         to_acc(r[j], w);
 #pragma unroll
@@ -162,13 +186,14 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
   constexpr int kStep = S::kTpr * kVec;
   Row slice;
   slice.template load<S::kLoadL2>(x + (row < rows ? row : 0) * row_stride + first, kStep, nvalid);
-  const A m = warp_reduce<S::kTpr>(slice.lane_max(nvalid), MaxOp<A>());
-  const A s = warp_reduce<S::kTpr>(slice.keep_and_sum(m, nvalid), SumOp<A>());
+  const A m = warp_reduce<S::kTpr>(slice.lane_max(), MaxOp<A>());
+  const A s = warp_reduce<S::kTpr>(slice.keep_and_sum(m, fresh_copy(nvalid)), SumOp<A>());
   const A c = epi.row_constant(s);
   out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
+  const int nstore = fresh_copy(nvalid);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
+    if (j < nstore) {
       A o[kVec];
       slice.out(epi, j, m, c, o);
       store_vector<out_t, kVec>(yr + j * kStep, from_acc<out_t>(o));
@@ -177,7 +202,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
 }
 
 // grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t).
-// Caches grad_output and output as loaded and converts on use.
+// Caches grad_output and output as loaded (0 past the row's end) and converts on use.
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(const out_t* __restrict__ grad_output,
                                                                              const out_t* __restrict__ output,
@@ -192,29 +217,33 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
   constexpr int kStep = S::kTpr * kVec;
   const int64_t offset = (row < rows ? row : 0) * int64_t(dim) + lane_in_row * kVec;
 
+  A zeros[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) zeros[k] = A(0);
   AlignedVector<out_t, kVec> dy[S::kVecs], yv[S::kVecs];
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
     if (j < nvalid) {
       dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * kStep);
       yv[j] = load_vector<out_t, kVec>(output + offset + j * kStep);
+    } else {
+      dy[j] = yv[j] = from_acc<out_t>(zeros);
     }
   }
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
-      A g[kVec], o[kVec];
-      to_acc(dy[j], g);
-      to_acc(yv[j], o);
+    A g[kVec], o[kVec];
+    to_acc(dy[j], g);
+    to_acc(yv[j], o);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
-    }
+    for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);  // 0 past the end
   }
   dot = warp_reduce<S::kTpr>(dot, SumOp<A>());
+  const int nstore = fresh_copy(nvalid);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    if (j < nvalid) {
+    if (j < nstore) {
       A g[kVec], o[kVec];
       to_acc(dy[j], g);
       to_acc(yv[j], o);
