@@ -408,16 +408,21 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
-@pytest.mark.parametrize("d", [3, 65, 127, 257, 301, 511, 513, 577, 1001, 1023])
+@pytest.mark.parametrize("d", [3, 65, 127, 257, 301, 511, 513, 577, 767, 769, 1001, 1023])
 def test_warp_element_rows(op, dtype, d):
-    """softmax/warp.cuh at one element an access (D off the vector width): a lane's slots past the row are filled
-    (-inf forward, 0 backward) so that the max and the backward's dot run over every slot, and the forward's sum
-    and the stores test fresh copies of the lane's count. Every padded row length (2^2 ... 2^10), a last slot that
-    few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
-    show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the
-    last; masked rows forward and backward (autograd: the warp backward), against float64, outputs poisoned."""
+    """softmax/warp.cuh at one element an access (D off the vector width), forced: a lane's slots past the row are
+    filled (-inf forward, 0 backward) so that the max and the backward's dot run over every slot, and the forward's
+    sum and the stores test fresh copies of the lane's count. Every padded row length (2^2 ... 2^10), a last slot
+    that few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
+    show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the last;
+    masked rows forward and backward; against float64, outputs poisoned. Auto dispatch keeps such rows on the warp
+    kernel except 16-bit backwards beyond 768 (dispatch.h softmax_rows_leave_warp: vec, head and tail elements)."""
     if dtype == torch.float64 and d > 512:
         pytest.skip("the warp kernel takes float64 rows up to 512")
+    log = op.name == "log_softmax"
+    fwd = getattr(ops, op.name).default
+    bwd = getattr(ops, f"{op.name}_backward").default
+    torch_fn = torch.log_softmax if log else torch.softmax
     ninf, inf, nan = float("-inf"), float("inf"), float("nan")
     x = make_tensor((13, d), dtype, "cuda")
     s = fastact.explain(op.name, x, -1)
@@ -428,13 +433,25 @@ def test_warp_element_rows(op, dtype, d):
     x[4, -1] = ninf
     x[5, :-1] = ninf
     x[12, 0] = inf
-    check_op(op, x, dim=-1, backward=False, note=s)
-    m = make_tensor((13, d), dtype, "cuda")
+    m = make_tensor((13, d), dtype, "cuda")  # masked rows
     m[1, : d // 2] = ninf
     m[6, 1::2] = ninf
     m[7, -1] = ninf
     m[12, :-1] = ninf
-    check_op(op, m, dim=-1, note=s)
+    msg = f"warp {op.name} {dtype} D={d}"
+    for t in (x, m):
+        poison_allocator("cuda", t.numel() * dtype.itemsize)
+        y = fwd(t, -1, None, variant="warp")
+        assert_close(y, torch_fn(t.double(), -1), torch_actual=torch_fn(t, -1), msg=msg + " forward")
+    y = torch_fn(m, -1)
+    s = fastact.explain(op.name + "_backward", y, -1)
+    leaves = dtype.itemsize == 2 and d > 768
+    assert _variant(s) == ("vec" if leaves else "warp") and ("head and tail" if leaves else "element accesses") in s, s
+    g = make_tensor((13, d), dtype, "cuda")
+    poison_allocator("cuda", g.numel() * dtype.itemsize)
+    dx = bwd(g, y, -1, dtype, variant="warp")
+    assert_close(dx, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
+                 msg=msg + " backward")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)

@@ -798,6 +798,20 @@ inline bool softmax_rows_edge_vectorizable(const SoftmaxProblem& p) {
   return p.aligned && p.inner == 1 && p.dim_size % w != 0 && (p.outer == 1 || (p.row_stride - p.dim_size) % w == 0);
 }
 
+// 16-bit backwards of rows longer than this that the warp kernel would read element by element (D off the vector
+// width) go to vec, with 128-bit bodies and head / tail elements (softmax_rows_edge_vectorizable), where their
+// bases allow. Why (H100, 256 MB, us, warp / vec, bench/NOTES.md thirty-first session): softmax backward bf16
+// D = 769 272.8 / 263.4, 1023 272.9 / 265.4, f16 alike; log_softmax backward bf16 D = 833 278.8 / 276.5, 1023
+// 278.0 / 264.2 (at 769 278.5 / 283.9, the one cell vec loses); at 577 and below warp wins (276.3 / 295.8). The
+// forwards stay: bf16 gains as much from 769 (1023: 195.1 / 181.6), but the f16 vec forward is slower there
+// (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and SoftmaxProblem does not tell the two apart. Float rows stay: at
+// 577 the float vec backward is 7% slower.
+constexpr int kWarpElementRows16MaxDim = 768;
+inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
+  return p.backward && p.in_bytes == 2 && p.out_bytes == 2 && p.dim_size > kWarpElementRows16MaxDim &&
+         softmax_rows_edge_vectorizable(p);
+}
+
 // Columns (inner > 1) can move in 128-bit accesses along inner.
 inline bool softmax_columns_vectorizable(const SoftmaxProblem& p) {
   return p.aligned && p.inner > 1 && p.inner % softmax_vec_width(p) == 0;
@@ -1510,7 +1524,7 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
                 : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
     return s;
   }
-  if (p.dim_size <= softmax_warp_max_dim(p.acc_bytes)) {
+  if (p.dim_size <= softmax_warp_max_dim(p.acc_bytes) && !softmax_rows_leave_warp(p)) {
     s = plan_softmax(SoftmaxVariant::kWarp, p);
     s.why = "short rows: a warp (or part of one) per row, the row in registers";
     return s;
