@@ -5,20 +5,23 @@
 // as kVecs accesses of kVec elements (kVec = 128-bit width when aligned, else 1):
 //   element e of the row, with lane-in-row l and access j:  e = (j * kTpr + l) * kVec + k,
 // so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). A lane's first nvalid
-// accesses lie inside the row (kVec divides D when kVec > 1); the others are not loaded but filled
-// with values that change nothing: -inf in the forward (the max keeps; exp(-inf - m) = 0), 0 in the
-// backward (a term of 0). Reductions are xor shuffles within the row's lanes; no shared memory, no
-// barriers. Blocks of 4 warps, one block of rows each. The forward of 16-bit rows of 512 and 1024
-// keeps them as loaded (softmax_warp_raw), the others converted to the accumulation type.
+// accesses lie inside the row (kVec divides D when kVec > 1); each phase (load, max, sum, stores;
+// backward: load, dot, stores) skips the others. Reductions are xor shuffles within the row's lanes;
+// no shared memory, no barriers. Blocks of 4 warps, one block of rows each. The forward of 16-bit rows
+// of 512 and 1024 keeps them as loaded (softmax_warp_raw), the others converted to the accumulation
+// type.
 //
-// Guards. Only the loads, the forward's sum (an exp a slot) and the stores test j < nvalid; the max
-// and the backward's dot run over every slot. The sum and the stores test a fresh_copy of nvalid: with
-// one nvalid for every phase, ptxas computed a lane's (up to 32) predicates once and kept them alive
-// from the loads to the stores by saving them to registers (P2R). At one element an access (16-bit
-// rows of D % 8 != 0, float rows of odd D) that took the bf16 log forward at 2^10 to 95 registers
-// (five blocks an SM) and those rows behind torch's: 256 MB, H100, bf16 log forward D = 577
-// 386.7 -> 216.9 us (torch 281.1), log backward 419.1 -> 284.8 (torch 374.0); 128-bit rows and float
-// unchanged (bench/NOTES.md, thirty-first session).
+// Lanes of many accesses (WarpShape::kFill: 16 or more, element rows of 2^9 and 2^10) fill the
+// accesses past the row instead, with values that change nothing: -inf in the forward (the max keeps;
+// exp(-inf - m) = 0), 0 in the backward (a term of 0); then the max and the backward's dot run over
+// every slot, and the forward's sum and the stores test a fresh_copy of nvalid. Why: with one nvalid
+// for every phase, ptxas computed a lane's 16-32 predicates once and kept them alive from the loads to
+// the stores by saving them to registers (P2R): the bf16 log forward at 2^10 took 95 registers (five
+// blocks an SM), and those rows (16-bit D % 8 != 0, float odd D) ran behind torch. H100, 256 MB: bf16
+// log forward D = 577 386.7 -> 216.9 us (torch 281.1), log backward 419.1 -> 284.8 (torch 374.0).
+// Lanes of fewer accesses keep every phase guarded: their few predicates stay in predicate registers,
+// and the fill made them slower (64 MB: f16 log backward D = 33 78.5 -> 99.6 us, softmax backward bf16
+// D = 10 9.3 -> 12.4 at 8 MB; 128-bit rows unchanged either way; bench/NOTES.md, thirty-first session).
 #pragma once
 
 #include <type_traits>
@@ -40,6 +43,8 @@ struct WarpShape {
   // session), bf16 184.2 -> 182.5; rows of 128, bf16, one access a lane: 184.4 with .cg, 182.9 plain
   // (ninth session; float unchanged either way).
   static constexpr bool kLoadL2 = kVecs > 1;
+  // Accesses past the row filled, the later phases' guards from fresh copies (see the top of the file).
+  static constexpr bool kFill = kVecs >= 16;
   // The forward keeps 16-bit rows as loaded (dispatch.h softmax_warp_raw).
   template <typename in_t, typename A>
   static constexpr bool kRaw = softmax_warp_raw(kVecs, kVec, sizeof(in_t), sizeof(A));
@@ -59,18 +64,28 @@ FASTACT_DEVICE int warp_valid(int lane_in_row, int dim) {
 // those kept alive in registers in between). Every lane of the warp must call it.
 FASTACT_DEVICE int fresh_copy(int v) { return __shfl_sync(0xffffffffu, v, static_cast<int>(threadIdx.x % kWarpSize)); }
 
+// The count a later phase guards its accesses with: a fresh copy of nvalid where slots are filled, else nvalid.
+template <bool kFill>
+FASTACT_DEVICE int phase_count(int nvalid) {
+  if constexpr (kFill) {
+    return fresh_copy(nvalid);
+  } else {
+    return nvalid;
+  }
+}
+
 // A lane's slice of a row in the forward: kVecs accesses of kVec elements, of which the first nvalid
 // hold data. Two ways to keep it, with the same interface, so that one kernel body runs either:
 //   load<kL2>(p, step, nvalid)  accesses j < nvalid from p + j * step (kL2: load_vector_l2), the
-//                               others -inf
-//   lane_max()                  the max of the lane's values (every slot: the fill is -inf)
-//   keep_and_sum(m, nsum)       the sum of the terms exp(x - m) of accesses j < nsum (m the row's max)
+//                               others -inf where kFill
+//   lane_max(n)                 the max of the lane's values: every slot where kFill, else j < n
+//   keep_and_sum(m, n)          the sum of the terms exp(x - m) of accesses j < n (m the row's max)
 //   out(epi, j, m, c, o)        access j's outputs, c = epi.row_constant(row sum)
 // WarpConvertedRow holds the values as A, ForwardCache<Epi>'s kept values after keep_and_sum (for
 // softmax exp(x - m): one exp an element). WarpRawRow holds them as loaded (half the registers for
 // 16-bit inputs; softmax_warp_raw) and converts at each use: the max by packed compares
 // (ElementMax), the exps twice, for the sum and for the outputs (KeepInput<Epi>).
-template <typename in_t, typename A, typename Epi, int kVec, int kVecs>
+template <typename in_t, typename A, typename Epi, int kVec, int kVecs, bool kFill>
 struct WarpConvertedRow {
   using Cache = ForwardCache<Epi>;
   A v[kVecs][kVec];
@@ -81,26 +96,28 @@ struct WarpConvertedRow {
     for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
         to_acc(kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step), v[j]);
-      } else {
+      } else if constexpr (kFill) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) v[j][k] = neg_inf<A>();
       }
     }
   }
-  FASTACT_DEVICE A lane_max() const {
+  FASTACT_DEVICE A lane_max(int n) const {
     A m = neg_inf<A>();
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
+      if (kFill || j < n) {
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+        for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+      }
     }
     return m;
   }
-  FASTACT_DEVICE A keep_and_sum(A m, int nsum) {
+  FASTACT_DEVICE A keep_and_sum(A m, int n) {
     A s = A(0);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nsum) {
+      if (j < n) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           v[j][k] = Cache::keep(v[j][k], m);
@@ -116,7 +133,7 @@ struct WarpConvertedRow {
   }
 };
 
-template <typename in_t, typename A, typename Epi, int kVec, int kVecs>
+template <typename in_t, typename A, typename Epi, int kVec, int kVecs, bool kFill>
 struct WarpRawRow {
   using Raw = KeepInput<Epi>;
   AlignedVector<in_t, kVec> r[kVecs];
@@ -130,27 +147,27 @@ struct WarpRawRow {
     for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
         r[j] = kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step);
-      } else {
+      } else if constexpr (kFill) {
         r[j] = from_acc<in_t>(fill);
       }
     }
   }
-  FASTACT_DEVICE A lane_max() const {
+  FASTACT_DEVICE A lane_max(int n) const {
     A mv[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) mv[k] = neg_inf<A>();
-    ElementMax<in_t>::into(r, kVecs, mv);
+    ElementMax<in_t>::into(r, kFill ? kVecs : n, mv);
     A m = mv[0];
 #pragma unroll
     for (int k = 1; k < kVec; ++k) m = MaxOp<A>()(m, mv[k]);
     return m;
   }
-  FASTACT_DEVICE A keep_and_sum(A m, int nsum) const {
+  FASTACT_DEVICE A keep_and_sum(A m, int n) const {
     const A base = max_base(m);
     A s = A(0);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (j < nsum) {
+      if (j < n) {
         A w[kVec];
         to_acc(r[j], w);
 #pragma unroll
@@ -176,8 +193,8 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
   using S = WarpShape<kLog2, kVec>;
-  using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs>,
-                                 WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs>>;
+  using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>,
+                                 WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
   // Rows past the end still take part in the shuffles, with nothing valid.
@@ -186,11 +203,11 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
   constexpr int kStep = S::kTpr * kVec;
   Row slice;
   slice.template load<S::kLoadL2>(x + (row < rows ? row : 0) * row_stride + first, kStep, nvalid);
-  const A m = warp_reduce<S::kTpr>(slice.lane_max(), MaxOp<A>());
-  const A s = warp_reduce<S::kTpr>(slice.keep_and_sum(m, fresh_copy(nvalid)), SumOp<A>());
+  const A m = warp_reduce<S::kTpr>(slice.lane_max(nvalid), MaxOp<A>());
+  const A s = warp_reduce<S::kTpr>(slice.keep_and_sum(m, phase_count<S::kFill>(nvalid)), SumOp<A>());
   const A c = epi.row_constant(s);
   out_t* yr = y + (row < rows ? row : 0) * int64_t(dim) + first;
-  const int nstore = fresh_copy(nvalid);
+  const int nstore = phase_count<S::kFill>(nvalid);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
     if (j < nstore) {
@@ -202,7 +219,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
 }
 
 // grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t).
-// Caches grad_output and output as loaded (0 past the row's end) and converts on use.
+// Caches grad_output and output as loaded (0 past the row's end where kFill) and converts on use.
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(const out_t* __restrict__ grad_output,
                                                                              const out_t* __restrict__ output,
@@ -217,30 +234,30 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
   constexpr int kStep = S::kTpr * kVec;
   const int64_t offset = (row < rows ? row : 0) * int64_t(dim) + lane_in_row * kVec;
 
-  A zeros[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) zeros[k] = A(0);
   AlignedVector<out_t, kVec> dy[S::kVecs], yv[S::kVecs];
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
     if (j < nvalid) {
       dy[j] = load_vector<out_t, kVec>(grad_output + offset + j * kStep);
       yv[j] = load_vector<out_t, kVec>(output + offset + j * kStep);
-    } else {
+    } else if constexpr (S::kFill) {
+      const A zeros[kVec] = {};
       dy[j] = yv[j] = from_acc<out_t>(zeros);
     }
   }
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
-    A g[kVec], o[kVec];
-    to_acc(dy[j], g);
-    to_acc(yv[j], o);
+    if (S::kFill || j < nvalid) {  // a term of 0 past the end where filled
+      A g[kVec], o[kVec];
+      to_acc(dy[j], g);
+      to_acc(yv[j], o);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);  // 0 past the end
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    }
   }
   dot = warp_reduce<S::kTpr>(dot, SumOp<A>());
-  const int nstore = fresh_copy(nvalid);
+  const int nstore = phase_count<S::kFill>(nvalid);
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
     if (j < nstore) {
