@@ -416,7 +416,8 @@ def test_warp_element_rows(op, dtype, d):
     that few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
     show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the last;
     masked rows forward and backward; against float64, outputs poisoned. Auto dispatch keeps such rows on the warp
-    kernel except 16-bit backwards beyond 768 (dispatch.h softmax_rows_leave_warp: vec, head and tail elements)."""
+    kernel except 16-bit backwards beyond 768 (dispatch.h softmax_rows_leave_warp: vec, head and tail elements);
+    backwards of float rows and of 16-bit rows up to 16 hold 4 elements a lane (softmax_warp_element_lane)."""
     if dtype == torch.float64 and d > 512:
         pytest.skip("the warp kernel takes float64 rows up to 512")
     log = op.name == "log_softmax"
@@ -447,6 +448,10 @@ def test_warp_element_rows(op, dtype, d):
     s = fastact.explain(op.name + "_backward", y, -1)
     leaves = dtype.itemsize == 2 and d > 768
     assert _variant(s) == ("vec" if leaves else "warp") and ("head and tail" if leaves else "element accesses") in s, s
+    if d <= 128:  # dispatch.h softmax_warp_element_lane: 4 elements a lane in float and short 16-bit backwards
+        padded = 1 << (d - 1).bit_length()
+        per_lane = min(padded, 4 if dtype.itemsize == 4 or (dtype.itemsize == 2 and padded <= 16) else 8)
+        assert f"{padded // per_lane} lanes per row, {per_lane} elements per lane" in s, s
     g = make_tensor((13, d), dtype, "cuda")
     poison_allocator("cuda", g.numel() * dtype.itemsize)
     dx = bwd(g, y, -1, dtype, variant="warp")

@@ -206,15 +206,27 @@ constexpr int kWarpBlockThreads = 128;
 // accesses a lane let more rows start their loads at once.
 constexpr int kWarpMinAccesses = 1;
 
-// Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
-// time: at least kWarpMinAccesses vectors, or 8 elements with element access, and never fewer than
-// elems / 32 (a row never spans more than a warp).
-constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec) {
-  return softmax_detail::cmax((1 << log2_elems) / 32,
-                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? kWarpMinAccesses * vec : 8));
+// Elements a lane aims at in the warp kernel with element accesses: 8, but 4 in the backwards of float rows and of
+// 16-bit rows of up to 16 (padded). Fewer elements a lane spread a row over more lanes, so each warp-wide load
+// spans fewer rows and fewer sectors. Why (H100, 256 MB, us, 8 / 4 elements a lane, diag/wv, bench/NOTES.md
+// thirty-first session): float log_softmax backward D = 5 348.2 / 265.3, 10 308.7 / 265.3, 33 283.0 / 264.3, 77
+// 289.2 / 265.3 (torch 294.0, 290.6, 265.4, 267.8), softmax backward D = 5 315.7 / 265.1; bf16 log_softmax
+// backward D = 5 483.8 / 290.2, 10 378.2 / 291.0, softmax backward D = 10 333.0 / 290.3. Not elsewhere: bf16
+// backwards at D = 33 and 77 tie or lose (softmax 303.7 / 314.1, 285.0 / 295.2), forwards lose (bf16 D = 5 193.3 /
+// 258.4), float64 was not measured. Rows of 256 and more hold 8 a lane whatever this says (a row spans one warp).
+constexpr int softmax_warp_element_lane(bool backward, int out_bytes, int log2_elems) {
+  return backward && (out_bytes == 4 || (out_bytes == 2 && log2_elems <= 4)) ? 4 : 8;
 }
-constexpr int softmax_warp_threads_per_row(int log2_elems, int vec) {
-  return (1 << log2_elems) / softmax_warp_elems_per_thread(log2_elems, vec);
+
+// Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
+// time: at least kWarpMinAccesses vectors, or softmax_warp_element_lane elements with element access, and
+// never fewer than elems / 32 (a row never spans more than a warp). out_bytes: the forward's output element, the
+// backward's grad_output and output element.
+constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec, bool backward, int out_bytes) {
+  return softmax_detail::cmax((1 << log2_elems) / 32,
+                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? kWarpMinAccesses * vec
+                                                                            : softmax_warp_element_lane(
+                                                                                  backward, out_bytes, log2_elems)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1460,7 +1472,7 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       s.vec = row_vec;
       s.warp_log2 = log2_ceil(p.dim_size);
       s.threads = kWarpBlockThreads;
-      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec);
+      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes);
       return s;
     }
     case SoftmaxVariant::kVec:
@@ -1595,7 +1607,7 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
   switch (s.mode) {
     case SoftmaxMode::kWarp:
       n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s]",
-                        softmax_warp_threads_per_row(s.warp_log2, s.vec), s.elems_per_thread, access);
+                        (1 << s.warp_log2) / s.elems_per_thread, s.elems_per_thread, access);
       break;
     case SoftmaxMode::kResident:
       if (s.smem_elems > 0) {

@@ -30,9 +30,11 @@
 
 namespace fastact::softmax_impl {
 
-template <int kLog2, int kVec>
+// kBackward, kOutBytes: the direction and the output element (backward: grad_output and output), for
+// dispatch.h softmax_warp_elems_per_thread.
+template <int kLog2, int kVec, bool kBackward, int kOutBytes>
 struct WarpShape {
-  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec);  // per lane
+  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward, kOutBytes);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
   static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
@@ -192,7 +194,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(con
                                                                              int dim, int64_t row_stride, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t))>;
   using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>,
                                  WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>>;
   const int lane_in_row = threadIdx.x % S::kTpr;
@@ -227,7 +229,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
                                                                              int64_t rows, int dim, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, true, int(sizeof(out_t))>;
   const int lane_in_row = threadIdx.x % S::kTpr;
   const int64_t row = (first_block + blockIdx.x) * S::kRowsPerBlock + threadIdx.x / S::kTpr;
   const int nvalid = row < rows ? warp_valid<S::kVecs, S::kTpr, kVec>(lane_in_row, dim) : 0;
@@ -276,7 +278,7 @@ namespace detail {
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t))>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
@@ -285,7 +287,7 @@ cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
 cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec>;
+  using S = WarpShape<kLog2, kVec, true, int(sizeof(out_t))>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   return launch_items<softmax_warp_bwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
       blocks, kWarpBlockThreads, 0, 1, stream, dy, y, dx, rows, static_cast<int>(dim), Epi{});
