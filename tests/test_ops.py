@@ -158,6 +158,16 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("shape,dim", [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1)])
+def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
+    """The CPU strided backward's column chunks (csrc/cpu/kernels.cpp softmax_strided_bwd, float and double rows a
+    page apart): up to 512 columns a task (inner 1100), fewer for long D (700: 32 columns; 520: 48); the last chunk
+    partial, ending in one vector and single columns; D past the 256 rows each partial sum takes; rows closer than a
+    page (600) a vector pair a task. Forward and backward against float64."""
+    check_op(op, make_tensor(shape, dtype, device), dim=dim)
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize(
     "shape,dim",
     [
