@@ -62,7 +62,8 @@ def softmax_cases(dtype, synccheck=False):
     # [265, 65, 131]: the staged mode (backwards of 2- and 4-byte elements, 16-bit forwards; staged_cases
     # adds misaligned grad_output, output and x); [3, 2, 2056]: tiles of one D-group a column, no scratch
     # (16-bit forward: 128 columns x 128 threads; the last tile partial); [7, 1001]: the warp kernel's element
-    # rows at 2^10 with slots past the row filled, the last block of rows partial (16-bit auto backward: vec's head and tail)
+    # rows at 2^10 with slots past the row filled, the last block of rows partial (16-bit auto backward: vec's
+    # head and tail)
     for shape, dim in shapes:
         if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
             continue

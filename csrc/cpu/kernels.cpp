@@ -1232,7 +1232,7 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
 // or more fit: elsewhere the buffer's loads and stores cost as much as the runs gain, or more (D = 4: consecutive
 // tasks already read consecutive lines; one pair a chunk; rows closer than a page; bfloat16 softmax over dim 0 of
 // [64, 32768] 1.04-1.12 -> 1.17-1.39 ms). 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md
-// thirty-first session): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.34 (torch 0.97-1.39), log
+// thirty-first session): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log
 // 2.45-2.54 -> 1.35-1.81; dim 0 of f32 [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59. Same sums in the same order
 // per column as a pair a task.
 constexpr int64_t kStridedBwdMaxWidth = 512;

@@ -223,10 +223,8 @@ constexpr int softmax_warp_element_lane(bool backward, int out_bytes, int log2_e
 // never fewer than elems / 32 (a row never spans more than a warp). out_bytes: the forward's output element, the
 // backward's grad_output and output element.
 constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec, bool backward, int out_bytes) {
-  return softmax_detail::cmax((1 << log2_elems) / 32,
-                              softmax_detail::cmin(1 << log2_elems, vec > 1 ? kWarpMinAccesses * vec
-                                                                            : softmax_warp_element_lane(
-                                                                                  backward, out_bytes, log2_elems)));
+  const int aim = vec > 1 ? kWarpMinAccesses * vec : softmax_warp_element_lane(backward, out_bytes, log2_elems);
+  return softmax_detail::cmax((1 << log2_elems) / 32, softmax_detail::cmin(1 << log2_elems, aim));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -142,14 +142,14 @@ struct WarpRawRow {
 
   template <bool kL2>
   FASTACT_DEVICE void load(const in_t* p, int step, int nvalid) {
-    A fill[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) fill[k] = neg_inf<A>();
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (j < nvalid) {
         r[j] = kL2 ? load_vector_l2<in_t, kVec>(p + j * step) : load_vector<in_t, kVec>(p + j * step);
       } else if constexpr (kFill) {
+        A fill[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) fill[k] = neg_inf<A>();
         r[j] = from_acc<in_t>(fill);
       }
     }
