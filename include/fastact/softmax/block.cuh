@@ -276,22 +276,29 @@ struct NoExtraGrads {
 };
 
 // resident_backward's Extra for a row with edges: this thread's edge elements of grad_output and
-// output; add_terms adds their backward terms to the dot, store writes dxrow[offset + k].
+// output; add_terms adds their backward terms to the dot (and, as resident_backward does, makes it
+// depend on the output's loads: LoadDependence), store writes dxrow[offset + k].
 template <typename out_t, typename in_t, int kVec>
 struct BackwardEdges {
   EdgeElements<out_t, kVec> dy, y;
   in_t* dxrow;
   int offset;
+  unsigned zero;  // opaque_zero of the row length
   FASTACT_DEVICE BackwardEdges(const out_t* __restrict__ dyrow, const out_t* __restrict__ yrow, in_t* dxrow_,
-                               const RowEdges& ed)
-      : dy(dyrow, ed), y(yrow, ed), dxrow(dxrow_), offset(ed.offset) {}
+                               const RowEdges& ed, unsigned zero_)
+      : dy(dyrow, ed), y(yrow, ed), dxrow(dxrow_), offset(ed.offset), zero(zero_) {}
 
   template <typename Epi, typename A>
   FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
+    LoadDependence outputs{zero};
 #pragma unroll
     for (int k = 0; k < dy.kMax; ++k) {
-      if (k < dy.count) dot += epi.backward_term(dy.template value<A>(k), y.template value<A>(k));
+      if (k < dy.count) {
+        dot += epi.backward_term(dy.template value<A>(k), y.template value<A>(k));
+        if constexpr (output_loads_with_reduction<Epi, out_t>()) outputs.take(y.e[k]);
+      }
     }
+    dot = outputs.apply(dot);
   }
   template <typename Epi, typename A>
   FASTACT_DEVICE void store(const Epi& epi, A dot) const {
@@ -372,14 +379,15 @@ FASTACT_DEVICE void load_backward_units(const out_t* __restrict__ dyr, const out
 // the sum of the epilogue's backward term over the row (all-reduce), then grad_input at
 // dxr + j * step (dxr: this thread's unit 0).
 // `extra` as resident_forward's: the rest of the thread's part of the row (NoExtraGrads: none);
-// `group` as resident_forward's.
+// `group` as resident_forward's; `zero`: opaque_zero (common.cuh) of the row length.
 template <typename Epi, int kVec, int kVecs, typename A, typename Extra = NoExtraGrads, typename out_t, typename in_t,
           typename Group>
 FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVecs],
                                       const AlignedVector<out_t, kVec> (&yv)[kVecs], const ResidentSlice& s,
-                                      in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch, int& round,
-                                      const Group& group, const Extra& extra = Extra()) {
+                                      unsigned zero, in_t* __restrict__ dxr, const Epi& epi, RowScratch<A>& scratch,
+                                      int& round, const Group& group, const Extra& extra = Extra()) {
   A dot = A(0);
+  LoadDependence outputs{zero};  // where output_loads_with_reduction: the output's loads with grad_output's
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
@@ -388,9 +396,11 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
       to_acc(yv[j], o);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+      if constexpr (output_loads_with_reduction<Epi, out_t>()) outputs.take(yv[j]);
     }
   }
   extra.add_terms(epi, dot);
+  dot = outputs.apply(dot);
   dot = row_allreduce(dot, SumOp<A>(), scratch, round, group);
   if (row_gave_up(group)) return;  // grid.cuh: the launch's last CTA writes this slice
 #pragma unroll
@@ -488,10 +498,11 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   if constexpr (kEdges) {
     const int64_t r0 = row * dim;
     resident_backward<Epi, kVec, kVecs, A>(
-        dy, yv, s, grad_input + offset, epi, scratch, round, cluster,
-        BackwardEdges<out_t, in_t, kVec>(grad_output + r0, output + r0, grad_input + r0, ed));
+        dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round, cluster,
+        BackwardEdges<out_t, in_t, kVec>(grad_output + r0, output + r0, grad_input + r0, ed, opaque_zero(dim)));
   } else {
-    resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, cluster);
+    resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round,
+                                           cluster);
   }
 }
 

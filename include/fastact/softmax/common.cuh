@@ -157,6 +157,61 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
   return ElementConvert<T>::template from_acc<A, N>(in);
 }
 
+// 0 at run time, from a kernel argument known to be >= 0 (a row length), so that the compiler cannot
+// fold it: for LoadDependence.
+FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
+  return static_cast<unsigned>(static_cast<uint64_t>(nonneg) >> 63);
+}
+
+// A value reduced over a row, made to depend on loads whose values it does not use, unchanged: the
+// bits of each loaded value ANDed with `zero` (opaque_zero) are ORed into `bits` (take), and `bits`
+// into the value (apply). Why: log_softmax's backward reduces grad_output alone and reads the output
+// only after the reduction, and ptxas issued the output's loads after the reduction's first shuffle,
+// once grad_output had arrived: a row waited on two memory latencies where softmax's backward, which
+// reduces both, waits on one. Folded into the reduced value, the output's loads go out with
+// grad_output's. take() belongs in the loop that adds the row's terms, under its guard: a loop of its
+// own, guarded again, cost ptxas's predicates registers (P2R). Where: output_loads_with_reduction.
+struct LoadDependence {
+  unsigned zero;
+  unsigned bits = 0;
+  template <typename U>
+  FASTACT_DEVICE void take(const U& v) {
+    static_assert(sizeof(U) % 4 == 0 || sizeof(U) == 2, "whole 32-bit words, or one 16-bit element");
+    if constexpr (sizeof(U) % 4 == 0) {
+      const auto* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+      for (int i = 0; i < int(sizeof(U) / 4); ++i) bits |= w[i] & zero;
+    } else {
+      bits |= *reinterpret_cast<const unsigned short*>(&v) & zero;
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE A apply(A acc) const {
+    static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(A) == 4) {
+      return __uint_as_float(__float_as_uint(acc) | bits);
+    } else {
+      return __longlong_as_double(__double_as_longlong(acc) | static_cast<long long>(bits));
+    }
+#else
+    return acc;
+#endif
+  }
+};
+
+// Whether a backward with epilogue Epi and outputs out_t takes its output's loads into its reduction
+// (LoadDependence): log_softmax with float outputs. H100, us, HEAD -> dependence (bench/NOTES.md
+// thirty-second session): 8 MB f32 [209, 10000] 6.80 -> 6.12 (torch 6.20), [419, 5000] 5.97 -> 5.70,
+// [3634, 577] 6.10 -> 5.71; 256 MB [67041, 1001] 275.1 -> 268.3; lost: 8 MB [13981, 150] 5.69 -> 6.21,
+// [69, 30000] 7.45 -> 7.71. 16-bit outputs lose: there the later loads overlap the reduction (8 MB
+// [64, 65536] bf16 7.19 -> 8.03, the cluster's exchange being long) or the kernel is bound by issue
+// (256 MB bf16 [26843545, 5] 289.7 -> 373.3). double: not measured.
+template <typename Epi, typename out_t>
+constexpr bool output_loads_with_reduction() {
+  return !Epi::kTermUsesOutput && sizeof(out_t) == 4;
+}
+
 // exp(d), d <= 0 (an element minus a max), in the kernels that cache the row (ForwardCache): in float
 // the SFU's ex2.approx.ftz of d * log2(e): a multiply and one MUFU, where exp2f adds a compare and two
 // predicated multiplies per element to produce subnormal results, and expf twice that. Why: the

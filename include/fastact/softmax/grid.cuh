@@ -252,10 +252,11 @@ FASTACT_DEVICE void grid_backward_slice(const out_t* __restrict__ grad_output, c
   load_backward_units<kVec>(grad_output + offset, output + offset, s, dy, yv);
   if constexpr (kSmemVecs > 0) {
     using Extra = SharedGrads<out_t, in_t, kVec, kRegVecs, kSmemVecs>;
-    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group,
-                                              Extra{slot, grad_input + offset, nthreads, s.nvalid, s.step});
+    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round,
+                                              group, Extra{slot, grad_input + offset, nthreads, s.nvalid, s.step});
   } else {
-    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, grad_input + offset, epi, scratch, round, group);
+    resident_backward<Epi, kVec, kRegVecs, A>(dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round,
+                                              group);
   }
 }
 

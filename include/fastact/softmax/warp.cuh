@@ -248,6 +248,7 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
     }
   }
   A dot = A(0);
+  LoadDependence outputs{opaque_zero(dim)};  // as block.cuh's resident_backward
 #pragma unroll
   for (int j = 0; j < S::kVecs; ++j) {
     if (S::kFill || j < nvalid) {  // a term of 0 past the end where filled
@@ -256,8 +257,10 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
       to_acc(yv[j], o);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+      if constexpr (output_loads_with_reduction<Epi, out_t>()) outputs.take(yv[j]);
     }
   }
+  dot = outputs.apply(dot);
   dot = warp_reduce<S::kTpr>(dot, SumOp<A>());
   const int nstore = phase_count<S::kFill>(nvalid);
 #pragma unroll
