@@ -158,12 +158,17 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("shape,dim", [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1), ((5, 64, 196), 1), ((4, 20, 130), 1)],
+)
 def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
     """The CPU strided backward's column chunks (csrc/cpu/kernels.cpp softmax_strided_bwd, float and double rows a
-    page apart): up to 512 columns a task (inner 1100), fewer for long D (700: 32 columns; 520: 48); the last chunk
-    partial, ending in one vector and single columns; D past the 256 rows each partial sum takes; rows closer than a
-    page (600) a vector pair a task. Forward and backward against float64."""
+    page apart, or a slab of 128 columns or more in one chunk): up to 512 columns a task (inner 1100), fewer for long
+    D (700: 32 columns; 520: 48); the last chunk partial, its columns past the last vector pair in zero-filled lanes
+    (520: 36 = 32 + 4), or under a vector pair a task where fewer than a pair are left (1030); D past the 256 rows
+    each partial sum takes; whole slabs of rows closer than a page (196: 12 pairs and 4 columns; 130: 8 pairs and 2);
+    rows closer than a page in chunks (600) a vector pair a task. Forward and backward against float64."""
     check_op(op, make_tensor(shape, dtype, device), dim=dim)
 
 

@@ -1224,21 +1224,24 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
   for (int64_t d = 0; d < D; ++d) dx[d * inner] = Out(epi.backward(A(dy[d * inner]), A(y[d * inner]), s));
 }
 
-// The strided backward walks a slab's rows in runs of up to kStridedBwdMaxWidth adjacent columns (whole vector
-// pairs), the columns' sums in a buffer, rather than a vector pair at a time: a task that reads one 64-byte line a
-// row, rows a page or more apart, leaves every line to a demand miss that no prefetcher follows. A chunk's width
-// keeps its dy and y rows within kStridedBwdChunkBytes, so that the second pass reads them from L2. Only for
-// float and double inputs whose rows lie a page apart or more, at D >= kStridedBwdMinRows, where two vector pairs
-// or more fit: elsewhere the buffer's loads and stores cost as much as the runs gain, or more (D = 4: consecutive
-// tasks already read consecutive lines; one pair a chunk; rows closer than a page; bfloat16 softmax over dim 0 of
-// [64, 32768] 1.04-1.12 -> 1.17-1.39 ms). 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md
-// thirty-first session): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log
-// 2.45-2.54 -> 1.35-1.81; dim 0 of f32 [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59. Same sums in the same order
-// per column as a pair a task.
+// The strided backward walks a slab's rows in runs of up to kStridedBwdMaxWidth adjacent columns, the columns' sums
+// in a buffer (the columns past the last vector pair in zero-filled lanes), rather than a vector pair at a time: a
+// task that reads one 64-byte line a row, rows a page or more apart, leaves every line to a demand miss that no
+// prefetcher follows. A chunk's width keeps its dy and y rows within kStridedBwdChunkBytes, so that the second pass
+// reads them from L2. Only for float and double inputs at D >= kStridedBwdMinRows, where two vector pairs or more
+// fit, and whose rows lie a page apart or more, or whose whole slab of kStridedBwdMinSlabColumns columns or more
+// fits one chunk (then a task reads one contiguous block): elsewhere the buffer's loads and stores cost as much as
+// the runs gain, or more (D = 4: consecutive tasks already read consecutive lines; one pair a chunk; rows closer
+// than a page in chunks of 32 columns, [2, 700, 600]; bfloat16 softmax over dim 0 of [64, 32768] 1.04-1.12 ->
+// 1.17-1.39 ms). 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md thirty-first and thirty-second
+// sessions): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log 2.45-2.54 ->
+// 1.35-1.81; dim 0 of f32 [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59; dim 1 of f32 [167, 64, 196] (whole slabs)
+// log 2.92-3.14 -> 1.43-1.50 (torch 1.38-1.68). Same sums in the same order per column as a pair a task.
 constexpr int64_t kStridedBwdMaxWidth = 512;
 constexpr int64_t kStridedBwdChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedBwdMinRows = 16;
 constexpr int64_t kStridedBwdMinRowBytes = 4096;
+constexpr int64_t kStridedBwdMinSlabColumns = 128;
 
 template <typename In, typename Out, bool kLog>
 void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t width) {
@@ -1246,42 +1249,58 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kV = IO::kV, kStep = 2 * kV;
+  const int64_t full = width / kStep * kStep, tail = width - full;  // the tail in zero-filled lanes
+  const int64_t padded = full + (tail > 0 ? kStep : 0);
   alignas(64) A sum[kStridedBwdMaxWidth], part[kStridedBwdMaxWidth];
-  std::fill(sum, sum + width, A(0));
+  std::fill(sum, sum + padded, A(0));
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
-    std::fill(part, part + width, A(0));
+    std::fill(part, part + padded, A(0));
     for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) {
-      for (int64_t c = 0; c < width; c += kStep) {
-        V g0, g1, y0, y1;
+      V g0, g1, y0, y1;
+      for (int64_t c = 0; c < full; c += kStep) {
         IO::load2(dy + d * inner + c, g0, g1);
         IO::load2(y + d * inner + c, y0, y1);
         (V::loadu(part + c) + VecBackward<kLog>::term(g0, y0)).store(part + c);
         (V::loadu(part + c + kV) + VecBackward<kLog>::term(g1, y1)).store(part + c + kV);
       }
+      if (tail > 0) {
+        load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
+        load2_tail(y + d * inner + full, tail, A(0), y0, y1);
+        (V::loadu(part + full) + VecBackward<kLog>::term(g0, y0)).store(part + full);
+        (V::loadu(part + full + kV) + VecBackward<kLog>::term(g1, y1)).store(part + full + kV);
+      }
     }
-    for (int64_t c = 0; c < width; c += kV) (V::loadu(sum + c) + V::loadu(part + c)).store(sum + c);
+    for (int64_t c = 0; c < padded; c += kV) (V::loadu(sum + c) + V::loadu(part + c)).store(sum + c);
   }
   for (int64_t d = 0; d < D; ++d) {
-    for (int64_t c = 0; c < width; c += kStep) {
-      V g0, g1, y0, y1;
+    V g0, g1, y0, y1;
+    for (int64_t c = 0; c < full; c += kStep) {
       IO::load2(dy + d * inner + c, g0, g1);
       IO::load2(y + d * inner + c, y0, y1);
       Io<Out>::store2(dx + d * inner + c, VecBackward<kLog>::map(g0, y0, V::loadu(sum + c)),
                       VecBackward<kLog>::map(g1, y1, V::loadu(sum + c + kV)));
     }
+    if (tail > 0) {
+      load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
+      load2_tail(y + d * inner + full, tail, A(0), y0, y1);
+      store2_tail(dx + d * inner + full, tail, VecBackward<kLog>::map(g0, y0, V::loadu(sum + full)),
+                  VecBackward<kLog>::map(g1, y1, V::loadu(sum + full + kV)));
+    }
   }
 }
 
-// Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: its whole vector pairs
-// (wide, or a pair at a time in registers where chunks are a pair), then one vector, then single columns.
+// Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide, all of its columns
+// at once; else (chunks of a pair, or under a pair left) a vector pair at a time in registers, then one vector, then
+// single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   static_assert(kStridedBwdMaxWidth % kBlock == 0, "a chunk is whole vector pairs");
   const int64_t D = shape.dim_size, inner = shape.inner;
   const int64_t fit = kStridedBwdChunkBytes / (2 * D * int64_t{sizeof(In)}) / kBlock * kBlock;
-  const bool wide = sizeof(In) >= 4 && inner * int64_t{sizeof(In)} >= kStridedBwdMinRowBytes && D >= kStridedBwdMinRows &&
-                    fit >= 2 * kBlock;
+  const bool whole_slab = inner >= kStridedBwdMinSlabColumns && fit >= inner;
+  const bool wide = sizeof(In) >= 4 && (inner * int64_t{sizeof(In)} >= kStridedBwdMinRowBytes || whole_slab) &&
+                    D >= kStridedBwdMinRows && fit >= 2 * kBlock;
   const int64_t width = wide ? std::min({fit, kStridedBwdMaxWidth, ceil_div(inner, kBlock) * kBlock}) : kBlock;
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
@@ -1292,7 +1311,7 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    const int64_t n = c1 - c0;
                    int64_t c = 0;
                    if (wide && n >= kBlock) {
-                     c = n / kBlock * kBlock;
+                     c = n;
                      softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c);
                    }
                    for (; c + kBlock <= n; c += kBlock)
