@@ -1243,8 +1243,12 @@ constexpr int64_t kStridedBwdMinRows = 16;
 constexpr int64_t kStridedBwdMinRowBytes = 4096;
 constexpr int64_t kStridedBwdMinSlabColumns = 128;
 
+// `width` columns from each row of dy / y / dx (rows `inner` apart); `whole`: they are all of the row (width ==
+// inner), so that the slab is one block and the vector pair at row d's last columns runs on into row d + 1: there
+// it is loaded and stored whole (the stored lanes past the row are written again with row d + 1; dx aliases
+// neither input), but for the last row.
 template <typename In, typename Out, bool kLog>
-void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t width) {
+void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t width, bool whole) {
   using IO = Io<In>;
   using A = typename IO::A;
   using V = typename IO::V;
@@ -1264,8 +1268,13 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
         (V::loadu(part + c + kV) + VecBackward<kLog>::term(g1, y1)).store(part + c + kV);
       }
       if (tail > 0) {
-        load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
-        load2_tail(y + d * inner + full, tail, A(0), y0, y1);
+        if (whole && d + 1 < D) {
+          IO::load2(dy + d * inner + full, g0, g1);
+          IO::load2(y + d * inner + full, y0, y1);
+        } else {
+          load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
+          load2_tail(y + d * inner + full, tail, A(0), y0, y1);
+        }
         (V::loadu(part + full) + VecBackward<kLog>::term(g0, y0)).store(part + full);
         (V::loadu(part + full + kV) + VecBackward<kLog>::term(g1, y1)).store(part + full + kV);
       }
@@ -1280,7 +1289,12 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
       Io<Out>::store2(dx + d * inner + c, VecBackward<kLog>::map(g0, y0, V::loadu(sum + c)),
                       VecBackward<kLog>::map(g1, y1, V::loadu(sum + c + kV)));
     }
-    if (tail > 0) {
+    if (tail > 0 && whole && d + 1 < D) {
+      IO::load2(dy + d * inner + full, g0, g1);
+      IO::load2(y + d * inner + full, y0, y1);
+      Io<Out>::store2(dx + d * inner + full, VecBackward<kLog>::map(g0, y0, V::loadu(sum + full)),
+                      VecBackward<kLog>::map(g1, y1, V::loadu(sum + full + kV)));
+    } else if (tail > 0) {
       load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
       load2_tail(y + d * inner + full, tail, A(0), y0, y1);
       store2_tail(dx + d * inner + full, tail, VecBackward<kLog>::map(g0, y0, V::loadu(sum + full)),
@@ -1312,7 +1326,8 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    int64_t c = 0;
                    if (wide && n >= kBlock) {
                      c = n;
-                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c);
+                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c,
+                                                          chunks == 1);
                    }
                    for (; c + kBlock <= n; c += kBlock)
                      softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
