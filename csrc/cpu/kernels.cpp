@@ -1236,7 +1236,7 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
 // 1.17-1.39 ms). 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md thirty-first and thirty-second
 // sessions): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log 2.45-2.54 ->
 // 1.35-1.81; dim 0 of f32 [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59; dim 1 of f32 [167, 64, 196] (whole slabs)
-// log 2.92-3.14 -> 1.43-1.50 (torch 1.38-1.68). Same sums in the same order per column as a pair a task.
+// log 2.88-4.59 -> 1.12-1.53 (torch 1.32-2.02). Same sums in the same order per column as a pair a task.
 constexpr int64_t kStridedBwdMaxWidth = 512;
 constexpr int64_t kStridedBwdChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedBwdMinRows = 16;
