@@ -410,9 +410,10 @@ def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("d", [3, 65, 127, 257, 301, 511, 513, 577, 767, 769, 1001, 1023])
 def test_warp_element_rows(op, dtype, d):
-    """softmax/warp.cuh at one element an access (D off the vector width), forced: a lane's slots past the row are
-    filled (-inf forward, 0 backward) so that the max and the backward's dot run over every slot, and the forward's
-    sum and the stores test fresh copies of the lane's count. Every padded row length (2^2 ... 2^10), a last slot
+    """softmax/warp.cuh at one element an access (D off the vector width), forced: at 2^9 and 2^10 (WarpShape::kFill)
+    a lane's slots past the row are filled (-inf forward, 0 backward) so that the max and the backward's dot run over
+    every slot, and the forward's sum and the stores test fresh copies of the lane's count; shorter rows guard every
+    phase with the count. Every padded row length (2^2 ... 2^10), a last slot
     that few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
     show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the last;
     masked rows forward and backward; against float64, outputs poisoned. Auto dispatch keeps such rows on the warp

@@ -267,30 +267,30 @@ struct ForwardEdges {
   }
 };
 
-// resident_backward's Extra: hooks that do nothing (the whole slice is in its arrays).
+// resident_backward's Extra: hooks that do nothing (the whole slice is in its arrays). add_terms(epi, dot,
+// outputs) adds the Extra's backward terms to dot and, where output_loads_with_reduction, passes the output
+// values it loaded to outputs (LoadDependence).
 struct NoExtraGrads {
   template <typename Epi, typename A>
-  FASTACT_DEVICE void add_terms(const Epi& /*epi*/, A& /*dot*/) const {}
+  FASTACT_DEVICE void add_terms(const Epi& /*epi*/, A& /*dot*/, LoadDependence& /*outputs*/) const {}
   template <typename Epi, typename A>
   FASTACT_DEVICE void store(const Epi& /*epi*/, A /*dot*/) const {}
 };
 
 // resident_backward's Extra for a row with edges: this thread's edge elements of grad_output and
-// output; add_terms adds their backward terms to the dot (and, as resident_backward does, makes it
-// depend on the output's loads: LoadDependence), store writes dxrow[offset + k].
+// output; add_terms adds their backward terms to the dot (their output values to `outputs`), store
+// writes dxrow[offset + k].
 template <typename out_t, typename in_t, int kVec>
 struct BackwardEdges {
   EdgeElements<out_t, kVec> dy, y;
   in_t* dxrow;
   int offset;
-  unsigned zero;  // opaque_zero of the row length
   FASTACT_DEVICE BackwardEdges(const out_t* __restrict__ dyrow, const out_t* __restrict__ yrow, in_t* dxrow_,
-                               const RowEdges& ed, unsigned zero_)
-      : dy(dyrow, ed), y(yrow, ed), dxrow(dxrow_), offset(ed.offset), zero(zero_) {}
+                               const RowEdges& ed)
+      : dy(dyrow, ed), y(yrow, ed), dxrow(dxrow_), offset(ed.offset) {}
 
   template <typename Epi, typename A>
-  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
-    LoadDependence outputs{zero};
+  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot, LoadDependence& outputs) const {
 #pragma unroll
     for (int k = 0; k < dy.kMax; ++k) {
       if (k < dy.count) {
@@ -298,7 +298,6 @@ struct BackwardEdges {
         if constexpr (output_loads_with_reduction<Epi, out_t>()) outputs.take(y.e[k]);
       }
     }
-    dot = outputs.apply(dot);
   }
   template <typename Epi, typename A>
   FASTACT_DEVICE void store(const Epi& epi, A dot) const {
@@ -399,7 +398,7 @@ FASTACT_DEVICE void resident_backward(const AlignedVector<out_t, kVec> (&dy)[kVe
       if constexpr (output_loads_with_reduction<Epi, out_t>()) outputs.take(yv[j]);
     }
   }
-  extra.add_terms(epi, dot);
+  extra.add_terms(epi, dot, outputs);
   dot = outputs.apply(dot);
   dot = row_allreduce(dot, SumOp<A>(), scratch, round, group);
   if (row_gave_up(group)) return;  // grid.cuh: the launch's last CTA writes this slice
@@ -499,7 +498,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
     const int64_t r0 = row * dim;
     resident_backward<Epi, kVec, kVecs, A>(
         dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round, cluster,
-        BackwardEdges<out_t, in_t, kVec>(grad_output + r0, output + r0, grad_input + r0, ed, opaque_zero(dim)));
+        BackwardEdges<out_t, in_t, kVec>(grad_output + r0, output + r0, grad_input + r0, ed));
   } else {
     resident_backward<Epi, kVec, kVecs, A>(dy, yv, s, opaque_zero(dim), grad_input + offset, epi, scratch, round,
                                            cluster);

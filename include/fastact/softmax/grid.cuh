@@ -205,7 +205,7 @@ struct SharedGrads {
     }
   }
   template <typename Epi, typename A>
-  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot) const {
+  FASTACT_DEVICE void add_terms(const Epi& epi, A& dot, LoadDependence& /*outputs*/) const {  // copies, not loads
     copy_async_wait<0>();
     for_each<A>([&](int, const A(&g)[kVec], const A(&o)[kVec]) {
 #pragma unroll
