@@ -1255,6 +1255,17 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
   constexpr int64_t kV = IO::kV, kStep = 2 * kV;
   const int64_t full = width / kStep * kStep, tail = width - full;  // the tail in zero-filled lanes
   const int64_t padded = full + (tail > 0 ? kStep : 0);
+  // Row d's pair of dy and y at its last columns: whole where it runs on into row d + 1, else the tail's lanes.
+  const auto runs_on = [&](int64_t d) { return whole && d + 1 < D; };
+  const auto load_tail = [&](int64_t d, V& g0, V& g1, V& y0, V& y1) {
+    if (runs_on(d)) {
+      IO::load2(dy + d * inner + full, g0, g1);
+      IO::load2(y + d * inner + full, y0, y1);
+    } else {
+      load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
+      load2_tail(y + d * inner + full, tail, A(0), y0, y1);
+    }
+  };
   alignas(64) A sum[kStridedBwdMaxWidth], part[kStridedBwdMaxWidth];
   std::fill(sum, sum + padded, A(0));
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
@@ -1268,13 +1279,7 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
         (V::loadu(part + c + kV) + VecBackward<kLog>::term(g1, y1)).store(part + c + kV);
       }
       if (tail > 0) {
-        if (whole && d + 1 < D) {
-          IO::load2(dy + d * inner + full, g0, g1);
-          IO::load2(y + d * inner + full, y0, y1);
-        } else {
-          load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
-          load2_tail(y + d * inner + full, tail, A(0), y0, y1);
-        }
+        load_tail(d, g0, g1, y0, y1);
         (V::loadu(part + full) + VecBackward<kLog>::term(g0, y0)).store(part + full);
         (V::loadu(part + full + kV) + VecBackward<kLog>::term(g1, y1)).store(part + full + kV);
       }
@@ -1289,16 +1294,12 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
       Io<Out>::store2(dx + d * inner + c, VecBackward<kLog>::map(g0, y0, V::loadu(sum + c)),
                       VecBackward<kLog>::map(g1, y1, V::loadu(sum + c + kV)));
     }
-    if (tail > 0 && whole && d + 1 < D) {
-      IO::load2(dy + d * inner + full, g0, g1);
-      IO::load2(y + d * inner + full, y0, y1);
-      Io<Out>::store2(dx + d * inner + full, VecBackward<kLog>::map(g0, y0, V::loadu(sum + full)),
-                      VecBackward<kLog>::map(g1, y1, V::loadu(sum + full + kV)));
-    } else if (tail > 0) {
-      load2_tail(dy + d * inner + full, tail, A(0), g0, g1);
-      load2_tail(y + d * inner + full, tail, A(0), y0, y1);
-      store2_tail(dx + d * inner + full, tail, VecBackward<kLog>::map(g0, y0, V::loadu(sum + full)),
-                  VecBackward<kLog>::map(g1, y1, V::loadu(sum + full + kV)));
+    if (tail > 0) {
+      load_tail(d, g0, g1, y0, y1);
+      const V d0 = VecBackward<kLog>::map(g0, y0, V::loadu(sum + full));
+      const V d1 = VecBackward<kLog>::map(g1, y1, V::loadu(sum + full + kV));
+      if (runs_on(d)) Io<Out>::store2(dx + d * inner + full, d0, d1);
+      else store2_tail(dx + d * inner + full, tail, d0, d1);
     }
   }
 }
@@ -1325,9 +1326,9 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    const int64_t n = c1 - c0;
                    int64_t c = 0;
                    if (wide && n >= kBlock) {
-                     c = n;
-                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c,
+                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, n,
                                                           chunks == 1);
+                     c = n;
                    }
                    for (; c + kBlock <= n; c += kBlock)
                      softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
