@@ -167,6 +167,24 @@ def staged_cases(dtype):
                   softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
+def prefetch_cases(dtype):
+    """The cached strided forward that prefetches the tiles ahead into L2 (dispatch.h strided_prefetches:
+    inputs of at least the L2 size, float accumulation, D >= 8): dim 1 of [n, 1024, 2056] just past the L2
+    size (the last tile of each outer index partial; the last tiles' counterparts ahead lie past the end and
+    prefetch nothing) and dim 0 of [16384, m] (clusters of 16)."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    for shape, dim in (((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1),
+                       ((16384, -(-l2 // (16384 * dtype.itemsize * 8)) * 8), 0)):
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        for log in (False, True):
+            s = fastact.explain("log_softmax" if log else "softmax", x, dim)
+            if "prefetched into L2" not in s:
+                raise AssertionError(f"prefetch case {shape} {dtype}: {s}")
+            want = (torch.log_softmax if log else torch.softmax)(x.double(), dim)
+            check(f"{'log_' if log else ''}softmax prefetch {shape} {dtype}",
+                  (ops.log_softmax if log else ops.softmax)(x, dim, None), want, dtype)
+
+
 def check_gelu(label, x, dy, dtype):
     """gelu (erf and tanh) of x and its backward with grad dy, against float64 autograd."""
     for approx in ("none", "tanh"):
@@ -225,6 +243,8 @@ def main():
     for dtype in dtypes:
         softmax_cases(dtype, synccheck="--synccheck" in sys.argv)
         long_row_cases(dtype)
+        if dtype != torch.float64:
+            prefetch_cases(dtype)
         if dtype.itemsize <= 4:
             staged_cases(dtype)
         elementwise_cases(dtype)

@@ -720,6 +720,50 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
+# dispatch.h strided_prefetches: (dtype, D, inner (0: dim 0 of [D, m]), whether the cached forward of an input
+# just past the device's L2 size prefetches the tiles ahead into L2).
+_PREFETCH_CASES = [
+    (torch.float32, 1024, 2056, True),   # 128-bit accesses, a CTA a tile, the last tile of each outer index partial
+    (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4
+    (torch.float16, 1024, 2056, True),
+    (torch.float32, 100, 1023, True),    # element accesses
+    (torch.float32, 16384, 0, True),     # dim 0 of a tall matrix: narrow tiles over clusters of 16
+    (torch.float32, 8, 65536, True),     # D = kStridedPrefetchMinRows ...
+    (torch.float32, 7, 65536, False),    # ... and below it
+    (torch.float64, 1024, 2056, False),  # float64 accumulation
+]
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("dtype,d,inner,prefetch", _PREFETCH_CASES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
+    """dispatch.h kStridedPrefetchDivisor / strided_prefetches: the cached strided forward of an input of at least
+    the L2 size, float accumulation and D >= 8 asks L2 for the tiles a quarter of the device's resident tiles ahead
+    (explain says so); one just under the L2 size, float64, D = 7 and the backward do not. The prefetching forward
+    gives the right result (outputs poisoned), its last tiles included, whose counterparts ahead lie past the end."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    size = dtype.itemsize
+    if inner == 0:
+        dim, shape = 0, (d, -(-l2 // (d * size * 8)) * 8)
+        under = (d, (l2 // (d * size) - 1) // 8 * 8)
+    else:
+        dim, shape = 1, (-(-l2 // (d * inner * size)), d, inner)
+        under = ((l2 - 1) // (d * inner * size), d, inner)
+    x = make_tensor(shape, dtype, "cuda")
+    s = fastact.explain(op.name, x, dim)
+    assert ("cached, the tiles ahead prefetched into L2" in s) == prefetch, s
+    if prefetch:
+        s_under = fastact.explain(op.name, make_tensor(under, dtype, "cuda"), dim)
+        assert "cached" in s_under and "prefetched" not in s_under, s_under
+    torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
+    poison_allocator("cuda", x.numel() * size)
+    y = getattr(fastact, op.name)(x, dim)
+    assert_close(y, torch_fn(x.double(), dim), torch_actual=torch_fn(x, dim), msg=s)
+    s_bwd = fastact.explain(op.name + "_backward", y, dim)
+    assert "prefetched" not in s_bwd, s_bwd
+
+
 # dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).
 _STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
 # dispatch.h kStridedStagedVec16BackwardShapes: (up to D, bytes a D-row, thread groups a column).

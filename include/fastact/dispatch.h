@@ -534,6 +534,22 @@ constexpr int kStridedSectorBytes = 32;
 // float keeps the half-line rule above (kStridedMinRowBytes).
 constexpr int kStridedRawCtaThreads = 256;
 constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
+// strided forward, cached mode: each thread asks L2 for the D-rows its counterpart in the tile this many
+// tiles on will load: the tiles the device runs at once over kStridedPrefetchDivisor (softmax/strided.cuh
+// strided_prefetch_ahead). Why (H100, 256 MB, distances forced as multiples of the resident tiles, fraction
+// of the limit, bench/NOTES.md thirty-third session): a quarter, 0 -> 1/4: dim 0 of f32 [16384, 4096]
+// 0.751 -> 0.807, bf16 [16384, 8192] 0.727 -> 0.770; [32, 1024, 2048] dim 1 f32 0.902 -> 0.926 (bf16 0.953
+// -> 0.949); f32 [262, 1000, 256] 0.918 -> 0.932; bf16 [8192, 16, 1024] 0.945 -> 0.957; the cells at the
+// limit 0.986-0.991 -> 0.996-0.998. A whole resident count ahead lost 25-30% everywhere (0.99 -> 0.72: the
+// lines were gone from L2 before their loads), a half 0-3% where the quarter gained, an eighth less than the
+// quarter. Only where it paid (strided_prefetches; prefetch on against off over 232 cached forwards of 8, 64
+// and 256 MB, four dtypes): inputs of at least the L2 size (8 MB: 0.86-1.15, geometric mean 0.97-0.99, the
+// repeated calls' input already in L2), float accumulation (float64 0.998-1.000), D >= kStridedPrefetchMinRows
+// (D = 3 and 4: 0.95-0.97 in 16-bit and float64). Those cells: geometric mean 1.017 over 96, dim 0 of
+// [1000, 16777] / [16384, 4096] f32 1.07-1.09, the lowest 0.947 (log_softmax f32 [1337, 64, 196], its softmax
+// 0.981). Not in the backward: no gain at any distance, and dim 0 of [16384, 4096] lost 19% at every one.
+constexpr int kStridedPrefetchDivisor = 4;
+constexpr int64_t kStridedPrefetchMinRows = 8;
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
 constexpr int kStridedMaxSmem = 48 * 1024;
 // strided backward, staged mode (softmax/staged.cuh): element backwards of 2- or 4-byte grad_output at
@@ -781,6 +797,7 @@ struct SoftmaxPlan {
   int groups = 1;          // strided staged: thread groups a column, each folding every groups-th D-row
   bool streaming = false;  // strided: D too long to cache, read twice
   bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
+  bool prefetch = false;   // strided cached forward: L2 prefetch of the tiles ahead (kStridedPrefetchDivisor)
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
@@ -1265,6 +1282,12 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
   return cl;
 }
 
+// Whether a cached strided forward prefetches the tiles ahead into L2 (kStridedPrefetchDivisor says why).
+inline bool strided_prefetches(const SoftmaxProblem& p) {
+  return !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
+         p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
+}
+
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   SoftmaxPlan s;
   s.variant = SoftmaxVariant::kStrided;
@@ -1322,6 +1345,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.cluster = int(cl);
     s.threads = int(threads);
     s.streaming = false;
+    s.prefetch = strided_prefetches(p);
     return s;
   };
   // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
@@ -1631,7 +1655,11 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                           "chunks of D, %s]", s.columns, s.threads, s.cluster, static_cast<long long>(s.chunks), access);
       } else {
         n = std::snprintf(buf, sizeof(buf), " [%d column(s) x %d threads per CTA, cluster %d, %s, %s]", s.columns,
-                          s.threads, s.cluster, s.streaming ? "streamed twice" : "cached", access);
+                          s.threads, s.cluster,
+                          s.streaming  ? "streamed twice"
+                          : s.prefetch ? "cached, the tiles ahead prefetched into L2"
+                                       : "cached",
+                          access);
       }
       break;
     case SoftmaxMode::kGrid:

@@ -45,6 +45,15 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
   return load_vector<T, N>(p);
 }
 
+// Asks L2 for the line holding p ahead of a later load (prefetch.global.L2): no register written, no
+// wait. Callers pass only addresses they may load.
+template <typename T>
+FASTACT_DEVICE void prefetch_l2(const T* p) {
+#ifdef __CUDA_ARCH__
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 template <typename T, int N>
 FASTACT_DEVICE void store_vector(T* p, const AlignedVector<T, N>& v) {  // p aligned likewise
   *reinterpret_cast<AlignedVector<T, N>*>(p) = v;

@@ -220,9 +220,9 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
                                                                    plan.workspace_bytes, stream);
     }
     return vec ? strided_forward<in_t, out_t, Epilogue, kW>(x, y, outer, dim, inner, plan.threads, plan.columns,
-                                                            plan.cluster, plan.streaming, stream)
+                                                            plan.cluster, plan.streaming, plan.prefetch, stream)
                : strided_forward<in_t, out_t, Epilogue, 1>(x, y, outer, dim, inner, plan.threads, plan.columns,
-                                                           plan.cluster, plan.streaming, stream);
+                                                           plan.cluster, plan.streaming, plan.prefetch, stream);
   }
   if (inner != 1) return cudaErrorInvalidValue;
   if (plan.raw && !raw_plan_valid(plan, vec)) return cudaErrorInvalidValue;

@@ -26,7 +26,11 @@
 // a CTA per (tile, chunk of D), partials through a workspace, two launches (see the split kernels).
 #pragma once
 
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "fastact/softmax/common.cuh"
@@ -121,6 +125,26 @@ FASTACT_DEVICE StridedColumn strided_column(const StridedThread& t, int64_t tile
   if (col.ok) divmod_nonneg(cv, inner_units, o, iv);
   col.base = o * dim * inner + iv * kVec;
   return col;
+}
+
+// The cached forward's L2 prefetch: the D-rows that this thread's counterpart `ahead` tiles on (the same
+// cluster rank, D-group and column of tile + ahead) will load, asked for once this thread's own loads are
+// out; nothing past the last tile; ahead = 0: none. Tiles start in launch order as earlier ones end, so
+// with `ahead` a fraction of the tiles the device runs at once (dispatch.h kStridedPrefetchDivisor),
+// those loads are in flight while this tile's CTAs exchange and store, with none of their own.
+template <int kVec, int kRows, typename T>
+FASTACT_DEVICE void strided_prefetch_ahead(const T* __restrict__ base, const StridedThread& t, int64_t tile,
+                                           int64_t ahead, int64_t outer, int64_t dim, int64_t inner) {
+  if (ahead <= 0) return;
+  const StridedColumn col = strided_column<kVec>(t, tile + ahead, outer, dim, inner);
+  if (!col.ok) return;
+  const int n = cached_rows<kRows>(t.d_first, dim, t.G);
+  const T* p = base + col.base + t.d_first * inner;
+  const int64_t step = int64_t(t.G) * inner;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < n) prefetch_l2(p + j * step);
+  }
 }
 
 // A thread's cached D-rows, j < kRows: converted to the accumulation type on load (kRaw = false;
@@ -385,7 +409,9 @@ template <typename in_t, typename out_t, typename Epi, int kVec, bool kStreaming
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_kernel(
     const in_t* __restrict__ x,  // [outer, D, inner]
     out_t* __restrict__ y,       // [outer, D, inner]
-    int64_t outer, int64_t dim, int64_t inner, Cols cols, int cluster, Epi epi, int64_t first_tile) {
+    int64_t outer, int64_t dim, int64_t inner, Cols cols, int cluster, Epi epi,
+    int64_t ahead,  // cached mode: tiles ahead to prefetch (strided_prefetch_ahead); 0: none
+    int64_t first_tile) {
   using A = acc_t<out_t>;
   using P = MaxSum<A>;
   using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
@@ -394,7 +420,8 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
   extern __shared__ __align__(16) unsigned char smem_raw[];
   exchange_init(column_scratch<A>(smem_raw).bar, cluster);
   const StridedThread t = strided_thread(cols, cluster, kRows);
-  const StridedColumn col = strided_column<kVec>(t, strided_tile(first_tile, cluster), outer, dim, inner);
+  const int64_t tile = strided_tile(first_tile, cluster);
+  const StridedColumn col = strided_column<kVec>(t, tile, outer, dim, inner);
   const in_t* xc = x + col.base;
   out_t* yc = y + col.base;
   int round = 0;
@@ -407,6 +434,7 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
+    strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
     if constexpr (std::is_same_v<A, float>) {
       strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
                                                            column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
@@ -642,9 +670,50 @@ cudaError_t with_columns(int columns, int threads, Launch launch) {
   return launch(any_columns(columns, threads));
 }
 
+// The cached forward's prefetch distance in tiles (strided_prefetch_ahead): the tiles (CTAs or clusters)
+// of kKernel the current device runs at once at this launch shape, as the occupancy queries give it, over
+// kStridedPrefetchDivisor. 0 (no prefetch) where the queries fail or FASTACT_STRIDED_PREFETCH=0 (read
+// once). The queries cost microseconds, so their answer is kept per device, kernel and shape.
+template <auto kKernel>
+int64_t strided_prefetch_tiles(int threads, int cluster, size_t smem) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FASTACT_STRIDED_PREFETCH");
+    return env == nullptr || std::atoi(env) != 0;
+  }();
+  if (!enabled) return 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, size_t>, int64_t> known;
+  const auto key = std::make_tuple(device, threads, cluster, smem);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  int64_t resident = 0;
+  if (cluster > 1) {
+    if (cluster <= kMaxPortableCluster || allow_large_clusters<kKernel>() == cudaSuccess)
+      resident = max_active_clusters<kKernel>(cluster, threads, smem);
+  } else {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem) == cudaSuccess)
+      resident = int64_t(per_sm) * sms;
+  }
+  (void)cudaGetLastError();
+  const int64_t ahead = resident / kStridedPrefetchDivisor;
+  std::lock_guard<std::mutex> lock(mu);
+  known.emplace(key, ahead);
+  return ahead;
+}
+
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
-                            int columns, int cluster, bool streaming, cudaStream_t stream) {
+                            int columns, int cluster, bool streaming, bool prefetch, cudaStream_t stream) {
   using A = acc_t<out_t>;
   using F = StridedForwardCache<in_t, out_t, Epi, kVec>;
   constexpr int kRows = F::kRows;
@@ -656,10 +725,12 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   if (streaming)
     return with_columns(columns, threads, [&](auto cols) {
       return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, true, decltype(cols)>>(
-          ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, cols, cluster, Epi{});
+          ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, cols, cluster, Epi{}, int64_t(0));
     });
-  return launch_items<softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false, int>>(
-      ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster, Epi{});
+  constexpr auto kCached = softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false, int>;
+  const int64_t ahead = prefetch ? strided_prefetch_tiles<kCached>(threads, cluster, smem) : 0;
+  return launch_items<kCached>(ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster,
+                               Epi{}, ahead);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
