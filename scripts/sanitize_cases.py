@@ -167,14 +167,17 @@ def staged_cases(dtype):
                   softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
-def prefetch_cases(dtype):
+def prefetch_cases(dtype, synccheck=False):
     """The cached strided forward that prefetches the tiles ahead into L2 (dispatch.h strided_prefetches:
     inputs of at least the L2 size, float accumulation, D >= 8): dim 1 of [n, 1024, 2056] just past the L2
     size (the last tile of each outer index partial; the last tiles' counterparts ahead lie past the end and
-    prefetch nothing) and dim 0 of [16384, m] (clusters of 16)."""
+    prefetch nothing) and dim 0 of [16384, m] (tiles over clusters of 16; not under synccheck, which stops on that
+    forward as on the backward of SYNCCHECK_SKIPS, with the prefetch off as well: H100, thirty-third session)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    for shape, dim in (((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1),
-                       ((16384, -(-l2 // (16384 * dtype.itemsize * 8)) * 8), 0)):
+    cases = [((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1)]
+    if not synccheck:
+        cases.append(((16384, -(-l2 // (16384 * dtype.itemsize * 8)) * 8), 0))
+    for shape, dim in cases:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         for log in (False, True):
             s = fastact.explain("log_softmax" if log else "softmax", x, dim)
@@ -244,7 +247,7 @@ def main():
         softmax_cases(dtype, synccheck="--synccheck" in sys.argv)
         long_row_cases(dtype)
         if dtype != torch.float64:
-            prefetch_cases(dtype)
+            prefetch_cases(dtype, synccheck="--synccheck" in sys.argv)
         if dtype.itemsize <= 4:
             staged_cases(dtype)
         elementwise_cases(dtype)

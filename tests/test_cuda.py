@@ -764,6 +764,31 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     assert "prefetched" not in s_bwd, s_bwd
 
 
+_PREFETCH_OFF_SCRIPT = """
+import sys, torch, fastact
+l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+torch.manual_seed(0)
+x = torch.randn(-(-l2 // (1024 * 2056 * 4)), 1024, 2056, device="cuda")
+print(fastact.explain("softmax", x, 1))
+torch.save(fastact.softmax(x, 1).cpu(), sys.argv[1])
+"""
+
+
+def test_strided_forward_prefetch_off(tmp_path):
+    """FASTACT_STRIDED_PREFETCH=0 (read once, with the device's properties) turns the strided forward's L2 prefetch
+    off: the plan says so, and the result is bitwise the prefetching run's (a prefetch changes no value)."""
+    runs = {}
+    for flag in ("0", "1"):
+        path = tmp_path / f"prefetch{flag}.pt"
+        env = dict(os.environ, FASTACT_STRIDED_PREFETCH=flag)
+        out = subprocess.run([sys.executable, "-c", _PREFETCH_OFF_SCRIPT, str(path)], env=env, capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "cached" in out.stdout and ("prefetched into L2" in out.stdout) == (flag == "1"), out.stdout
+        runs[flag] = torch.load(path)
+    assert torch.equal(runs["0"], runs["1"])
+
+
 # dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).
 _STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
 # dispatch.h kStridedStagedVec16BackwardShapes: (up to D, bytes a D-row, thread groups a column).

@@ -755,6 +755,7 @@ struct SoftmaxProblem {
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
   int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
+  bool strided_prefetch = true;  // see SoftmaxDeviceProps
   // Backward: the largest CTA (threads, a multiple of 32) of which two of block.cuh's backward kernel of 128-bit
   // accesses for these element types and epilogue fit an SM, as the CUDA occupancy query gives it for the
   // registers the compiler chose (softmax/launch.cuh block_backward_two_cta_threads); 0: not probed
@@ -777,6 +778,7 @@ struct SoftmaxDeviceProps {
   // when no smaller cluster caches the row (a cluster that leaves SMs idle still beats two passes).
   int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
+  bool strided_prefetch = true;  // the strided forward's L2 prefetch allowed (FASTACT_STRIDED_PREFETCH=0: not)
 };
 
 enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided, kGrid };
@@ -878,6 +880,7 @@ inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const
   p.max_cluster = dev.max_cluster;
   p.wide_cluster_threads = dev.wide_cluster_threads;
   p.l2_bytes = dev.l2_bytes;
+  p.strided_prefetch = dev.strided_prefetch;
   return p;
 }
 
@@ -1284,7 +1287,7 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
 
 // Whether a cached strided forward prefetches the tiles ahead into L2 (kStridedPrefetchDivisor says why).
 inline bool strided_prefetches(const SoftmaxProblem& p) {
-  return !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
+  return p.strided_prefetch && !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
          p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
 }
 

@@ -26,7 +26,6 @@
 // a CTA per (tile, chunk of D), partials through a workspace, two launches (see the split kernels).
 #pragma once
 
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -672,15 +671,10 @@ cudaError_t with_columns(int columns, int threads, Launch launch) {
 
 // The cached forward's prefetch distance in tiles (strided_prefetch_ahead): the tiles (CTAs or clusters)
 // of kKernel the current device runs at once at this launch shape, as the occupancy queries give it, over
-// kStridedPrefetchDivisor. 0 (no prefetch) where the queries fail or FASTACT_STRIDED_PREFETCH=0 (read
-// once). The queries cost microseconds, so their answer is kept per device, kernel and shape.
+// kStridedPrefetchDivisor; 0 (no prefetch) where the queries fail. The queries cost microseconds, so their
+// answer is kept per device, kernel and shape.
 template <auto kKernel>
 int64_t strided_prefetch_tiles(int threads, int cluster, size_t smem) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FASTACT_STRIDED_PREFETCH");
-    return env == nullptr || std::atoi(env) != 0;
-  }();
-  if (!enabled) return 0;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
