@@ -545,7 +545,8 @@ constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStrided
 // quarter. Only where it paid (strided_prefetches; prefetch on against off over 232 cached forwards of 8, 64
 // and 256 MB, four dtypes): inputs of at least the L2 size (8 MB: 0.86-1.15, geometric mean 0.97-0.99, the
 // repeated calls' input already in L2), float accumulation (float64 0.998-1.000), D >= kStridedPrefetchMinRows
-// (D = 3 and 4: 0.95-0.97 in 16-bit and float64). Those cells: geometric mean 1.017 over 96, dim 0 of
+// (D = 3 lost 3-5% in 16-bit, [*, 3, 50176]; D = 4, dim 0 of [4, n], gained 1-2%; D = 5 to 7 were not
+// measured: 8 keeps a margin above the loss). Those cells: geometric mean 1.017 over 96, dim 0 of
 // [1000, 16777] / [16384, 4096] f32 1.07-1.09, the lowest 0.947 (log_softmax f32 [1337, 64, 196], its softmax
 // 0.981). Not in the backward: no gain at any distance, and dim 0 of [16384, 4096] lost 19% at every one.
 constexpr int kStridedPrefetchDivisor = 4;

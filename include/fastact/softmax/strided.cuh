@@ -433,7 +433,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
-    strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
+    // Float accumulation only (dispatch.h strided_prefetches): compiled into the float64 kernels, the call
+    // alone cost them spills.
+    if constexpr (std::is_same_v<A, float>) strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
     if constexpr (std::is_same_v<A, float>) {
       strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
                                                            column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
@@ -680,28 +682,32 @@ int64_t strided_prefetch_tiles(int threads, int cluster, size_t smem) {
     (void)cudaGetLastError();
     return 0;
   }
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, size_t>, int64_t> known;
+  // Never destroyed (as csrc/cpu's arena cache): a launch during static destruction still finds them.
+  static auto* mu = new std::mutex;
+  static auto* known = new std::map<std::tuple<int, int, int, size_t>, int64_t>;
   const auto key = std::make_tuple(device, threads, cluster, smem);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = known.find(key);
-    if (it != known.end()) return it->second;
+    std::lock_guard<std::mutex> lock(*mu);
+    const auto it = known->find(key);
+    if (it != known->end()) return it->second;
   }
   int64_t resident = 0;
   if (cluster > 1) {
     if (cluster <= kMaxPortableCluster || allow_large_clusters<kKernel>() == cudaSuccess)
-      resident = max_active_clusters<kKernel>(cluster, threads, smem);
+      resident = max_active_clusters<kKernel>(cluster, threads, smem);  // 0, its error cleared, where it fails
+    else
+      (void)cudaGetLastError();
   } else {
     int sms = 0, per_sm = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem) == cudaSuccess)
       resident = int64_t(per_sm) * sms;
+    else
+      (void)cudaGetLastError();
   }
-  (void)cudaGetLastError();
   const int64_t ahead = resident / kStridedPrefetchDivisor;
-  std::lock_guard<std::mutex> lock(mu);
-  known.emplace(key, ahead);
+  std::lock_guard<std::mutex> lock(*mu);
+  known->emplace(key, ahead);
   return ahead;
 }
 
