@@ -160,11 +160,13 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize(
     "shape,dim",
-    [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1), ((5, 64, 196), 1), ((4, 20, 130), 1)],
+    [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1), ((5, 64, 196), 1), ((4, 20, 130), 1),
+     ((2, 40, 8236), 1)],
 )
 def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
     """The CPU strided backward's column chunks (csrc/cpu/kernels.cpp softmax_strided_bwd, float and double rows a
-    page apart, or a slab of 128 columns or more in one chunk): up to 512 columns a task (inner 1100), fewer for long
+    page apart, or a slab of 128 columns or more in one chunk; 16-bit rows 16 KB apart, inner 8236, the last chunk
+    two vector pairs and 12 columns in zero-filled lanes on AVX2): up to 512 columns a task (inner 1100), fewer for long
     D (700: 32 columns; 520: 48); the last chunk partial, its columns past the last vector pair in zero-filled lanes
     (520: 36 = 32 + 4), or under a vector pair a task where fewer than a pair are left (1030); D past the 256 rows
     each partial sum takes; whole slabs of rows closer than a page (196: 12 pairs and 4 columns; 130: 8 pairs and 2);

@@ -1228,19 +1228,25 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
 // in a buffer (the columns past the last vector pair in zero-filled lanes), rather than a vector pair at a time: a
 // task that reads one 64-byte line a row, rows a page or more apart, leaves every line to a demand miss that no
 // prefetcher follows. A chunk's width keeps its dy and y rows within kStridedBwdChunkBytes, so that the second pass
-// reads them from L2. Only for float and double inputs at D >= kStridedBwdMinRows, where two vector pairs or more
-// fit, and whose rows lie a page apart or more, or whose whole slab of kStridedBwdMinSlabColumns columns or more
-// fits one chunk (then a task reads one contiguous block): elsewhere the buffer's loads and stores cost as much as
-// the runs gain, or more (D = 4: consecutive tasks already read consecutive lines; one pair a chunk; rows closer
-// than a page in chunks of 32 columns, [2, 700, 600]; bfloat16 softmax over dim 0 of [64, 32768] 1.04-1.12 ->
-// 1.17-1.39 ms). 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md thirty-first and thirty-second
-// sessions): dim 0 of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log 2.45-2.54 ->
-// 1.35-1.81; dim 0 of f32 [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59; dim 1 of f32 [167, 64, 196] (whole slabs)
-// log 2.88-4.59 -> 1.12-1.53 (torch 1.32-2.02). Same sums in the same order per column as a pair a task.
+// reads them from L2. Only at D >= kStridedBwdMinRows, where two vector pairs or more fit: for float and double
+// inputs whose rows lie a page apart or more, or whose whole slab of kStridedBwdMinSlabColumns columns or more fits
+// one chunk (then a task reads one contiguous block); for 16-bit ones whose rows lie kStridedBwdMinRowBytes16 apart
+// or more. Elsewhere the buffer's loads and stores cost as much as the runs gain, or more (D = 4: consecutive tasks
+// already read consecutive lines; one pair a chunk; rows closer than a page in chunks of 32 columns, [2, 700, 600]).
+// 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md thirty-first and thirty-second sessions): dim 0
+// of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log 2.45-2.54 -> 1.35-1.81; dim 0 of f32
+// [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59; dim 1 of f32 [167, 64, 196] (whole slabs) log 2.88-4.59 -> 1.12-1.53
+// (torch 1.32-2.02). 16-bit (thirty-third session, steady runs of 100 calls; session 31's loss for bf16 dim 0 of
+// [64, 32768] came from short runs right after torch's, which torch's spinning OpenMP worker slowed), bf16 softmax
+// bwd: rows of 4 KB lost, dim 1 of [16, 256, 2048] 2.77-2.88 -> 3.83-4.04, [32, 128, 2048] 2.25-2.95 -> 3.58-3.67;
+// rows of 16 KB and more gained, dim 1 of [4, 256, 8192] 7.29-8.19 -> 3.85-4.42 (torch 4.16-5.09), dim 0 of
+// [256, 8192] 1.79-1.90 -> 0.90-1.09 (torch 0.87-1.07) and of [64, 32768] 0.93-1.23 -> 0.62-0.74 (torch 0.60-0.78);
+// 8 KB not measured. Same sums in the same order per column as a pair a task.
 constexpr int64_t kStridedBwdMaxWidth = 512;
 constexpr int64_t kStridedBwdChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedBwdMinRows = 16;
 constexpr int64_t kStridedBwdMinRowBytes = 4096;
+constexpr int64_t kStridedBwdMinRowBytes16 = int64_t{16} << 10;
 constexpr int64_t kStridedBwdMinSlabColumns = 128;
 
 // `width` columns from each row of dy / y / dx (rows `inner` apart); `whole`: they are all of the row (width ==
@@ -1314,7 +1320,9 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const int64_t D = shape.dim_size, inner = shape.inner;
   const int64_t fit = kStridedBwdChunkBytes / (2 * D * int64_t{sizeof(In)}) / kBlock * kBlock;
   const bool whole_slab = inner >= kStridedBwdMinSlabColumns && fit >= inner;
-  const bool wide = sizeof(In) >= 4 && (inner * int64_t{sizeof(In)} >= kStridedBwdMinRowBytes || whole_slab) &&
+  const int64_t row_bytes = inner * int64_t{sizeof(In)};
+  const bool wide = (sizeof(In) >= 4 ? row_bytes >= kStridedBwdMinRowBytes || whole_slab
+                                     : row_bytes >= kStridedBwdMinRowBytes16) &&
                     D >= kStridedBwdMinRows && fit >= 2 * kBlock;
   const int64_t width = wide ? std::min({fit, kStridedBwdMaxWidth, ceil_div(inner, kBlock) * kBlock}) : kBlock;
   const int64_t chunks = ceil_div(inner, width);
