@@ -246,11 +246,12 @@ def elementwise_cases(dtype):
 def main():
     dtypes = [torch.float32, torch.bfloat16] if "--quick" in sys.argv else \
         [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+    synccheck = "--synccheck" in sys.argv
     for dtype in dtypes:
-        softmax_cases(dtype, synccheck="--synccheck" in sys.argv)
+        softmax_cases(dtype, synccheck=synccheck)
         long_row_cases(dtype)
         if dtype != torch.float64:
-            prefetch_cases(dtype, synccheck="--synccheck" in sys.argv)
+            prefetch_cases(dtype, synccheck=synccheck)
         if dtype.itemsize <= 4:
             staged_cases(dtype)
         elementwise_cases(dtype)

@@ -433,10 +433,10 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
-    // Float accumulation only (dispatch.h strided_prefetches): compiled into the float64 kernels, the call
-    // alone cost them spills.
-    if constexpr (std::is_same_v<A, float>) strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
     if constexpr (std::is_same_v<A, float>) {
+      // The prefetch is float accumulation's only (dispatch.h strided_prefetches): compiled into the float64
+      // kernels, the call alone cost them spills.
+      strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
       strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
                                                            column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
     } else {
