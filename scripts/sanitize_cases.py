@@ -173,7 +173,8 @@ def prefetch_cases(dtype, synccheck=False):
     size (the last tiles' counterparts ahead lie past the end and prefetch nothing) and dim 0 of [16384, m]
     (tiles over clusters of 16; not under synccheck, which stops on that forward as on the backward of
     SYNCCHECK_SKIPS, with the prefetch off as well: H100, thirty-third session). A case whose plan is not cached
-    (without clusters) is left out."""
+    (without clusters) is left out. 16-bit: also the long_row forward of rows of 262144 in shared memory
+    (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     cases = [((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1)]
     if not synccheck:
@@ -189,6 +190,17 @@ def prefetch_cases(dtype, synccheck=False):
             want = (torch.log_softmax if log else torch.softmax)(x.double(), dim)
             check(f"{'log_' if log else ''}softmax prefetch {shape} {dtype}",
                   (ops.log_softmax if log else ops.softmax)(x, dim, None), want, dtype)
+    if dtype.itemsize == 2:  # the long_row forward of 16-bit rows in shared memory (dispatch.h long_row_prefetches)
+        x = torch.randn(-(-l2 // (262144 * 2)), 262144, device="cuda", dtype=dtype)
+        for log in (False, True):
+            s = fastact.explain("log_softmax" if log else "softmax", x)
+            if "in shared memory)" not in s:
+                continue
+            if "prefetched into L2" not in s:
+                raise AssertionError(f"long_row prefetch case {dtype}: {s}")
+            want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+            check(f"{'log_' if log else ''}softmax long_row prefetch {tuple(x.shape)} {dtype}",
+                  (ops.log_softmax if log else ops.softmax)(x, -1, None), want, dtype)
 
 
 def check_gelu(label, x, dy, dtype):

@@ -727,6 +727,7 @@ _PREFETCH_CASES = [
     (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4
     (torch.float16, 1024, 2056, True),
     (torch.float32, 100, 1023, True),    # element accesses
+    (torch.bfloat16, 100, 1023, False),  # 16-bit element accesses, staged in shared memory: no prefetch
     (torch.float32, 16384, 0, True),     # dim 0 of a tall matrix: narrow tiles over clusters of 16
     (torch.float32, 8, 65536, True),     # D = kStridedPrefetchMinRows ...
     (torch.float32, 7, 65536, False),    # ... and below it
@@ -740,10 +741,10 @@ _PREFETCH_CASES = [
 def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     """dispatch.h kStridedPrefetchDivisor / strided_prefetches: the cached strided forward of an input of at least
     the L2 size, float accumulation and D >= 8 asks L2 for the tiles a quarter of the device's resident tiles ahead
-    (explain says so); one just under the L2 size, float64, D = 7 and the backward do not. The prefetching forward
-    gives the right result (outputs poisoned), its last tiles included, whose counterparts ahead lie past the end.
-    The plans named above are the H100's; without clusters (or with FASTACT_MAX_CLUSTER below 8) a case whose plan
-    streams instead is skipped."""
+    (explain says so); one just under the L2 size, float64, D = 7, the staged 16-bit forward and the backward do
+    not. The prefetching forward gives the right result (outputs poisoned), its last tiles included, whose
+    counterparts ahead lie past the end. The plans named above are the H100's; without clusters (or with
+    FASTACT_MAX_CLUSTER below 8) a case whose plan streams instead is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     size = dtype.itemsize
     if inner == 0:
@@ -755,12 +756,14 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     x = make_tensor(shape, dtype, "cuda")
     s = fastact.explain(op.name, x, dim)
     clusters = torch.cuda.get_device_capability()[0] >= 9 and not _clusters_capped()
-    if not clusters and ", cached" not in s:
-        pytest.skip(f"without clusters this plan is not cached: {s}")
-    assert ("cached, the tiles ahead prefetched into L2" in s) == prefetch, s
+    mode = "staged" if "staged in shared memory" in s else "cached"
+    if not clusters and f", {mode}" not in s:
+        pytest.skip(f"without clusters this plan is neither cached nor staged: {s}")
+    assert (mode == "staged") == (dtype.itemsize == 2 and inner % 8 != 0), s
+    assert ("the tiles ahead prefetched into L2" in s) == prefetch, s
     if prefetch:
         s_under = fastact.explain(op.name, make_tensor(under, dtype, "cuda"), dim)
-        assert "cached" in s_under and "prefetched" not in s_under, s_under
+        assert mode in s_under and "prefetched" not in s_under, s_under
     torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
     poison_allocator("cuda", x.numel() * size)
     y = getattr(fastact, op.name)(x, dim)
@@ -769,29 +772,73 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     assert "prefetched" not in s_bwd, s_bwd
 
 
+# dispatch.h long_row_prefetches: (dtype, D, whether the long_row forward of an input just past the device's L2
+# size prefetches the rows ahead into L2).
+_LONG_ROW_PREFETCH_CASES = [
+    (torch.bfloat16, 262144, True),   # 16-bit rows all in shared memory
+    (torch.float16, 151936, True),
+    (torch.float32, 262144, False),   # float rows: half the slice in registers
+    (torch.bfloat16, 131072, False),  # 16-bit rows in portable register-only clusters, kept as loaded
+]
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("dtype,d,prefetch", _LONG_ROW_PREFETCH_CASES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_long_row_forward_prefetch(op, dtype, d, prefetch):
+    """dispatch.h kLongRowPrefetchDivisor / long_row_prefetches: the long_row forward of 16-bit rows cached in
+    shared memory (long_row.cuh softmax_cluster_smem_fwd_kernel), of an input of at least the L2 size, asks L2 for
+    the slices of the rows a quarter of the device's resident clusters ahead (explain says so); one just under the
+    L2 size, float rows, the register-only clusters and the backward do not. The prefetching forward gives the right
+    result (outputs poisoned), its last rows included, whose counterparts ahead lie past the end. Without clusters
+    (or with FASTACT_MAX_CLUSTER capping them) a case whose plan is not a cluster one is skipped."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    size = dtype.itemsize
+    x = make_tensor((-(-l2 // (d * size)), d), dtype, "cuda")
+    s = fastact.explain(op.name, x)
+    if "variant=long_row" not in s or "global memory" in s:
+        pytest.skip(f"not a cluster plan here: {s}")
+    assert ("in shared memory)" in s) == (prefetch or dtype == torch.float32), s
+    assert ("the rows ahead prefetched into L2" in s) == prefetch, s
+    if prefetch:
+        s_under = fastact.explain(op.name, make_tensor(((l2 - 1) // (d * size), d), dtype, "cuda"))
+        assert "in shared memory)" in s_under and "prefetched" not in s_under, s_under
+    torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
+    poison_allocator("cuda", x.numel() * size)
+    y = getattr(fastact, op.name)(x, -1)
+    assert_close(y, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1), msg=s)
+    assert "prefetched" not in fastact.explain(op.name + "_backward", y), s
+
+
 _PREFETCH_OFF_SCRIPT = """
 import sys, torch, fastact
 l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
 torch.manual_seed(0)
 x = torch.randn(-(-l2 // (1024 * 2056 * 4)), 1024, 2056, device="cuda")
 print(fastact.explain("softmax", x, 1))
-torch.save(fastact.softmax(x, 1).cpu(), sys.argv[1])
+r = torch.randn(-(-l2 // (262144 * 2)), 262144, device="cuda", dtype=torch.bfloat16)
+print(fastact.explain("softmax", r))
+torch.save((fastact.softmax(x, 1).cpu(), fastact.softmax(r).cpu()), sys.argv[1])
 """
 
 
 def test_strided_forward_prefetch_off(tmp_path):
-    """FASTACT_STRIDED_PREFETCH=0 (read once, with the device's properties) turns the strided forward's L2 prefetch
-    off: the plan says so, and the result is bitwise the prefetching run's (a prefetch changes no value)."""
+    """FASTACT_PREFETCH=0 (read once, with the device's properties) turns the L2 prefetches off (the strided
+    forward's; the 16-bit long_row forward's where clusters run it): the plans say so, and the results are bitwise
+    the prefetching run's (a prefetch changes no value)."""
     runs = {}
     for flag in ("0", "1"):
         path = tmp_path / f"prefetch{flag}.pt"
-        env = dict(os.environ, FASTACT_STRIDED_PREFETCH=flag)
+        env = dict(os.environ, FASTACT_PREFETCH=flag)
         out = subprocess.run([sys.executable, "-c", _PREFETCH_OFF_SCRIPT, str(path)], env=env, capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr[-3000:]
-        assert "cached" in out.stdout and ("prefetched into L2" in out.stdout) == (flag == "1"), out.stdout
+        strided, long_row = out.stdout.splitlines()[:2]
+        assert "cached" in strided and ("prefetched into L2" in strided) == (flag == "1"), out.stdout
+        if "in shared memory)" in long_row:
+            assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
         runs[flag] = torch.load(path)
-    assert torch.equal(runs["0"], runs["1"])
+    assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
 
 
 # dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).

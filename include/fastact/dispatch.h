@@ -303,6 +303,17 @@ constexpr int softmax_cluster_smem_elems(int in_bytes) { return kClusterSmemByte
 constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_bytes) {
   return vec > 1 && vec * in_bytes == 16 && acc_bytes == 4;
 }
+// long_row forward in that kernel, 16-bit inputs (the slice all in shared memory): each thread asks L2 for the
+// units its counterpart (the same thread of the same cluster rank) in the row this many rows on will load, the
+// clusters the device runs at once over kLongRowPrefetchDivisor (as the strided forward's,
+// kStridedPrefetchDivisor), once its own loads are out (long_row_prefetches says where). Why (H100,
+// bench/NOTES.md thirty-fourth session, prefetch on against off, CUDA graphs): 256 MB bf16 rows of 151936 /
+// 262144 / 524288 1.046 / 1.039 / 1.061x (f16 1.043 / 1.037 / 1.062x), 64 MB 1.022-1.059x; a whole resident
+// count ahead lost 23-26% (256 MB), a half -12% to +3%, an eighth 1.01-1.04x. Not float inputs, whose slice is
+// half in registers: 0.95-1.00x at a quarter or an eighth, less nearer; not the grid mode (rows of 2^20: 16-bit
+// 1.02-1.03x at 256 MB but 0.94-0.95x at 64 MB; float and the backwards 0.85-0.93x); not inputs under the L2
+// size (the strided rule's reason).
+constexpr int kLongRowPrefetchDivisor = 4;
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
 constexpr int kMaxPortableCluster = 8;
@@ -756,7 +767,7 @@ struct SoftmaxProblem {
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
   int wide_cluster_threads = 0;  // see SoftmaxDeviceProps
   int64_t l2_bytes = 50 << 20;
-  bool strided_prefetch = true;  // see SoftmaxDeviceProps
+  bool prefetch = true;  // see SoftmaxDeviceProps
   // Backward: the largest CTA (threads, a multiple of 32) of which two of block.cuh's backward kernel of 128-bit
   // accesses for these element types and epilogue fit an SM, as the CUDA occupancy query gives it for the
   // registers the compiler chose (softmax/launch.cuh block_backward_two_cta_threads); 0: not probed
@@ -779,7 +790,7 @@ struct SoftmaxDeviceProps {
   // when no smaller cluster caches the row (a cluster that leaves SMs idle still beats two passes).
   int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
-  bool strided_prefetch = true;  // the strided forward's L2 prefetch allowed (FASTACT_STRIDED_PREFETCH=0: not)
+  bool prefetch = true;  // the L2 prefetches of the strided and long-row forwards allowed (FASTACT_PREFETCH=0: not)
 };
 
 enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided, kGrid };
@@ -800,7 +811,7 @@ struct SoftmaxPlan {
   int groups = 1;          // strided staged: thread groups a column, each folding every groups-th D-row
   bool streaming = false;  // strided: D too long to cache, read twice
   bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
-  bool prefetch = false;   // strided cached forward: L2 prefetch of the tiles ahead (kStridedPrefetchDivisor)
+  bool prefetch = false;   // L2 prefetch of the work ahead: strided cached / long_row 16-bit shared-memory forwards
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
@@ -881,7 +892,7 @@ inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const
   p.max_cluster = dev.max_cluster;
   p.wide_cluster_threads = dev.wide_cluster_threads;
   p.l2_bytes = dev.l2_bytes;
-  p.strided_prefetch = dev.strided_prefetch;
+  p.prefetch = dev.prefetch;
   return p;
 }
 
@@ -956,6 +967,13 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
   return kMaxPortableCluster;
 }
 
+// Whether a long_row cluster forward (smem_slice: in the shared-memory kernel) prefetches the rows ahead into L2
+// (kLongRowPrefetchDivisor says why).
+inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice) {
+  return p.prefetch && !p.backward && smem_slice && softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) == 0 &&
+         p.outer * p.dim_size * p.in_bytes >= p.l2_bytes;
+}
+
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
 // fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules. Where
 // the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
@@ -1004,6 +1022,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       plan.raw = raw && !shapes[i].smem;
       plan.elems_per_thread = e;
       plan.smem_elems = shapes[i].smem ? smem_e : 0;
+      plan.prefetch = long_row_prefetches(p, shapes[i].smem);
       plan.cluster = int(s);
       // Balance: the fewest threads that still cache the row over s CTAs.
       plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
@@ -1288,7 +1307,7 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
 
 // Whether a cached strided forward prefetches the tiles ahead into L2 (kStridedPrefetchDivisor says why).
 inline bool strided_prefetches(const SoftmaxProblem& p) {
-  return p.strided_prefetch && !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
+  return p.prefetch && !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
          p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
 }
 
@@ -1637,8 +1656,10 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
       break;
     case SoftmaxMode::kResident:
       if (s.smem_elems > 0) {
-        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s]",
-                          s.cluster, s.threads, s.elems_per_thread, s.smem_elems, access);
+        n = std::snprintf(buf, sizeof(buf),
+                          " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s%s]", s.cluster,
+                          s.threads, s.elems_per_thread, s.smem_elems, access,
+                          s.prefetch ? ", the rows ahead prefetched into L2" : "");
       } else {
         n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s]", s.cluster,
                           s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access,

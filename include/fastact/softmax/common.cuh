@@ -20,7 +20,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "fastact/cluster.cuh"
 #include "fastact/dispatch.h"
@@ -747,6 +749,45 @@ int max_active_clusters(int cluster, int threads, size_t smem) {
     return 0;
   }
   return clusters;
+}
+
+// The tiles (CTAs, or clusters of `cluster` > 1 CTAs) of kKernel that the current device runs at once at
+// this launch shape, as the occupancy queries give it; 0 where they fail (their error cleared). The
+// queries cost microseconds, so the answer is kept per device, kernel and shape. The L2 prefetches'
+// distances are fractions of it (strided_prefetch_ahead, staged_prefetch_ahead).
+template <auto kKernel>
+int64_t resident_tiles(int threads, int cluster, size_t smem) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  // Never destroyed (as csrc/cpu's arena cache): a launch during static destruction still finds them.
+  static auto* mu = new std::mutex;
+  static auto* known = new std::map<std::tuple<int, int, int, size_t>, int64_t>;
+  const auto key = std::make_tuple(device, threads, cluster, smem);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    const auto it = known->find(key);
+    if (it != known->end()) return it->second;
+  }
+  int64_t resident = 0;
+  if (cluster > 1) {
+    if (cluster <= kMaxPortableCluster || allow_large_clusters<kKernel>() == cudaSuccess)
+      resident = max_active_clusters<kKernel>(cluster, threads, smem);  // 0, its error cleared, where it fails
+    else
+      (void)cudaGetLastError();
+  } else {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem) == cudaSuccess)
+      resident = int64_t(per_sm) * sms;
+    else
+      (void)cudaGetLastError();
+  }
+  std::lock_guard<std::mutex> lock(*mu);
+  known->emplace(key, resident);
+  return resident;
 }
 
 // Launches kKernel on a 1-D grid of `blocks` blocks (a multiple of `cluster`), as clusters of

@@ -140,8 +140,8 @@ inline cudaError_t softmax_device_props(int device, SoftmaxDeviceProps* out) {
       p.l2_bytes = l2;
       softmax_impl::detail::probe_clusters(p.sm_count, p.cc_major, &p);
     }
-    const char* prefetch = std::getenv("FASTACT_STRIDED_PREFETCH");
-    p.strided_prefetch = prefetch == nullptr || std::atoi(prefetch) != 0;
+    const char* prefetch = std::getenv("FASTACT_PREFETCH");
+    p.prefetch = prefetch == nullptr || std::atoi(prefetch) != 0;
     if (previous != device) {
       const cudaError_t restore = cudaSetDevice(previous);
       if (err == cudaSuccess) err = restore;

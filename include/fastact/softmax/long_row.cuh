@@ -71,10 +71,17 @@ struct SharedUnits : LoadedUnits<SharedUnits<Epi, in_t, kVec, kFirst, kUnits>, E
 // values (registers: ForwardCache, exp once) and the sum of exp over both parts; one (max, sum)
 // all-reduce over the cluster; the outputs, from the registers as block.cuh's kernel writes them and
 // from shared memory through the epilogue itself (KeepInput: softmax computes those exps twice).
+// With plan.prefetch (16-bit rows: dispatch.h long_row_prefetches), once its own loads are out each
+// thread asks L2 for the units its counterpart in the row `ahead` rows on will load (prefetch_slice):
+// rows start in launch order as clusters finish, so with `ahead` a fraction of the clusters the device
+// runs at once (kLongRowPrefetchDivisor) those loads are in flight while this cluster reduces and stores.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 __global__ __launch_bounds__(kClusterSmemMaxThreads, (ClusterSmemShape<in_t, out_t, kVec>::kMinBlocks)) void
 softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride,
-                                int cluster, Epi epi, int64_t first_row) {
+                                int cluster, Epi epi,
+                                int64_t rows,   // of the whole call (launch_items may split it)
+                                int64_t ahead,  // rows ahead whose slices to prefetch into L2 (plan.prefetch); 0: none
+                                int64_t first_row) {
   using A = acc_t<out_t>;
   using Shape = ClusterSmemShape<in_t, out_t, kVec>;
   using Unit = AlignedVector<in_t, kVec>;
@@ -100,6 +107,8 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
+  if (ahead > 0 && row + ahead < rows)
+    prefetch_slice<kVec, Shape::kVecs>(x + (row + ahead) * row_stride, dim, cluster_rank(cluster));
   resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
                                         SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
 }
@@ -125,8 +134,12 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
       return cudaErrorInvalidConfiguration;
     const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
     if (err != cudaSuccess) return err;
-    return launch_items<kKernel>(rows, threads, size_t(Shape::kSmemVecs) * threads * 16, plan.cluster, stream, x, y,
-                                 dim, row_stride, plan.cluster, Epi{});
+    const size_t smem = size_t(Shape::kSmemVecs) * threads * 16;
+    // After the shared-memory attribute, which the occupancy query sees.
+    const int64_t ahead =
+        plan.prefetch ? resident_tiles<kKernel>(threads, plan.cluster, smem) / kLongRowPrefetchDivisor : 0;
+    return launch_items<kKernel>(rows, threads, smem, plan.cluster, stream, x, y, dim, row_stride, plan.cluster, Epi{},
+                                 rows, ahead);
   }
   return cudaErrorInvalidConfiguration;
 }

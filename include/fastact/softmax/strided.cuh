@@ -27,9 +27,6 @@
 #pragma once
 
 #include <limits>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "fastact/softmax/common.cuh"
@@ -671,46 +668,6 @@ cudaError_t with_columns(int columns, int threads, Launch launch) {
   return launch(any_columns(columns, threads));
 }
 
-// The cached forward's prefetch distance in tiles (strided_prefetch_ahead): the tiles (CTAs or clusters)
-// of kKernel the current device runs at once at this launch shape, as the occupancy queries give it, over
-// kStridedPrefetchDivisor; 0 (no prefetch) where the queries fail. The queries cost microseconds, so their
-// answer is kept per device, kernel and shape.
-template <auto kKernel>
-int64_t strided_prefetch_tiles(int threads, int cluster, size_t smem) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  // Never destroyed (as csrc/cpu's arena cache): a launch during static destruction still finds them.
-  static auto* mu = new std::mutex;
-  static auto* known = new std::map<std::tuple<int, int, int, size_t>, int64_t>;
-  const auto key = std::make_tuple(device, threads, cluster, smem);
-  {
-    std::lock_guard<std::mutex> lock(*mu);
-    const auto it = known->find(key);
-    if (it != known->end()) return it->second;
-  }
-  int64_t resident = 0;
-  if (cluster > 1) {
-    if (cluster <= kMaxPortableCluster || allow_large_clusters<kKernel>() == cudaSuccess)
-      resident = max_active_clusters<kKernel>(cluster, threads, smem);  // 0, its error cleared, where it fails
-    else
-      (void)cudaGetLastError();
-  } else {
-    int sms = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem) == cudaSuccess)
-      resident = int64_t(per_sm) * sms;
-    else
-      (void)cudaGetLastError();
-  }
-  const int64_t ahead = resident / kStridedPrefetchDivisor;
-  std::lock_guard<std::mutex> lock(*mu);
-  known->emplace(key, ahead);
-  return ahead;
-}
-
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim, int64_t inner, int threads,
                             int columns, int cluster, bool streaming, bool prefetch, cudaStream_t stream) {
@@ -728,7 +685,7 @@ cudaError_t strided_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
           ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, cols, cluster, Epi{}, int64_t(0));
     });
   constexpr auto kCached = softmax_strided_fwd_kernel<in_t, out_t, Epi, kVec, false, int>;
-  const int64_t ahead = prefetch ? strided_prefetch_tiles<kCached>(threads, cluster, smem) : 0;
+  const int64_t ahead = prefetch ? resident_tiles<kCached>(threads, cluster, smem) / kStridedPrefetchDivisor : 0;
   return launch_items<kCached>(ntiles, threads, smem, cluster, stream, x, y, outer, dim, inner, columns, cluster,
                                Epi{}, ahead);
 }
