@@ -726,7 +726,7 @@ _PREFETCH_CASES = [
     (torch.float32, 1024, 2056, True),   # 128-bit accesses, a CTA a tile (the last partial where n x 514 is odd)
     (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4
     (torch.float16, 1024, 2056, True),
-    (torch.float32, 100, 1023, True),    # element accesses
+    (torch.float32, 100, 1023, False),   # element accesses
     (torch.bfloat16, 100, 1023, False),  # 16-bit element accesses, staged in shared memory: no prefetch
     (torch.float32, 16384, 0, True),     # dim 0 of a tall matrix: narrow tiles over clusters of 16
     (torch.float32, 8, 65536, True),     # D = kStridedPrefetchMinRows ...
@@ -740,9 +740,9 @@ _PREFETCH_CASES = [
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
 def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     """dispatch.h kStridedPrefetchDivisor / strided_prefetches: the cached strided forward of an input of at least
-    the L2 size, float accumulation and D >= 8 asks L2 for the tiles a quarter of the device's resident tiles ahead
-    (explain says so); one just under the L2 size, float64, D = 7, the staged 16-bit forward and the backward do
-    not. The prefetching forward gives the right result (outputs poisoned), its last tiles included, whose
+    the L2 size, float accumulation, 128-bit accesses and D >= 8 asks L2 for the tiles a quarter of the device's
+    resident tiles ahead (explain says so); one just under the L2 size, float64, D = 7, element accesses, the staged
+    16-bit forward and the backward do not. The prefetching forward gives the right result (outputs poisoned), its last tiles included, whose
     counterparts ahead lie past the end. The plans named above are the H100's; without clusters (or with
     FASTACT_MAX_CLUSTER below 8) a case whose plan streams instead is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size

@@ -559,7 +559,9 @@ constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStrided
 // (D = 3 lost 3-5% in 16-bit, [*, 3, 50176]; D = 4, dim 0 of [4, n], gained 1-2%; D = 5 to 7 were not
 // measured: 8 keeps a margin above the loss). Those cells: geometric mean 1.017 over 96, dim 0 of
 // [1000, 16777] / [16384, 4096] f32 1.07-1.09, the lowest 0.947 (log_softmax f32 [1337, 64, 196], its softmax
-// 0.981). Not in the backward: no gain at any distance, and dim 0 of [16384, 4096] lost 19% at every one.
+// 0.981). Not in the backward: no gain at any distance, and dim 0 of [16384, 4096] lost 19% at every one. Not with
+// element accesses (thirty-fourth session, on against off, f32 dim 1 of D = 64-1000 over inner 1023 / 197 / 49):
+// geometric mean 0.978 at 256 MB, 0.964 at 64 MB, D = 257 down to 0.82; only D = 700 gained (1.01-1.05).
 constexpr int kStridedPrefetchDivisor = 4;
 constexpr int64_t kStridedPrefetchMinRows = 8;
 // strided: dynamic shared memory per block (reduction buffers): stays under the default 48 KB.
@@ -1305,9 +1307,10 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
   return cl;
 }
 
-// Whether a cached strided forward prefetches the tiles ahead into L2 (kStridedPrefetchDivisor says why).
-inline bool strided_prefetches(const SoftmaxProblem& p) {
-  return p.prefetch && !p.backward && p.acc_bytes == 4 && p.dim_size >= kStridedPrefetchMinRows &&
+// Whether a cached strided forward of `vec`-element accesses prefetches the tiles ahead into L2
+// (kStridedPrefetchDivisor says why).
+inline bool strided_prefetches(const SoftmaxProblem& p, int vec) {
+  return p.prefetch && !p.backward && p.acc_bytes == 4 && vec > 1 && p.dim_size >= kStridedPrefetchMinRows &&
          p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
 }
 
@@ -1368,7 +1371,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     s.cluster = int(cl);
     s.threads = int(threads);
     s.streaming = false;
-    s.prefetch = strided_prefetches(p);
+    s.prefetch = strided_prefetches(p, s.vec);
     return s;
   };
   // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
