@@ -754,7 +754,7 @@ int max_active_clusters(int cluster, int threads, size_t smem) {
 // The tiles (CTAs, or clusters of `cluster` > 1 CTAs) of kKernel that the current device runs at once at
 // this launch shape, as the occupancy queries give it; 0 where they fail (their error cleared). The
 // queries cost microseconds, so the answer is kept per device, kernel and shape. The L2 prefetches'
-// distances are fractions of it (strided_prefetch_ahead, staged_prefetch_ahead).
+// distances are fractions of it (strided.cuh strided_forward, long_row.cuh cluster_forward).
 template <auto kKernel>
 int64_t resident_tiles(int threads, int cluster, size_t smem) {
   int device = 0;

@@ -107,8 +107,10 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
-  if (ahead > 0 && row + ahead < rows)
-    prefetch_slice<kVec, Shape::kVecs>(x + (row + ahead) * row_stride, dim, cluster_rank(cluster));
+  if constexpr (kRegVecs == 0) {  // 16-bit rows only (dispatch.h long_row_prefetches)
+    if (ahead > 0 && row + ahead < rows)
+      prefetch_slice<kVec, Shape::kVecs>(x + (row + ahead) * row_stride, dim, cluster_rank(cluster));
+  }
   resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
                                         SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
 }

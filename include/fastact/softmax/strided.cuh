@@ -431,9 +431,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_fwd_ker
       if (j < nrows) rows.take(j, load_vector<in_t, kVec>(xc + first + j * step));
     }
     if constexpr (std::is_same_v<A, float>) {
-      // The prefetch is float accumulation's only (dispatch.h strided_prefetches): compiled into the float64
-      // kernels, the call alone cost them spills.
-      strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
+      // The prefetch is float accumulation's and 128-bit accesses' only (dispatch.h strided_prefetches):
+      // compiled into the float64 kernels, the call alone cost them spills.
+      if constexpr (kVec > 1) strided_prefetch_ahead<kVec, kRows>(x, t, tile, ahead, outer, dim, inner);
       strided_pair_forward<typename F::Cache, kVec, kRows>(rows, nrows, yc + first, step, epi,
                                                            column_scratch<P>(smem_raw), round, reduce_columns(t, cols), cluster);
     } else {
