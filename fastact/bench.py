@@ -530,6 +530,18 @@ def keep_cpu_allocations():
     return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, (1 << 31) - 1))
 
 
+def release_cpu_allocations():
+    """After a case under keep_cpu_allocations: hand the freed memory back to the system (malloc_trim),
+    which the raised trim threshold otherwise keeps for good. Kept across cases of different sizes, in
+    the arenas of every thread that allocated (the main thread's, oneTBB's and OpenMP's workers'), it
+    grew past 24 GB on the 24 GiB dev VM by the 86th case of the full CPU report (bench/NOTES.md,
+    thirty-fourth session); within a case the timed calls still reuse their memory."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -971,6 +983,8 @@ def main(argv=None):
                       limit["limit_gbps"])
         r["misses"] = check(r)
         results.append(r)
+        if malloc_kept:
+            release_cpu_allocations()
         rows = r["rows"]
         msg = "  ".join(f"{n} {rows[n]['time_us']:.1f}us" for n in ("fastact", "torch", "torch.compile") if n in rows)
         comp = compiler.compile_s.get(case.name) if compiler else None
