@@ -64,11 +64,11 @@ FASTACT_DEVICE ResidentSlice resident_slice_of_rank(int64_t dim, int rank) {
   return s;
 }
 
-// The L2 prefetch of the units that this thread's counterpart (the same thread of the CTA of rank `rank`)
-// will load from the row at `row` (prefetch_l2 each; units past the row's end none).
-template <int kVec, int kVecs, typename T>
-FASTACT_DEVICE void prefetch_slice(const T* __restrict__ row, int64_t dim, int rank) {
-  const ResidentSlice s = resident_slice_of_rank<kVec, kVecs>(dim, rank);
+// The L2 prefetch of the units that this thread's counterpart (the same thread of the CTA of the same
+// rank, so the same slice s) will load from the row at `row` (prefetch_l2 each; units past the row's end
+// none).
+template <int kVecs, typename T>
+FASTACT_DEVICE void prefetch_slice(const T* __restrict__ row, const ResidentSlice& s) {
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) prefetch_l2(row + s.first + j * s.step);

@@ -109,7 +109,7 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   }
   if constexpr (kRegVecs == 0) {  // 16-bit rows only (dispatch.h long_row_prefetches)
     if (ahead > 0 && row + ahead < rows)
-      prefetch_slice<kVec, Shape::kVecs>(x + (row + ahead) * row_stride, dim, cluster_rank(cluster));
+      prefetch_slice<Shape::kVecs>(x + (row + ahead) * row_stride, s);
   }
   resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
                                         SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
