@@ -95,6 +95,21 @@ def softmax_cases(dtype, synccheck=False):
                           softmax_backward_reference(dy, want, dim, log), dtype)
 
 
+def shifted_cases(dtype):
+    """16-bit forward rows whose input starts off the alignment by a different amount in each row (vec's input
+    realigned in registers; softmax_cases' misaligned dense rows of 1024 and 4104 take it at one shift): x[:, s:s
+    + D] of [rows, s + D + pad], the last row's last chunk reaching past the storage where pad is 0."""
+    for rows, d, start, pad in ((5, 4096, 1, 0), (3, 2056, 0, 3), (4, 8, 5, 0), (2, 32768, 7, 0)):
+        base = torch.randn(rows, start + d + pad, device="cuda", dtype=dtype)
+        x = base[:, start:start + d]
+        for log in (False, True):
+            fwd = ops.log_softmax if log else ops.softmax
+            want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+            for v in ("auto", "vec"):
+                check(f"{'log_' if log else ''}softmax shifted {v} [{rows}, {d}] of {start + d + pad} {dtype}",
+                      fwd(x, -1, None, variant=v), want, dtype)
+
+
 def long_row_cases(dtype):
     """long_row's clusters: the 128-bit forward that keeps part of each slice in shared memory
     (cp.async; 8 x 512 threads at 262144, the last CTA's slice partial at 262136, 8 x 256 at 131072),
@@ -262,6 +277,8 @@ def main():
     for dtype in dtypes:
         softmax_cases(dtype, synccheck=synccheck)
         long_row_cases(dtype)
+        if dtype.itemsize == 2:
+            shifted_cases(dtype)
         if dtype != torch.float64:
             prefetch_cases(dtype, synccheck=synccheck)
         if dtype.itemsize <= 4:

@@ -118,9 +118,13 @@ def must_accept(variant, cls, d, dtype):
     raise ValueError(variant)
 
 
-def must_refuse(variant, cls, d, dtype):
-    # a 128-bit load from a misaligned pointer is wrong: vec must refuse those views
-    return variant == "vec" and cls in ("misaligned", "row_strided")
+def must_refuse(variant, cls, d, dtype, out_dtype=None, backward=True):
+    # a 128-bit load from a misaligned pointer is wrong: vec must refuse those views, but for the 16-bit
+    # forward into an aligned output of the same dtype whose rows the vector width divides, which it
+    # realigns in registers (dispatch.h softmax_rows_shift_vectorizable; test_vec_shifted_rows)
+    shifted = (not backward and dtype in (torch.float16, torch.bfloat16) and out_dtype in (None, dtype)
+               and d % _vec_width(dtype) == 0)
+    return variant == "vec" and cls in ("misaligned", "row_strided") and not shifted
 
 
 def _call(fn):
@@ -157,7 +161,9 @@ def test_forced_variant(variant, op, dtypes, cls):
                 assert not must_accept(variant, cls, d, in_dtype), f"{msg}: refused an input it must take: {refusal}"
                 assert variant in refusal or op.name in refusal, f"{msg}: refusal names neither op nor variant: {refusal}"
             else:
-                assert not must_refuse(variant, cls, d, in_dtype), f"{msg}: took an input it must refuse"
+                assert not must_refuse(variant, cls, d, in_dtype, out_dtype, backward=False), (
+                    f"{msg}: took an input it must refuse"
+                )
                 accepted.append(d)
                 assert y.dtype == out_dtype and y.stride() == torch.empty_like(x, dtype=out_dtype).stride(), f"{msg}: {describe(y)}"
                 ref = (torch.log_softmax if log else torch.softmax)(x.to(out_dtype).double(), dim)
@@ -474,6 +480,55 @@ def test_rows_off_alignment_take_vectors(dtype, d, direction):
     if direction == "fwd":
         s = fastact.explain(op, make_tensor((8, d), dtype, "cuda", "sliced_last"))
         assert "head and tail" not in s and "element accesses" in s, s
+
+
+def _shifted_views(rows, d, dtype):
+    """16-bit row views whose rows start off the 16-byte alignment, most by a different amount in each row:
+    (name, x). Every shift 0-7 occurs; the first and last rows' chunks reach past the view (and, for
+    `offset` and `:d`, past the storage's end)."""
+    out = []
+    for start, pad in [(1, 0), (0, 1), (3, 4), (7, 0), (5, 2)]:  # base[:, start:start + d] of [rows, start + d + pad]
+        out.append((f"[:, {start}:{start}+{d}] of {start + d + pad}",
+                    strided_tensor((rows, d), dtype, "cuda", slices={1: (start, 1, pad)})))
+    for off in (1, 3, 7):  # dense rows, the data pointer off by `off` elements: every row at one shift
+        out.append((f"dense at offset {off}", strided_tensor((rows, d), dtype, "cuda", offset=off)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("d", [8, 64, 1032, 2048, 4096, 4104, 8192, 32768])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_vec_shifted_rows(dtype, d, log):
+    """16-bit forward rows whose input starts off the alignment, row by row (dispatch.h
+    softmax_rows_shift_vectorizable), run vec with the input realigned in registers (block.cuh ShiftedRow): the
+    dispatcher takes it past the warp kernel's rows and up to a block's, forced vec takes it at any D the width
+    divides; the results match float64 with poisoned outputs, and are bitwise those of the same values in an
+    aligned contiguous tensor (the same units, the same reduction). D = 8 and 64: a row of one or a few units,
+    most lanes past it (the neighbour chunk of the row's last unit comes from a lane whose own unit is not in
+    the row); 32768: the largest row vec caches."""
+    op = "log_softmax" if log else "softmax"
+    fwd = getattr(ops, op).default
+    rows = max(3, min(97, (1 << 21) // d))
+    for name, x in _shifted_views(rows, d, dtype):
+        msg = f"{op} {dtype_id(dtype)} {name} {describe(x)}"
+        auto = fastact.explain(op, x)
+        if 1024 < d <= 16384:  # past the warp kernel's rows; up to 512 threads x 32 (dispatch.h
+            # kVecMaxThreadsWithClusters; 32768: long_row's clusters)
+            assert _variant(auto) == "vec" and "realigned in registers" in auto, f"{msg}: {auto}"
+        ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+        pt = (torch.log_softmax if log else torch.softmax)(x, -1)
+        aligned = fwd(torch.empty(x.shape, dtype=dtype, device="cuda").copy_(x), -1, None, variant="vec")
+        for variant in ("auto", "vec"):
+            poison_allocator("cuda", x.numel() * dtype.itemsize)
+            y = fwd(x, -1, None, variant=variant)
+            assert_close(y, ref, torch_actual=pt, msg=f"{msg} {variant}")
+            if variant == "vec" or _variant(auto) == "vec":
+                assert torch.equal(y, aligned), f"{msg} {variant}: differs from the aligned copy's result"
+    # Not taken: D off the vector width (the rows start off the alignment, and their ends too).
+    x = strided_tensor((rows, d + 1), dtype, "cuda", slices={1: (1, 1, 0)})
+    assert "realigned" not in fastact.explain(op, x)
+    with pytest.raises(RuntimeError, match="cannot take"):
+        fwd(x, -1, None, variant="vec")
 
 
 @pytest.mark.parametrize(

@@ -764,6 +764,8 @@ struct SoftmaxProblem {
   bool backward = false;
   // Every pointer is aligned to its 128-bit access: W * sizeof(its element), W = softmax_vec_width.
   bool aligned = false;
+  // Forward: the output pointer is (the input's may not be: softmax_rows_shift_vectorizable). Backward: as aligned.
+  bool out_aligned = false;
   int sm_count = 132;
   int cc_major = 9;
   int max_cluster = 1;     // largest cluster the device schedules for these kernels (1: none)
@@ -816,6 +818,7 @@ struct SoftmaxPlan {
   bool prefetch = false;   // L2 prefetch of the work ahead: strided cached / long_row 16-bit shared-memory forwards
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
+  bool shifted = false;    // vec forward: the input's rows realigned in registers (softmax_rows_shift_vectorizable)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -839,6 +842,28 @@ inline bool softmax_rows_vectorizable(const SoftmaxProblem& p) {
 inline bool softmax_rows_edge_vectorizable(const SoftmaxProblem& p) {
   const int w = softmax_vec_width(p);
   return p.aligned && p.inner == 1 && p.dim_size % w != 0 && (p.outer == 1 || (p.row_stride - p.dim_size) % w == 0);
+}
+
+// The forward kernel that realigns the input's rows (block.cuh's ShiftedRow) takes 16-bit inputs and outputs in
+// 16-byte units.
+constexpr bool softmax_rows_shift_supported(int vec, int in_bytes, int out_bytes) {
+  return vec == 8 && in_bytes == 2 && out_bytes == 2;
+}
+// 16-bit forward rows that neither of the above moves in 128-bit accesses, because the input's rows start off the
+// alignment each by its own amount (a row stride off the vector width, as x[:, 1:] or x[:, :n] of a wider tensor,
+// or an input off the alignment whose rows the output does not share), into an aligned output whose rows the
+// vector width divides: vec loads the input in the aligned 16-byte chunks under its units and realigns them in
+// registers (a shuffle from the next lane, a funnel shift), stores and reduces as for aligned rows. Rows the
+// vec kernel caches in one block and the warp kernel does not take (softmax_warp_max_dim); element accesses
+// elsewhere. Why (H100, 256 MB, bench/NOTES.md thirty-fifth session; us, this path against the element accesses
+// of scalar, the plan before, and vec on an aligned copy): bf16 [32768, 4096] of rows 4097 apart 185.3 / 256.3 /
+// 180.0 (0.977 of the limit against 0.70), rows of 2048 185.8 / 255.1, 8192 191.6 / 265.5, 16384 205.4 / 278.7,
+// 1032 262.7 / 422.1 (aligned 219.8), dense rows one element off 186.8 / 256.2; float16 alike. Float rows stay in
+// element accesses: those ran at 0.97 there (4-byte accesses move twice the bytes an instruction).
+inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
+  const int w = softmax_vec_width(p);
+  return !p.backward && p.inner == 1 && softmax_rows_shift_supported(w, p.in_bytes, p.out_bytes) && p.out_aligned &&
+         p.dim_size % w == 0 && !softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p);
 }
 
 // 16-bit backwards of rows longer than this that the warp kernel would read element by element (D off the vector
@@ -888,7 +913,8 @@ inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const
   p.acc_bytes = acc_bytes;
   p.backward = false;
   const int w = softmax_vec_width(in_bytes, out_bytes);
-  p.aligned = softmax_ptr_aligned(x, int64_t(w) * in_bytes) && softmax_ptr_aligned(y, int64_t(w) * out_bytes);
+  p.out_aligned = softmax_ptr_aligned(y, int64_t(w) * out_bytes);
+  p.aligned = softmax_ptr_aligned(x, int64_t(w) * in_bytes) && p.out_aligned;
   p.sm_count = dev.sm_count;
   p.cc_major = dev.cc_major;
   p.max_cluster = dev.max_cluster;
@@ -911,6 +937,7 @@ inline SoftmaxProblem softmax_backward_problem(const void* grad_output, const vo
   p.aligned = softmax_ptr_aligned(grad_output, int64_t(w) * out_bytes) &&
               softmax_ptr_aligned(output, int64_t(w) * out_bytes) &&
               softmax_ptr_aligned(grad_input, int64_t(w) * in_bytes);
+  p.out_aligned = p.aligned;
   return p;
 }
 
@@ -1476,10 +1503,11 @@ inline const char* softmax_variant_rejects(SoftmaxVariant v, const SoftmaxProble
       return nullptr;
     case SoftmaxVariant::kVec:
       if (!rows) return "inner > 1 (the softmax dim is not the innermost in memory); only 'strided' takes it";
-      if (!softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p))
+      if (!softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p) && !softmax_rows_shift_vectorizable(p))
         return "it needs 16-byte aligned pointers and an input row stride equal to the row length modulo the "
                "128-bit vector width, so that every tensor's rows start at the same offset from that alignment "
-               "('scalar' takes any layout)";
+               "(or, forward, 16-bit rows the vector width divides into an aligned output) ('scalar' takes any "
+               "layout)";
       if (p.dim_size > softmax_block_capacity(p, softmax_vec_width(p)))
         return "the row does not fit one block's registers (1024 threads x 32 elements forward, x 8-32 "
                "backward); 'long_row' takes it";
@@ -1523,8 +1551,11 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes);
       return s;
     }
-    case SoftmaxVariant::kVec:
-      return plan_block(p, v, w, edges);
+    case SoftmaxVariant::kVec: {
+      SoftmaxPlan s = plan_block(p, v, w, edges);
+      s.shifted = softmax_rows_shift_vectorizable(p);
+      return s;
+    }
     case SoftmaxVariant::kScalar:
       if (p.dim_size <= softmax_block_capacity(p, 1)) return plan_block(p, v, 1);
       return plan_split(p, v, 1, /*one_block_per_row=*/true);
@@ -1589,15 +1620,18 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
     s.why = "short rows: a warp (or part of one) per row, the row in registers";
     return s;
   }
-  const bool vectorizable = softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p);
+  const bool vectorizable =
+      softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p) || softmax_rows_shift_vectorizable(p);
   const int block_threads = clusters_available(p) ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
   const int64_t block_cap = int64_t(block_threads) * softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
   if (p.dim_size <= block_cap) {
     if (vectorizable) {
       s = plan_softmax(SoftmaxVariant::kVec, p);
-      s.why = s.edges ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
-                        "accesses, each row's head and tail elements one at a time"
-                      : "the row fits one block's registers; aligned: 128-bit accesses";
+      s.why = s.edges     ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
+                            "accesses, each row's head and tail elements one at a time"
+              : s.shifted ? "the row fits one block's registers; 16-bit input rows off the alignment, an aligned "
+                            "output: 128-bit accesses, the input realigned in registers"
+                          : "the row fits one block's registers; aligned: 128-bit accesses";
     } else {
       s = plan_softmax(SoftmaxVariant::kScalar, p);
       s.why = "the row fits one block's registers; not 16-byte aligned (or D / row stride not a multiple "
@@ -1643,6 +1677,7 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
   char buf[512];
   const char* access = s.vec == 1 ? "element accesses"
                        : s.edges  ? "128-bit accesses, head and tail elements one at a time"
+                       : s.shifted ? "128-bit accesses, the input's rows realigned in registers"
                                   : "128-bit accesses";
   int n = std::snprintf(buf, sizeof(buf), "variant=%s: D=%lld, outer=%lld, inner=%lld", softmax_variant_name(s.variant),
                         static_cast<long long>(p.dim_size), static_cast<long long>(p.outer),

@@ -6,6 +6,10 @@
 // Rows off the alignment (kEdges, plan.edges: D not a multiple of kVec, every tensor's rows at the
 // same offset from it) are cut into a head, a body and a tail (RowEdges below): the units are those of
 // the body, laid out as here; the head and tail elements belong to two threads of the last CTA.
+// 16-bit rows whose input starts off the alignment by a different amount in each row (kShift, plan.shifted:
+// a row stride off the vector width, or an offset view) into an aligned dense output: the aligned 16-byte
+// chunks of the input under the units are staged in shared memory, and each unit is built from two of them
+// (ShiftedRow below).
 // CTA of cluster rank r caches units [r * T * kVecs, (r + 1) * T * kVecs), T = blockDim.x; thread t
 // holds units  r * T * kVecs + j * T + t,  j < kVecs, so for each j the block reads T consecutive
 // units (coalesced). Units at or beyond D / kVec are skipped (kVec divides D when kVec > 1): every
@@ -21,6 +25,7 @@
 // so none waits for the others at exit.
 #pragma once
 
+#include "fastact/copy_async.cuh"
 #include "fastact/softmax/common.cuh"
 
 namespace fastact::softmax_impl {
@@ -439,20 +444,119 @@ FASTACT_DEVICE auto with_edges(const Extra& extra, const in_t* __restrict__ xrow
   }
 }
 
+// kShift's loads. The input row at xrow starts `sh` elements (0 <= sh < kVec) past the aligned chunk
+// chunk0 = xrow - sh; unit u of the row (elements [u * kVec, (u + 1) * kVec), where the output's unit u
+// is) is the upper kVec - sh elements of chunk u (at chunk0 + u * kVec) and the lower sh of chunk u + 1.
+// One CTA a row (no cluster): its units are u = j * T + t, consecutive. Phase 1 (stage): the chunks of the
+// units and one more, those that hold elements of the row (e < D + sh), go to shared memory, chunk u to
+// stage[u] (cp.async: all of them in flight at once, no registers held); chunks that reach past either end
+// of the tensor's elements [lo, hi) (only row 0's first and the last row's last can) element by element,
+// their elements outside zero and never used; then one block barrier (thread t reads chunk u + 1, which
+// thread t + 1 copied). Phase 2 (unit): unit u from stage[u] and stage[u + 1] by funnel shifts. Why staged:
+// in registers, chunk u + 1 came from the next lane by a shuffle, and lane 31 loaded its own; with each
+// shuffle after its load, a thread had one load in flight (bf16 [32768, 4096] rows at stride 4097: 0.77 of
+// the limit, aligned rows 0.99), with all loads first the chunks held twice the registers and ran at 0.60.
+template <typename T, int kVec>
+struct ShiftedRow {
+  static_assert(sizeof(T) == 2 && kVec == 8, "16-bit elements, 16-byte chunks");
+  using Unit = AlignedVector<T, kVec>;
+  const T* chunk0;
+  const T* lo;
+  const T* hi;
+  int dim;  // D (in-row offsets fit in int: the host caps a cached row at 16 x 1024 x 32 elements)
+  int sh;
+
+  FASTACT_DEVICE ShiftedRow(const T* xrow, const T* lo_, const T* hi_, int64_t dim_)
+      : lo(lo_), hi(hi_), dim(static_cast<int>(dim_)) {
+    sh = static_cast<int>((reinterpret_cast<uintptr_t>(xrow) % (kVec * sizeof(T))) / sizeof(T));
+    chunk0 = xrow - sh;
+  }
+  // Phase 1: chunks c < count of the row to stage[c]; every thread of the block calls it.
+  FASTACT_DEVICE void stage_chunks(Unit* stage, int count) const {
+    for (int c = static_cast<int>(threadIdx.x); c < count; c += static_cast<int>(blockDim.x)) {
+      const int e = c * kVec;
+      if (e >= dim + sh) break;  // this thread's later chunks are further on
+      const T* p = chunk0 + e;
+      if (p >= lo && p + kVec <= hi) {
+        copy_async_16(stage + c, p);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) stage[c].val[k] = (p + k >= lo && p + k < hi) ? p[k] : T();
+      }
+    }
+    copy_async_commit();
+    copy_async_wait<0>();
+    __syncthreads();
+  }
+  // Phase 2: unit c of the row (c < D / kVec), from stage[c] and stage[c + 1].
+  FASTACT_DEVICE Unit unit(const Unit* stage, int c) const {
+    uint32_t w[8];
+    memcpy(w, stage + c, 16);
+    if (sh > 0) {
+      memcpy(w + 4, stage + c + 1, 16);
+    } else {
+#pragma unroll
+      for (int i = 4; i < 8; ++i) w[i] = 0u;
+    }
+    // Word i of the unit: elements 2i + sh and 2i + 1 + sh of the two chunks, words i + sh / 2 and the next,
+    // shifted by half a word when sh is odd. sh is the same in the whole row: a uniform branch.
+    const unsigned f = (sh & 1) * 16u;
+    uint32_t o[4];
+    switch (sh >> 1) {
+      case 0:
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(w[i], w[i + 1], f);
+        break;
+      case 1:
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(w[i + 1], w[i + 2], f);
+        break;
+      case 2:
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(w[i + 2], w[i + 3], f);
+        break;
+      default:
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] = __funnelshift_r(w[i + 3], w[i + 4], f);
+        break;
+    }
+    Unit u;
+    memcpy(&u, o, 16);
+    return u;
+  }
+};
+
+// The dynamic shared memory of block.cuh's kernels (the shifted forward's stage).
+FASTACT_DEVICE unsigned char* block_smem_bytes() {
+  extern __shared__ __align__(16) unsigned char block_smem[];
+  return block_smem;
+}
+
+// Bytes of that stage for `threads` threads of kVecs units each: their chunks and one more.
+template <int kVecs>
+constexpr size_t shifted_stage_bytes(int threads) {
+  return (size_t(kVecs) * size_t(threads) + 1) * 16;
+}
+
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Row first_row +
-// blockIdx.x / cluster. kEdges: rows off the alignment (RowEdges), the body in units. kRaw: the slice
-// cached as loaded (RegisterUnits; dispatch.h softmax_resident_raw), else converted to A.
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false, bool kRaw = false>
+// blockIdx.x / cluster (of `rows` in the whole call: launch_items may split it). kEdges: rows off the alignment
+// (RowEdges), the body in units. kRaw: the slice cached as loaded (RegisterUnits; dispatch.h
+// softmax_resident_raw), else converted to A. kShift: x's rows off the alignment, each by its own amount
+// (ShiftedRow), y aligned.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false, bool kRaw = false,
+          bool kShift = false>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kernel(const in_t* __restrict__ x,
                                                                                    out_t* __restrict__ y, int64_t dim,
                                                                                    int64_t row_stride, int cluster,
-                                                                                   Epi epi, int64_t first_row) {
+                                                                                   Epi epi, int64_t rows,
+                                                                                   int64_t first_row) {
   using A = acc_t<out_t>;
   constexpr int kElems = kRaw ? softmax_resident_raw_elems(sizeof(in_t)) : block_fwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   static_assert(!kEdges || kVec > 1, "edges only around 128-bit units");
   static_assert(!kRaw || softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(A)), "raw: 16-bit units, float");
+  static_assert(!kShift || (!kEdges && !kRaw), "shifted rows: units of y, converted");
   __shared__ RowScratch<MaxSum<A>> scratch;
   exchange_init(scratch.bar, cluster);
   RowEdges ed{0, 0, 0, 0};
@@ -475,9 +579,21 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
                                    with_edges<kEdges, Epi, kVec>(units, xrow, yrow, ed));
   } else {
     A v[kVecs][kVec];
+    if constexpr (kShift) {
+      // One CTA a row (cluster 1): unit j of thread t is unit j * T + t of the row.
+      const ShiftedRow<in_t, kVec> shifted(xrow, x, x + (rows - 1) * row_stride + dim, dim);
+      auto* const stage = reinterpret_cast<AlignedVector<in_t, kVec>*>(block_smem_bytes());
+      const int nthreads = static_cast<int>(blockDim.x);
+      shifted.stage_chunks(stage, kVecs * nthreads + 1);
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+      for (int j = 0; j < kVecs; ++j) {
+        if (j < s.nvalid) to_acc(shifted.unit(stage, j * nthreads + static_cast<int>(threadIdx.x)), v[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+      }
     }
     resident_forward<Epi, kVec, kVecs>(v, s, yr, epi, scratch, round, cluster,
                                        with_edges<kEdges, Epi, kVec>(NoExtraUnits{}, xrow, yrow, ed));
@@ -521,17 +637,26 @@ namespace detail {
 // One row per CTA (cluster == 1) or per cluster; `threads` and `cluster` from the plan.
 // `edges`: rows off the alignment (RowEdges; the caller checked the pointers and the row stride).
 // Two threads of the last CTA own the edges, so a block has at least two.
-// The forward kernel for (kEdges, kRaw); combinations its types cannot run are configuration errors
+// The forward kernel for (kEdges, kRaw, kShift); combinations its types cannot run are configuration errors
 // (and are not instantiated).
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges, bool kRaw>
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges, bool kRaw, bool kShift = false>
 cudaError_t launch_block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
                                  int cluster, cudaStream_t stream) {
   if constexpr ((kEdges && kVec == 1) ||
-                (kRaw && !softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(acc_t<out_t>)))) {
+                (kRaw && !softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(acc_t<out_t>))) ||
+                (kShift && !softmax_rows_shift_supported(kVec, sizeof(in_t), sizeof(out_t)))) {
     return cudaErrorInvalidConfiguration;
   } else {
-    return launch_items<softmax_block_fwd_kernel<in_t, out_t, Epi, kVec, kEdges, kRaw>>(
-        rows, threads, 0, cluster, stream, x, y, dim, row_stride, cluster, Epi{});
+    constexpr auto kKernel = softmax_block_fwd_kernel<in_t, out_t, Epi, kVec, kEdges, kRaw, kShift>;
+    size_t smem = 0;
+    if constexpr (kShift) {
+      constexpr int kVecs = block_fwd_elems<out_t, kVec>() / kVec;
+      constexpr int kMaxSmem = int(shifted_stage_bytes<kVecs>(kResidentMaxThreads));
+      const cudaError_t err = kernel_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem>();
+      if (err != cudaSuccess) return err;
+      smem = shifted_stage_bytes<kVecs>(threads);
+    }
+    return launch_items<kKernel>(rows, threads, smem, cluster, stream, x, y, dim, row_stride, cluster, Epi{}, rows);
   }
 }
 
@@ -553,6 +678,18 @@ cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, in
                                                                          stream)
              : launch_block_forward<in_t, out_t, Epi, kVec, false, false>(x, y, rows, dim, row_stride, threads,
                                                                           cluster, stream);
+}
+
+// vec's forward of shifted rows (plan.shifted: dispatch.h softmax_rows_shift_vectorizable; the caller checked
+// y's alignment and that kVec divides D): one row per CTA.
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t block_forward_shifted(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
+                                  cudaStream_t stream) {
+  if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 ||
+      int64_t(threads) * block_fwd_elems<out_t, kVec>() < dim || dim % kVec != 0)
+    return cudaErrorInvalidConfiguration;
+  return launch_block_forward<in_t, out_t, Epi, kVec, false, false, true>(x, y, rows, dim, row_stride, threads, 1,
+                                                                          stream);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>

@@ -201,6 +201,15 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
+  if (plan.shifted) {  // vec, 16-bit rows: x anywhere (element-aligned), y aligned, D a whole number of units
+    if (!vec || plan.variant != SoftmaxVariant::kVec || plan.mode != SoftmaxMode::kResident || plan.edges ||
+        plan.raw || inner != 1 || !softmax_rows_shift_supported(kW, sizeof(in_t), sizeof(out_t)))
+      return cudaErrorInvalidValue;
+    if (!softmax_ptr_aligned(y, kW * int64_t(sizeof(out_t))) || !softmax_ptr_aligned(x, sizeof(in_t)) ||
+        dim % kW != 0)
+      return cudaErrorMisalignedAddress;
+    return vec_forward<in_t, out_t, Epilogue>(x, y, outer, dim, row_stride, plan, stream);
+  }
   if (vec && !(softmax_ptr_aligned(x, kW * int64_t(sizeof(in_t))) &&
                softmax_ptr_aligned(y, kW * int64_t(sizeof(out_t)))))
     return cudaErrorMisalignedAddress;
@@ -270,6 +279,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
                              void* workspace = nullptr) {
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
+  if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
