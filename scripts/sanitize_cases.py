@@ -97,8 +97,9 @@ def softmax_cases(dtype, synccheck=False):
 
 def shifted_cases(dtype):
     """16-bit forward rows whose input starts off the alignment by a different amount in each row (vec's input
-    realigned in registers; softmax_cases' misaligned dense rows of 1024 and 4104 take it at one shift): x[:, s:s
-    + D] of [rows, s + D + pad], the last row's last chunk reaching past the storage where pad is 0."""
+    staged in shared memory and realigned; softmax_cases' misaligned dense rows of 1024 and 4104 take it at one
+    shift): x[:, s:s + D] of [rows, s + D + pad], the last row's last chunk reaching past the storage where pad
+    is 0."""
     for rows, d, start, pad in ((5, 4096, 1, 0), (3, 2056, 0, 3), (4, 8, 5, 0), (2, 32768, 7, 0)):
         base = torch.randn(rows, start + d + pad, device="cuda", dtype=dtype)
         x = base[:, start:start + d]

@@ -496,16 +496,17 @@ def _shifted_views(rows, d, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
-@pytest.mark.parametrize("d", [8, 64, 1032, 2048, 4096, 4104, 8192, 32768])
+@pytest.mark.parametrize("d", [8, 64, 1032, 2048, 4096, 4104, 8192, 16392, 32768])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_vec_shifted_rows(dtype, d, log):
     """16-bit forward rows whose input starts off the alignment, row by row (dispatch.h
-    softmax_rows_shift_vectorizable), run vec with the input realigned in registers (block.cuh ShiftedRow): the
-    dispatcher takes it past the warp kernel's rows and up to a block's, forced vec takes it at any D the width
-    divides; the results match float64 with poisoned outputs, and are bitwise those of the same values in an
+    softmax_rows_shift_vectorizable), run vec with the input staged in shared memory and realigned (block.cuh
+    ShiftedRow): the dispatcher takes it past the warp kernel's rows and up to a block's, forced vec takes it at
+    any D the width divides; the results match float64 with poisoned outputs, and are bitwise those of the same values in an
     aligned contiguous tensor (the same units, the same reduction). D = 8 and 64: a row of one or a few units,
-    most lanes past it (the neighbour chunk of the row's last unit comes from a lane whose own unit is not in
-    the row); 32768: the largest row vec caches."""
+    most threads past it (the chunk after the row's last unit is staged by a thread whose own unit is not in
+    the row); 16392: past auto's vec rows (long_row takes them), forced vec in 544 threads; 32768: the largest
+    row vec caches (1024 threads, the stage's last slot)."""
     op = "log_softmax" if log else "softmax"
     fwd = getattr(ops, op).default
     rows = max(3, min(97, (1 << 21) // d))
@@ -514,7 +515,7 @@ def test_vec_shifted_rows(dtype, d, log):
         auto = fastact.explain(op, x)
         if 1024 < d <= 16384:  # past the warp kernel's rows; up to 512 threads x 32 (dispatch.h
             # kVecMaxThreadsWithClusters; 32768: long_row's clusters)
-            assert _variant(auto) == "vec" and "realigned in registers" in auto, f"{msg}: {auto}"
+            assert _variant(auto) == "vec" and "staged in shared memory and realigned" in auto, f"{msg}: {auto}"
         ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
         pt = (torch.log_softmax if log else torch.softmax)(x, -1)
         aligned = fwd(torch.empty(x.shape, dtype=dtype, device="cuda").copy_(x), -1, None, variant="vec")

@@ -2,8 +2,9 @@
 // what they load in shared memory: a copy in flight holds no register, so it stays in flight while
 // the thread issues its other loads and computes, whatever ptxas schedules around them.
 //
-// Each thread copies into slots only it reads, so completion needs no barrier: cp.async.wait_group
-// makes a thread's own copies visible to it. .cg: cached in L2 only, the data is used once. Below
+// Where each thread copies into slots only it reads, completion needs no barrier: cp.async.wait_group
+// makes a thread's own copies visible to it (block.cuh's ShiftedRow reads its neighbour's slot, and waits
+// at a block barrier after the wait). .cg: cached in L2 only, the data is used once. Below
 // sm_80 the copy is a plain load and store.
 #pragma once
 

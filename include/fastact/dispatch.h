@@ -818,7 +818,7 @@ struct SoftmaxPlan {
   bool prefetch = false;   // L2 prefetch of the work ahead: strided cached / long_row 16-bit shared-memory forwards
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
-  bool shifted = false;    // vec forward: the input's rows realigned in registers (softmax_rows_shift_vectorizable)
+  bool shifted = false;    // vec forward: the input's rows staged and realigned (softmax_rows_shift_vectorizable)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -852,8 +852,8 @@ constexpr bool softmax_rows_shift_supported(int vec, int in_bytes, int out_bytes
 // 16-bit forward rows that neither of the above moves in 128-bit accesses, because the input's rows start off the
 // alignment each by its own amount (a row stride off the vector width, as x[:, 1:] or x[:, :n] of a wider tensor,
 // or an input off the alignment whose rows the output does not share), into an aligned output whose rows the
-// vector width divides: vec loads the input in the aligned 16-byte chunks under its units and realigns them in
-// registers (a shuffle from the next lane, a funnel shift), stores and reduces as for aligned rows. Rows the
+// vector width divides: vec stages the aligned 16-byte chunks under its units in shared memory (cp.async) and
+// builds each unit from two of them by a funnel shift, then reduces and stores as for aligned rows. Rows the
 // vec kernel caches in one block and the warp kernel does not take (softmax_warp_max_dim); element accesses
 // elsewhere. Why (H100, 256 MB, bench/NOTES.md thirty-fifth session; us, this path against the element accesses
 // of scalar, the plan before, and vec on an aligned copy): bf16 [32768, 4096] of rows 4097 apart 185.3 / 256.3 /
@@ -1630,7 +1630,8 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
       s.why = s.edges     ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
                             "accesses, each row's head and tail elements one at a time"
               : s.shifted ? "the row fits one block's registers; 16-bit input rows off the alignment, an aligned "
-                            "output: 128-bit accesses, the input realigned in registers"
+                            "output: 128-bit accesses, the input staged in shared memory in aligned 16-byte "
+                            "chunks and realigned"
                           : "the row fits one block's registers; aligned: 128-bit accesses";
     } else {
       s = plan_softmax(SoftmaxVariant::kScalar, p);
@@ -1677,7 +1678,7 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
   char buf[512];
   const char* access = s.vec == 1 ? "element accesses"
                        : s.edges  ? "128-bit accesses, head and tail elements one at a time"
-                       : s.shifted ? "128-bit accesses, the input's rows realigned in registers"
+                       : s.shifted ? "128-bit accesses, the input's rows staged in shared memory and realigned"
                                   : "128-bit accesses";
   int n = std::snprintf(buf, sizeof(buf), "variant=%s: D=%lld, outer=%lld, inner=%lld", softmax_variant_name(s.variant),
                         static_cast<long long>(p.dim_size), static_cast<long long>(p.outer),

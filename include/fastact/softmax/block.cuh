@@ -450,7 +450,8 @@ FASTACT_DEVICE auto with_edges(const Extra& extra, const in_t* __restrict__ xrow
 // One CTA a row (no cluster): its units are u = j * T + t, consecutive. Phase 1 (stage): the chunks of the
 // units and one more, those that hold elements of the row (e < D + sh), go to shared memory, chunk u to
 // stage[u] (cp.async: all of them in flight at once, no registers held); chunks that reach past either end
-// of the tensor's elements [lo, hi) (only row 0's first and the last row's last can) element by element,
+// of the tensor's elements [lo, hi) (rows at least a chunk apart: only row 0's first and the last row's last
+// can; every chunk is checked) element by element,
 // their elements outside zero and never used; then one block barrier (thread t reads chunk u + 1, which
 // thread t + 1 copied). Phase 2 (unit): unit u from stage[u] and stage[u + 1] by funnel shifts. Why staged:
 // in registers, chunk u + 1 came from the next lane by a shuffle, and lane 31 loaded its own; with each

@@ -279,8 +279,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
                              void* workspace = nullptr) {
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
-  if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
+  if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
   if (vec && !(softmax_ptr_aligned(grad_output, kW * int64_t(sizeof(out_t))) &&
