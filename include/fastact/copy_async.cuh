@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "fastact/math.h"
 
 namespace fastact {
@@ -21,6 +23,27 @@ FASTACT_DEVICE void copy_async_16(void* smem, const void* gmem) {
 #else
   *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #endif
+}
+
+// The 16-byte chunk at src (16-byte aligned, as dst) of a tensor whose elements are [t, t + n): copied
+// whole (copy_async_16) where it lies inside, else element by element, its elements inside only (plain
+// loads and stores; the rest of dst left as it is). For chunks that may reach past either end of a tensor
+// (softmax/staged.cuh's tiles, block.cuh's ShiftedRow).
+template <typename T>
+FASTACT_DEVICE void copy_async_16_within(const T* src, const T* t, int64_t n, T* dst) {
+  constexpr int V = 16 / int(sizeof(T));
+  const auto a = reinterpret_cast<uintptr_t>(src);
+  const auto lo = reinterpret_cast<uintptr_t>(t);
+  const auto hi = reinterpret_cast<uintptr_t>(t + n);
+  if (a >= lo && a + 16 <= hi) {
+    copy_async_16(dst, src);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const uintptr_t ae = a + uintptr_t(e) * sizeof(T);
+    if (ae >= lo && ae < hi) dst[e] = src[e];
+  }
 }
 
 // Closes the group of the copies issued since the last commit (an empty group is fine).

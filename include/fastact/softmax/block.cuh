@@ -450,9 +450,9 @@ FASTACT_DEVICE auto with_edges(const Extra& extra, const in_t* __restrict__ xrow
 // One CTA a row (no cluster): its units are u = j * T + t, consecutive. Phase 1 (stage): the chunks of the
 // units and one more, those that hold elements of the row (e < D + sh), go to shared memory, chunk u to
 // stage[u] (cp.async: all of them in flight at once, no registers held); chunks that reach past either end
-// of the tensor's elements [lo, hi) (rows at least a chunk apart: only row 0's first and the last row's last
-// can; every chunk is checked) element by element,
-// their elements outside zero and never used; then one block barrier (thread t reads chunk u + 1, which
+// of the tensor's elements [lo, lo + n) (rows at least a chunk apart: only row 0's first and the last row's
+// last can; every chunk is checked) element by element (copy_async_16_within), their elements outside
+// unwritten and never used; then one block barrier (thread t reads chunk u + 1, which
 // thread t + 1 copied). Phase 2 (unit): unit u from stage[u] and stage[u + 1] by funnel shifts. Why staged:
 // in registers, chunk u + 1 came from the next lane by a shuffle, and lane 31 loaded its own; with each
 // shuffle after its load, a thread had one load in flight (bf16 [32768, 4096] rows at stride 4097: 0.77 of
@@ -462,13 +462,13 @@ struct ShiftedRow {
   static_assert(sizeof(T) == 2 && kVec == 8, "16-bit elements, 16-byte chunks");
   using Unit = AlignedVector<T, kVec>;
   const T* chunk0;
-  const T* lo;
-  const T* hi;
+  const T* lo;  // the tensor's elements: [lo, lo + n)
+  int64_t n;
   int dim;  // D (in-row offsets fit in int: the host caps a cached row at 16 x 1024 x 32 elements)
   int sh;
 
-  FASTACT_DEVICE ShiftedRow(const T* xrow, const T* lo_, const T* hi_, int64_t dim_)
-      : lo(lo_), hi(hi_), dim(static_cast<int>(dim_)) {
+  FASTACT_DEVICE ShiftedRow(const T* xrow, const T* lo_, int64_t n_, int64_t dim_)
+      : lo(lo_), n(n_), dim(static_cast<int>(dim_)) {
     sh = static_cast<int>((reinterpret_cast<uintptr_t>(xrow) % (kVec * sizeof(T))) / sizeof(T));
     chunk0 = xrow - sh;
   }
@@ -477,13 +477,7 @@ struct ShiftedRow {
     for (int c = static_cast<int>(threadIdx.x); c < count; c += static_cast<int>(blockDim.x)) {
       const int e = c * kVec;
       if (e >= dim + sh) break;  // this thread's later chunks are further on
-      const T* p = chunk0 + e;
-      if (p >= lo && p + kVec <= hi) {
-        copy_async_16(stage + c, p);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) stage[c].val[k] = (p + k >= lo && p + k < hi) ? p[k] : T();
-      }
+      copy_async_16_within(chunk0 + e, lo, n, stage[c].val);
     }
     copy_async_commit();
     copy_async_wait<0>();
@@ -582,7 +576,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
     A v[kVecs][kVec];
     if constexpr (kShift) {
       // One CTA a row (cluster 1): unit j of thread t is unit j * T + t of the row.
-      const ShiftedRow<in_t, kVec> shifted(xrow, x, x + (rows - 1) * row_stride + dim, dim);
+      const ShiftedRow<in_t, kVec> shifted(xrow, x, (rows - 1) * row_stride + dim, dim);
       auto* const stage = reinterpret_cast<AlignedVector<in_t, kVec>*>(block_smem_bytes());
       const int nthreads = static_cast<int>(blockDim.x);
       shifted.stage_chunks(stage, kVecs * nthreads + 1);
@@ -662,13 +656,20 @@ cudaError_t launch_block_forward(const in_t* x, out_t* y, int64_t rows, int64_t 
 }
 
 // `raw`: the slice cached as loaded (long_row's clusters, where dispatch.h's softmax_resident_raw holds).
+// `shifted`: vec's rows realigned (plan.shifted: dispatch.h softmax_rows_shift_vectorizable; the caller checked
+// y's alignment): one row per CTA, whole units of y.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
-                          int cluster, bool edges, bool raw, cudaStream_t stream) {
+                          int cluster, bool edges, bool raw, bool shifted, cudaStream_t stream) {
   const int elems = raw ? softmax_resident_raw_elems(sizeof(in_t)) : block_fwd_elems<out_t, kVec>();
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * elems < dim)
     return cudaErrorInvalidConfiguration;
+  if (shifted) {
+    if (cluster != 1 || edges || raw || dim % kVec != 0) return cudaErrorInvalidConfiguration;
+    return launch_block_forward<in_t, out_t, Epi, kVec, false, false, true>(x, y, rows, dim, row_stride, threads, 1,
+                                                                            stream);
+  }
   if (edges) {
     return raw ? launch_block_forward<in_t, out_t, Epi, kVec, true, true>(x, y, rows, dim, row_stride, threads,
                                                                           cluster, stream)
@@ -679,18 +680,6 @@ cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, in
                                                                          stream)
              : launch_block_forward<in_t, out_t, Epi, kVec, false, false>(x, y, rows, dim, row_stride, threads,
                                                                           cluster, stream);
-}
-
-// vec's forward of shifted rows (plan.shifted: dispatch.h softmax_rows_shift_vectorizable; the caller checked
-// y's alignment and that kVec divides D): one row per CTA.
-template <typename in_t, typename out_t, typename Epi, int kVec>
-cudaError_t block_forward_shifted(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, int threads,
-                                  cudaStream_t stream) {
-  if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 ||
-      int64_t(threads) * block_fwd_elems<out_t, kVec>() < dim || dim % kVec != 0)
-    return cudaErrorInvalidConfiguration;
-  return launch_block_forward<in_t, out_t, Epi, kVec, false, false, true>(x, y, rows, dim, row_stride, threads, 1,
-                                                                          stream);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>

@@ -123,7 +123,7 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
                             const SoftmaxPlan& plan, cudaStream_t stream) {
   if (plan.smem_elems == 0)
     return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, plan.edges,
-                                                 plan.raw, stream);
+                                                 plan.raw, /*shifted=*/false, stream);
   using Shape = ClusterSmemShape<in_t, out_t, kVec>;
   if constexpr (Shape::kSupported) {
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec>;

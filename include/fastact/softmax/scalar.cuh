@@ -14,7 +14,7 @@ cudaError_t scalar_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, i
                            const SoftmaxPlan& plan, cudaStream_t stream) {
   if (plan.mode == SoftmaxMode::kResident)
     return block_forward<in_t, out_t, Epi, 1>(x, y, rows, dim, row_stride, plan.threads, 1, /*edges=*/false,
-                                              /*raw=*/false, stream);
+                                              /*raw=*/false, /*shifted=*/false, stream);
   return split_forward<in_t, out_t, Epi, 1>(x, y, rows, dim, row_stride, 1, rows, stream);
 }
 

@@ -46,24 +46,8 @@ FASTACT_DEVICE int staged_shift(const T* p) {
 // Step 1: each D-row's segment [seg0 + d * inner, + w) of each staged tensor, in the chunks it touches,
 // chunk k of the row to stage[d * pitch + k * V] (pitch = columns + V: every segment's chunks fit). A
 // chunk that reaches past either end of a tensor [t, t + n) (only its first and last can) goes element
-// by element, its own elements only.
-template <typename T>
-FASTACT_DEVICE void staged_copy_chunk(const T* src, const T* t, int64_t n, T* dst) {
-  constexpr int V = kStagedChunk<T>;
-  const auto a = reinterpret_cast<uintptr_t>(src);
-  const auto lo = reinterpret_cast<uintptr_t>(t);
-  const auto hi = reinterpret_cast<uintptr_t>(t + n);
-  if (a >= lo && a + kStridedStagedChunkBytes <= hi) {
-    copy_async_16(dst, src);
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const uintptr_t ae = a + uintptr_t(e) * sizeof(T);
-    if (ae >= lo && ae < hi) dst[e] = src[e];
-  }
-}
-
+// by element, its own elements only (copy_async_16_within).
+//
 // Chunk k of D-row d's segment [off, off + w) of tensor t (n elements) to row[k * V] (row: the D-row's
 // stage), if the segment reaches into it: the segment starts at its own shift in its first chunk.
 template <typename T>
@@ -71,7 +55,7 @@ FASTACT_DEVICE void staged_copy_row_chunk(const T* __restrict__ t, int64_t n, in
                                           T* __restrict__ row) {
   constexpr int V = kStagedChunk<T>;
   const int shift = staged_shift(t + off);
-  if (k * V < shift + w) staged_copy_chunk(t + off - shift + k * V, t, n, row + k * V);
+  if (k * V < shift + w) copy_async_16_within(t + off - shift + k * V, t, n, row + k * V);
 }
 
 // Step 1's walk: copy(d, k) for every (D-row d < dim, chunk slot k < pitch / V) pair of the tile. The

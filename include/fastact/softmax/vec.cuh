@@ -16,9 +16,8 @@ template <typename in_t, typename out_t, typename Epi>
 cudaError_t vec_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride, const SoftmaxPlan& plan,
                         cudaStream_t stream) {
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
-  if (plan.shifted) return block_forward_shifted<in_t, out_t, Epi, kW>(x, y, rows, dim, row_stride, plan.threads, stream);
   return block_forward<in_t, out_t, Epi, kW>(x, y, rows, dim, row_stride, plan.threads, 1, plan.edges,
-                                             /*raw=*/false, stream);
+                                             /*raw=*/false, plan.shifted, stream);
 }
 
 template <typename in_t, typename out_t, typename Epi>
