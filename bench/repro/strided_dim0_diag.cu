@@ -1,0 +1,239 @@
+// Diagnostic (not part of the library; bench/NOTES.md, thirty-sixth session): why softmax over dim 0 of a 256 MB
+// f32 [16384, 4096] (outer 1, D 16384, inner 4096) runs at 0.82 (forward) / 0.67 (backward) of the limit while
+// dim-1 cells with wider tiles reach 0.92-0.99. The suspect: a tile reads only 64 B (forward) / 32 B (backward) of
+// each D-row, so DRAM sees scattered small requests; the neighbouring tiles, which read the rest of each 128-B
+// line, run at about the same time on other clusters. Variants, each against the library's plan:
+//   library                      the auto plan as the library launches it;
+//   granularity G                the same launch under cudaLimitMaxL2FetchGranularity = G bytes;
+//   L2::128B / L2::256B          copies of the cached strided kernels whose loads carry that L2 prefetch size;
+//   bwd no exchange (wrong)      the backward copy without the cluster's column all-reduce (timing only);
+// Outputs are compared bitwise with the library's.
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Iinclude -o dim0_diag bench/repro/strided_dim0_diag.cu
+//   ./dim0_diag
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#include "fastact/softmax/launch.cuh"
+
+using namespace fastact;
+using namespace fastact::softmax_impl;
+using Epi = math::SoftmaxEpilogue;
+
+#define CK(...) do { cudaError_t e_ = (__VA_ARGS__); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
+
+namespace {
+
+// kLoad: 0 plain, 1 ld.global.L2::128B, 2 ld.global.L2::256B.
+template <int kLoad>
+FASTACT_DEVICE AlignedVector<float, 4> ld4(const float* p) {
+  if constexpr (kLoad == 0) {
+    return load_vector<float, 4>(p);
+  } else {
+    AlignedVector<float, 4> v;
+    if constexpr (kLoad == 1)
+      asm("ld.global.nc.L2::128B.v4.f32 {%0, %1, %2, %3}, [%4];"
+          : "=f"(v.val[0]), "=f"(v.val[1]), "=f"(v.val[2]), "=f"(v.val[3]) : "l"(p));
+    else
+      asm("ld.global.nc.L2::256B.v4.f32 {%0, %1, %2, %3}, [%4];"
+          : "=f"(v.val[0]), "=f"(v.val[1]), "=f"(v.val[2]), "=f"(v.val[3]) : "l"(p));
+    return v;
+  }
+}
+
+template <int kLoad>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_fwd(const float* __restrict__ x, float* __restrict__ y,
+                                                                  int64_t outer, int64_t dim, int64_t inner, int cols,
+                                                                  int cluster, Epi epi, int64_t ahead, int64_t first_tile) {
+  using P = MaxSum<float>;
+  using F = StridedForwardCache<float, float, Epi, 4>;
+  constexpr int kRows = F::kRows;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  exchange_init(column_scratch<float>(smem_raw).bar, cluster);
+  const StridedThread t = strided_thread(cols, cluster, kRows);
+  const int64_t tile = strided_tile(first_tile, cluster);
+  const StridedColumn col = strided_column<4>(t, tile, outer, dim, inner);
+  const float* xc = x + col.base;
+  float* yc = y + col.base;
+  int round = 0;
+  const int nrows = col.ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+  const int64_t first = t.d_first * inner;
+  const int64_t step = int64_t(t.G) * inner;
+  typename F::Rows rows;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) rows.take(j, ld4<kLoad>(xc + first + j * step));
+  }
+  strided_prefetch_ahead<4, kRows>(x, t, tile, ahead, outer, dim, inner);
+  strided_pair_forward<typename F::Cache, 4, kRows>(rows, nrows, yc + first, step, epi, column_scratch<P>(smem_raw), round,
+                                                   reduce_columns(t, cols), cluster);
+}
+
+template <int kLoad, bool kExchange>
+__global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd(const float* __restrict__ grad_output,
+                                                                  const float* __restrict__ output,
+                                                                  float* __restrict__ grad_input, int64_t outer,
+                                                                  int64_t dim, int64_t inner, int cols, int cluster,
+                                                                  Epi epi, int64_t first_tile) {
+  constexpr int kRows = softmax_strided_rows(true, 4, 4, 4, 4);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const ColumnScratch<float> smem = column_scratch<float>(smem_raw);
+  exchange_init(smem.bar, cluster);
+  const StridedThread t = strided_thread(cols, cluster, kRows);
+  const StridedColumn col = strided_column<4>(t, strided_tile(first_tile, cluster), outer, dim, inner);
+  const float* dyc = grad_output + col.base;
+  const float* yc = output + col.base;
+  float* dxc = grad_input + col.base;
+  int round = 0;
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};
+  const int nrows = col.ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+  const int64_t first = t.d_first * inner;
+  const int64_t step = int64_t(t.G) * inner;
+  AlignedVector<float, 4> dy[kRows], yv[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      dy[j] = ld4<kLoad>(dyc + first + j * step);
+      yv[j] = ld4<kLoad>(yc + first + j * step);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dot[k] += epi.backward_term(dy[j].val[k], yv[j].val[k]);
+    }
+  }
+  if constexpr (kExchange) {
+    column_allreduce(dot, SumOp<float>(), smem, round, reduce_columns(t, cols), cluster);
+  } else {
+    if (cluster > 1) { cluster_arrive_relaxed(); cluster_wait(); }  // keep a row's CTAs in step, no data
+  }
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (j < nrows) {
+      AlignedVector<float, 4> g;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g.val[k] = epi.backward(dy[j].val[k], yv[j].val[k], dot[k]);
+      store_vector<float, 4>(dxc + first + j * step, g);
+    }
+  }
+}
+
+template <int kLoad>
+cudaError_t launch_fwd(const float* x, float* y, int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan) {
+  using F = StridedForwardCache<float, float, Epi, 4>;
+  const auto smem = size_t(softmax_strided_smem_bytes(plan.threads, plan.columns, 4, plan.cluster, F::kValueBytes));
+  constexpr auto kKernel = diag_fwd<kLoad>;
+  const int64_t ahead = plan.prefetch ? resident_tiles<kKernel>(plan.threads, plan.cluster, smem) / kStridedPrefetchDivisor : 0;
+  return launch_items<kKernel>(softmax_strided_tiles(outer, inner, 4, plan.columns), plan.threads, smem, plan.cluster, 0,
+                               x, y, outer, dim, inner, plan.columns, plan.cluster, Epi{}, ahead);
+}
+
+template <int kLoad, bool kExchange>
+cudaError_t launch_bwd(const float* dy, const float* y, float* dx, int64_t outer, int64_t dim, int64_t inner,
+                       const SoftmaxPlan& plan) {
+  const auto smem = size_t(softmax_strided_smem_bytes(plan.threads, plan.columns, 4, plan.cluster, 4));
+  return launch_items<diag_bwd<kLoad, kExchange>>(softmax_strided_tiles(outer, inner, 4, plan.columns), plan.threads, smem,
+                                                  plan.cluster, 0, dy, y, dx, outer, dim, inner, plan.columns,
+                                                  plan.cluster, Epi{});
+}
+
+}  // namespace
+
+static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
+
+int main() {
+  SoftmaxDeviceProps dev;
+  CK(softmax_device_props(0, &dev));
+  const int64_t N = int64_t(64) << 20;  // 256 MB of f32
+  float *x, *y, *yref, *dy, *dx;
+  CK(cudaMalloc(&x, N * 4)); CK(cudaMalloc(&y, N * 4)); CK(cudaMalloc(&yref, N * 4));
+  CK(cudaMalloc(&dy, N * 4)); CK(cudaMalloc(&dx, N * 4));
+  {
+    std::vector<float> h(N);
+    uint32_t s = 12345;
+    for (int64_t i = 0; i < N; ++i) { s = s * 1664525u + 1013904223u; h[i] = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 8.f; }
+    CK(cudaMemcpy(x, h.data(), N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dy, h.data() + 7, (N - 7) * 4, cudaMemcpyHostToDevice));
+  }
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> hy(N), hr(N);
+  const double limit = 2968.0;  // GB/s, the bar report's limit (sessions 34-36)
+  size_t gran0 = 0;
+  CK(cudaDeviceGetLimit(&gran0, cudaLimitMaxL2FetchGranularity));
+  printf("default cudaLimitMaxL2FetchGranularity: %zu\n", gran0);
+  for (int64_t dim : {int64_t(16384), int64_t(8192), int64_t(4096)}) {
+    const int64_t inner = N / dim, outer = 1;
+    for (int bwd = 0; bwd < 2; ++bwd) {
+      SoftmaxProblem p = bwd ? softmax_backward_problem(dy, y, 4, dx, 4, 4, outer, dim, inner, dev)
+                             : softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev);
+      const SoftmaxPlan plan = choose_softmax(p);
+      printf("== f32 [%lld, %lld] dim 0 %s: %s\n", (long long)dim, (long long)inner, bwd ? "bwd" : "fwd",
+             softmax_explain(p, plan).c_str());
+      if (plan.mode != SoftmaxMode::kStrided || plan.staged || plan.streaming || plan.chunks != 1) {
+        printf("   (not a cached strided plan: skipped)\n");
+        continue;
+      }
+      const double bytes = (bwd ? 3.0 : 2.0) * N * 4;
+      float* out = bwd ? dx : y;
+      if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
+      auto run = [&](const char* name, auto fn, int is_ref) {
+        std::vector<float> ts;
+        for (int it = 0; it < 25; ++it) {
+          CK(cudaEventRecord(a));
+          CK(fn());
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms; CK(cudaEventElapsedTime(&ms, a, b));
+          if (it >= 3) ts.push_back(ms * 1e3f);
+        }
+        CK(cudaGetLastError());
+        const float us = median(ts);
+        const double frac = bytes / (us * 1e3) / limit;
+        const char* check = "";
+        if (is_ref == 1) { CK(cudaMemcpy(yref, out, N * 4, cudaMemcpyDeviceToDevice)); }
+        else if (is_ref == 0) {
+          CK(cudaMemcpy(hy.data(), out, N * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(hr.data(), yref, N * 4, cudaMemcpyDeviceToHost));
+          check = memcmp(hy.data(), hr.data(), N * 4) == 0 ? "bitwise = library" : "DIFFERS";
+        }
+        printf("   %-30s %8.1f us  %.3f of %.0f  %s\n", name, us, frac, limit, check);
+        CK(cudaMemset(out, 0xff, N * 4));
+      };
+      auto lib = [&] {
+        return bwd ? softmax_backward<float, float, Epi>(dy, y, dx, outer, dim, inner, plan, 0, nullptr)
+                   : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
+      };
+      run("library", lib, 1);
+      for (int rep = 0; rep < 2; ++rep) {
+        for (size_t g : {size_t(32), size_t(64), size_t(128)}) {
+          CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, g));
+          size_t got = 0;
+          CK(cudaDeviceGetLimit(&got, cudaLimitMaxL2FetchGranularity));
+          char name[64];
+          snprintf(name, sizeof name, "granularity %zu (got %zu)", g, got);
+          run(name, lib, 0);
+        }
+        CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, gran0));
+        if (bwd) {
+          run("copy, plain loads", [&] { return launch_bwd<0, true>(dy, y, dx, outer, dim, inner, plan); }, 0);
+          run("L2::128B", [&] { return launch_bwd<1, true>(dy, y, dx, outer, dim, inner, plan); }, 0);
+          run("L2::256B", [&] { return launch_bwd<2, true>(dy, y, dx, outer, dim, inner, plan); }, 0);
+          run("no exchange (wrong)", [&] { return launch_bwd<0, false>(dy, y, dx, outer, dim, inner, plan); }, 2);
+          run("no exchange, L2::256B (wrong)", [&] { return launch_bwd<2, false>(dy, y, dx, outer, dim, inner, plan); }, 2);
+        } else {
+          run("copy, plain loads", [&] { return launch_fwd<0>(x, y, outer, dim, inner, plan); }, 0);
+          run("L2::128B", [&] { return launch_fwd<1>(x, y, outer, dim, inner, plan); }, 0);
+          run("L2::256B", [&] { return launch_fwd<2>(x, y, outer, dim, inner, plan); }, 0);
+        }
+        run("library (again)", lib, 0);
+      }
+    }
+  }
+  printf("done\n");
+  return 0;
+}
