@@ -45,6 +45,30 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
   return load_vector<T, N>(p);
 }
 
+// The same load, asking L2 to fill the whole 128-byte line from memory (ld.global.nc.L2::128B;
+// 16-byte vectors, other sizes load as above). For loads that read a narrow piece of each line while
+// other CTAs read the rest at about the same time: the cached strided backward, whose tiles read 32 or
+// 64 bytes of each D-row. On the H100, softmax backward over dim 0 of f32 [8192, 8192] (64-byte pieces)
+// ran 0.774 -> 0.866 of the limit, [16384, 4096] (32-byte pieces) 0.670 -> 0.70-0.75; 128-byte pieces
+// were unchanged; the strided forward lost 3% with it (bench/NOTES.md thirty-sixth session,
+// bench/repro/strided_dim0_diag.cu). The .nc path is the one the kernels' const __restrict__ loads
+// already take: p must not be written while the kernel runs, except by the thread after this load.
+template <typename T, int N>
+FASTACT_DEVICE AlignedVector<T, N> load_vector_line(const T* p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(T) * N == 16) {
+    uint4 u;
+    asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p));
+    AlignedVector<T, N> v;
+    *reinterpret_cast<uint4*>(&v) = u;
+    return v;
+  }
+#endif
+  return load_vector<T, N>(p);
+}
+
 // Asks L2 for the line holding p ahead of a later load (prefetch.global.L2): no register written, no
 // wait. Callers pass only addresses they may load.
 template <typename T>

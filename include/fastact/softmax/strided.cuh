@@ -487,8 +487,9 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void softmax_strided_bwd_ker
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < nrows) {
-        dy[j] = load_vector<out_t, kVec>(dyc + first + j * step);
-        yv[j] = load_vector<out_t, kVec>(yc + first + j * step);
+        // Whole lines into L2: the neighbouring tiles read the rest of each line (load_vector_line).
+        dy[j] = load_vector_line<out_t, kVec>(dyc + first + j * step);
+        yv[j] = load_vector_line<out_t, kVec>(yc + first + j * step);
       }
     }
 #pragma unroll
