@@ -10,7 +10,8 @@
 // Outputs are compared bitwise with the library's.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Iinclude -o dim0_diag bench/repro/strided_dim0_diag.cu
-//   ./dim0_diag
+//   ./dim0_diag          (./dim0_diag gran: the fetch granularity under other strided cells' library plans;
+//                         ./dim0_diag fwd: the forward study: prefetch distance, no exchange, the tile as a copy)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,7 +46,7 @@ FASTACT_DEVICE AlignedVector<float, 4> ld4(const float* p) {
   }
 }
 
-template <int kLoad>
+template <int kLoad, int kMode = 0>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_fwd(const float* __restrict__ x, float* __restrict__ y,
                                                                   int64_t outer, int64_t dim, int64_t inner, int cols,
                                                                   int cluster, Epi epi, int64_t ahead, int64_t first_tile) {
@@ -69,8 +70,32 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_fwd(const float* _
     if (j < nrows) rows.take(j, ld4<kLoad>(xc + first + j * step));
   }
   strided_prefetch_ahead<4, kRows>(x, t, tile, ahead, outer, dim, inner);
-  strided_pair_forward<typename F::Cache, 4, kRows>(rows, nrows, yc + first, step, epi, column_scratch<P>(smem_raw), round,
-                                                   reduce_columns(t, cols), cluster);
+  if constexpr (kMode == 0) {
+    strided_pair_forward<typename F::Cache, 4, kRows>(rows, nrows, yc + first, step, epi, column_scratch<P>(smem_raw), round,
+                                                     reduce_columns(t, cols), cluster);
+  } else if constexpr (kMode == 1) {  // the thread's own (max, sum) only, a cluster barrier in place of the exchange
+    float m[4], sm[4], f[4];
+    for (int k = 0; k < 4; ++k) { m[k] = -3.0e38f; sm[k] = 0.f; }
+    rows.max_into(nrows, m);
+    strided_keep_and_sum<typename F::Cache, 4, kRows>(rows, nrows, m, sm);
+    __syncthreads();
+    if (cluster > 1) { cluster_arrive_relaxed(); cluster_wait(); }
+    for (int k = 0; k < 4; ++k) f[k] = F::Cache::factor(m[k], m[k], epi.row_constant(sm[k]));
+    strided_store_rows<typename F::Cache, 4, kRows>(rows, nrows, yc + first, step, epi, m, f);
+  } else {  // y = x through the same tile
+    __syncthreads();
+    if (cluster > 1) { cluster_arrive_relaxed(); cluster_wait(); }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < nrows) {
+        AlignedVector<float, 4> o;
+        float w[4];
+        rows.get(j, w);
+        for (int k = 0; k < 4; ++k) o.val[k] = w[k];
+        store_vector<float, 4>(yc + first + j * step, o);
+      }
+    }
+  }
 }
 
 template <int kLoad, bool kExchange>
@@ -124,12 +149,14 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd(const float* _
   }
 }
 
-template <int kLoad>
-cudaError_t launch_fwd(const float* x, float* y, int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan) {
+// ahead_scale: the library's prefetch distance times this (0: no prefetch).
+template <int kLoad, int kMode = 0>
+cudaError_t launch_fwd(const float* x, float* y, int64_t outer, int64_t dim, int64_t inner, const SoftmaxPlan& plan,
+                       double ahead_scale = 1.0) {
   using F = StridedForwardCache<float, float, Epi, 4>;
   const auto smem = size_t(softmax_strided_smem_bytes(plan.threads, plan.columns, 4, plan.cluster, F::kValueBytes));
-  constexpr auto kKernel = diag_fwd<kLoad>;
-  const int64_t ahead = plan.prefetch ? resident_tiles<kKernel>(plan.threads, plan.cluster, smem) / kStridedPrefetchDivisor : 0;
+  constexpr auto kKernel = diag_fwd<kLoad, kMode>;
+  const int64_t ahead = plan.prefetch ? int64_t(ahead_scale * (resident_tiles<kKernel>(plan.threads, plan.cluster, smem) / kStridedPrefetchDivisor)) : 0;
   return launch_items<kKernel>(softmax_strided_tiles(outer, inner, 4, plan.columns), plan.threads, smem, plan.cluster, 0,
                                x, y, outer, dim, inner, plan.columns, plan.cluster, Epi{}, ahead);
 }
@@ -147,7 +174,9 @@ cudaError_t launch_bwd(const float* dy, const float* y, float* dx, int64_t outer
 
 static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool fwd_study = argc > 1 && strcmp(argv[1], "fwd") == 0;
+  const bool gran_study = argc > 1 && strcmp(argv[1], "gran") == 0;
   SoftmaxDeviceProps dev;
   CK(softmax_device_props(0, &dev));
   const int64_t N = int64_t(64) << 20;  // 256 MB of f32
@@ -167,20 +196,45 @@ int main() {
   size_t gran0 = 0;
   CK(cudaDeviceGetLimit(&gran0, cudaLimitMaxL2FetchGranularity));
   printf("default cudaLimitMaxL2FetchGranularity: %zu\n", gran0);
-  for (int64_t dim : {int64_t(16384), int64_t(8192), int64_t(4096)}) {
-    const int64_t inner = N / dim, outer = 1;
+  struct Shape { int64_t outer, dim, inner; };
+  std::vector<Shape> shapes = {{1, 16384, 4096}, {1, 8192, 8192}, {1, 4096, 16384}};
+  if (gran_study) shapes = {{255, 257, 1023}, {93, 700, 1023}, {656, 100, 1023}, {8, 2048, 4096}, {262, 1000, 256}};
+  for (const Shape& sh : shapes) {
+    const int64_t outer = sh.outer, dim = sh.dim, inner = sh.inner;
     for (int bwd = 0; bwd < 2; ++bwd) {
       SoftmaxProblem p = bwd ? softmax_backward_problem(dy, y, 4, dx, 4, 4, outer, dim, inner, dev)
                              : softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev);
       const SoftmaxPlan plan = choose_softmax(p);
-      printf("== f32 [%lld, %lld] dim 0 %s: %s\n", (long long)dim, (long long)inner, bwd ? "bwd" : "fwd",
-             softmax_explain(p, plan).c_str());
+      printf("== f32 [%lld, %lld, %lld] dim 1 %s: %s\n", (long long)outer, (long long)dim, (long long)inner,
+             bwd ? "bwd" : "fwd", softmax_explain(p, plan).c_str());
+      const double bytes = (bwd ? 3.0 : 2.0) * outer * dim * inner * 4;
+      float* out = bwd ? dx : y;
+      if (gran_study) {
+        if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
+        auto lib = [&] {
+          return bwd ? softmax_backward<float, float, Epi>(dy, y, dx, outer, dim, inner, plan, 0, nullptr)
+                     : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
+        };
+        for (int rep = 0; rep < 2; ++rep) {
+          for (size_t g : {size_t(64), size_t(32), size_t(128)}) {
+            CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, g));
+            std::vector<float> ts;
+            for (int it = 0; it < 25; ++it) {
+              CK(cudaEventRecord(a)); CK(lib()); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+              float ms; CK(cudaEventElapsedTime(&ms, a, b));
+              if (it >= 3) ts.push_back(ms * 1e3f);
+            }
+            const float us = median(ts);
+            printf("   granularity %-4zu %8.1f us  %.3f of %.0f\n", g, us, bytes / (us * 1e3) / limit, limit);
+          }
+        }
+        CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, gran0));
+        continue;
+      }
       if (plan.mode != SoftmaxMode::kStrided || plan.staged || plan.streaming || plan.chunks != 1) {
         printf("   (not a cached strided plan: skipped)\n");
         continue;
       }
-      const double bytes = (bwd ? 3.0 : 2.0) * N * 4;
-      float* out = bwd ? dx : y;
       if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
       auto run = [&](const char* name, auto fn, int is_ref) {
         std::vector<float> ts;
@@ -209,6 +263,25 @@ int main() {
                    : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
       };
       run("library", lib, 1);
+      if (fwd_study) {
+        if (bwd) continue;
+        printf("   resident tiles %lld\n", (long long)resident_tiles<diag_fwd<0, 0>>(plan.threads, plan.cluster,
+               size_t(softmax_strided_smem_bytes(plan.threads, plan.columns, 4, plan.cluster, StridedForwardCache<float, float, Epi, 4>::kValueBytes))));
+        for (int rep = 0; rep < 2; ++rep) {
+          run("copy, prefetch x1", [&] { return launch_fwd<0>(x, y, outer, dim, inner, plan, 1.0); }, 0);
+          run("no prefetch", [&] { return launch_fwd<0>(x, y, outer, dim, inner, plan, 0.0); }, 0);
+          run("no prefetch, L2::128B", [&] { return launch_fwd<1>(x, y, outer, dim, inner, plan, 0.0); }, 0);
+          run("prefetch x0.5", [&] { return launch_fwd<0>(x, y, outer, dim, inner, plan, 0.5); }, 0);
+          run("prefetch x2", [&] { return launch_fwd<0>(x, y, outer, dim, inner, plan, 2.0); }, 0);
+          run("no exchange (wrong)", [&] { return launch_fwd<0, 1>(x, y, outer, dim, inner, plan, 1.0); }, 2);
+          run("no exchange, no prefetch (wrong)", [&] { return launch_fwd<0, 1>(x, y, outer, dim, inner, plan, 0.0); }, 2);
+          run("tile copy y = x (wrong)", [&] { return launch_fwd<0, 2>(x, y, outer, dim, inner, plan, 1.0); }, 2);
+          run("tile copy, no prefetch (wrong)", [&] { return launch_fwd<0, 2>(x, y, outer, dim, inner, plan, 0.0); }, 2);
+          run("tile copy, L2::128B, no pf (wrong)", [&] { return launch_fwd<1, 2>(x, y, outer, dim, inner, plan, 0.0); }, 2);
+          run("library (again)", lib, 0);
+        }
+        continue;
+      }
       for (int rep = 0; rep < 2; ++rep) {
         for (size_t g : {size_t(32), size_t(64), size_t(128)}) {
           CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, g));
