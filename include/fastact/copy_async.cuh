@@ -16,27 +16,34 @@
 
 namespace fastact {
 
+// kLine: the copy asks L2 to fill the whole 128-byte line from memory (.L2::128B), for copies that read
+// a piece of each line while other CTAs read the rest at about the same time (vec.cuh load_vector_line
+// says why; staged.cuh's tiles).
+template <bool kLine = false>
 FASTACT_DEVICE void copy_async_16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  if constexpr (kLine)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
   *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #endif
 }
 
 // The 16-byte chunk at src (16-byte aligned, as dst) of a tensor whose elements are [t, t + n): copied
-// whole (copy_async_16) where it lies inside, else element by element, its elements inside only (plain
-// loads and stores; the rest of dst left as it is). For chunks that may reach past either end of a tensor
-// (softmax/staged.cuh's tiles, block.cuh's ShiftedRow).
-template <typename T>
+// whole (copy_async_16, kLine as there) where it lies inside, else element by element, its elements
+// inside only (plain loads and stores; the rest of dst left as it is). For chunks that may reach past
+// either end of a tensor (softmax/staged.cuh's tiles, block.cuh's ShiftedRow).
+template <bool kLine = false, typename T>
 FASTACT_DEVICE void copy_async_16_within(const T* src, const T* t, int64_t n, T* dst) {
   constexpr int V = 16 / int(sizeof(T));
   const auto a = reinterpret_cast<uintptr_t>(src);
   const auto lo = reinterpret_cast<uintptr_t>(t);
   const auto hi = reinterpret_cast<uintptr_t>(t + n);
   if (a >= lo && a + 16 <= hi) {
-    copy_async_16(dst, src);
+    copy_async_16<kLine>(dst, src);
     return;
   }
 #pragma unroll

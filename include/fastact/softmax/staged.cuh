@@ -49,13 +49,16 @@ FASTACT_DEVICE int staged_shift(const T* p) {
 // by element, its own elements only (copy_async_16_within).
 //
 // Chunk k of D-row d's segment [off, off + w) of tensor t (n elements) to row[k * V] (row: the D-row's
-// stage), if the segment reaches into it: the segment starts at its own shift in its first chunk.
+// stage), if the segment reaches into it: the segment starts at its own shift in its first chunk. The
+// copies fill whole L2 lines (kLine): a tile's segment covers part of each D-row's lines and the
+// neighbouring tiles the rest (H100, f32 [656, 100, 1023] dim 1 backward under a 128-byte fetch
+// granularity: 0.931 -> 0.954 of the limit; bench/NOTES.md thirty-sixth session).
 template <typename T>
 FASTACT_DEVICE void staged_copy_row_chunk(const T* __restrict__ t, int64_t n, int64_t off, int k, int w,
                                           T* __restrict__ row) {
   constexpr int V = kStagedChunk<T>;
   const int shift = staged_shift(t + off);
-  if (k * V < shift + w) copy_async_16_within(t + off - shift + k * V, t, n, row + k * V);
+  if (k * V < shift + w) copy_async_16_within<true>(t + off - shift + k * V, t, n, row + k * V);
 }
 
 // Step 1's walk: copy(d, k) for every (D-row d < dim, chunk slot k < pitch / V) pair of the tile. The
