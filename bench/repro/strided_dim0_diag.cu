@@ -29,7 +29,7 @@ using Epi = math::SoftmaxEpilogue;
 
 namespace {
 
-// kLoad: 0 plain, 1 ld.global.L2::128B, 2 ld.global.L2::256B.
+// kLoad: 0 plain, 1 ld.global.nc.L2::128B, 2 ld.global.nc.L2::256B.
 template <int kLoad>
 FASTACT_DEVICE AlignedVector<float, 4> ld4(const float* p) {
   if constexpr (kLoad == 0) {

@@ -45,22 +45,24 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
   return load_vector<T, N>(p);
 }
 
-// The same load, asking L2 to fill the whole 128-byte line from memory (ld.global.nc.L2::128B;
-// 16-byte vectors, other sizes load as above). For loads that read a narrow piece of each line while
-// other CTAs read the rest at about the same time: the cached strided backward, whose tiles read 32 or
-// 64 bytes of each D-row. On the H100, softmax backward over dim 0 of f32 [8192, 8192] (64-byte pieces)
-// ran 0.774 -> 0.866 of the limit, [16384, 4096] (32-byte pieces) 0.670 -> 0.70-0.75; 128-byte pieces
-// were unchanged; the strided forward lost 3% with it (bench/NOTES.md thirty-sixth session,
-// bench/repro/strided_dim0_diag.cu). The .nc path is the one the kernels' const __restrict__ loads
-// already take: p must not be written while the kernel runs, except by the thread after this load.
+// The same load, asking L2 to fetch the whole 128-byte line from memory (ld.global.nc.L2::128B, a
+// hint; 16-byte vectors of 2- and 4-byte elements, sm_80+; others load as above). For loads that read a
+// narrow piece of each line while other CTAs read the rest at about the same time: the cached strided
+// backward, whose tiles read 32 or 64 bytes of each D-row. On the H100, softmax backward over dim 0 of
+// f32 [8192, 8192] (64-byte pieces) ran ~0.78 -> ~0.86 of the limit, [16384, 4096] (32-byte pieces)
+// 0.670 -> 0.70-0.75; 128-byte pieces were unchanged; the strided forward lost 3% at 64-byte pieces
+// (bench/NOTES.md thirty-sixth session, bench/repro/strided_dim0_diag.cu). float64 keeps the plain load:
+// as four 32-bit words its vectors cost register moves, and it was not measured. The .nc path is the one
+// the kernels' const __restrict__ loads already take: p must not be written by any thread while the
+// kernel runs.
 template <typename T, int N>
 FASTACT_DEVICE AlignedVector<T, N> load_vector_line(const T* p) {
-#ifdef __CUDA_ARCH__
-  if constexpr (sizeof(T) * N == 16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(T) * N == 16 && sizeof(T) <= 4) {
     uint4 u;
-    asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-        : "l"(p));
+    asm volatile("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p));
     AlignedVector<T, N> v;
     *reinterpret_cast<uint4*>(&v) = u;
     return v;
