@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Compiles every .cu file under csrc/ with nvcc against the installed torch's headers, without a GPU
-# and without CUDA libraries (CI runs this: a CUDA compile error fails it). Objects are discarded.
-# Usage: scripts/check_cuda_compile.sh [file.cu ...]   (default: all of csrc/**/*.cu)
+# and without CUDA libraries (CI runs this: a CUDA compile error fails it), and the torch-free
+# diagnostics under bench/repro/ against include/ alone (they use the library's internals, so a change
+# there must keep them building). Objects are discarded.
+# Usage: scripts/check_cuda_compile.sh [file.cu ...]   (default: csrc/**/*.cu and bench/repro/*.cu)
 # Env: NVCC (default nvcc, else $CUDA_HOME/bin/nvcc), CUDA_ARCH (default 90), JOBS (default: cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
 [ -x "$NVCC" ] || { echo "check_cuda_compile: nvcc not found" >&2; exit 1; }
-if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(find csrc -name '*.cu' | sort); fi
+if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(find csrc -name '*.cu' | sort; find bench/repro -name '*.cu' 2>/dev/null | sort); fi
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda_compile: no .cu files"; exit 0; }
 
 mapfile -t incs < <(python3 -c "
@@ -28,7 +30,16 @@ abi=$(python3 -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -DFASTACT_WITH_CUDA=1
        "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc "${incs[@]}" "-I$shim")
 
-compile() { echo "nvcc $1"; "$NVCC" "${flags[@]}" -c "$1" -o "${OBJ_DIR:-/dev/null}${OBJ_DIR:+/$(basename "$1").o}"; }
+# bench/repro/: standalone programs of the headers alone (no torch, no csrc/).
+repro_flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -Iinclude)
+
+compile() {
+  echo "nvcc $1"
+  case $1 in
+    bench/repro/*) "$NVCC" "${repro_flags[@]}" -c "$1" -o /dev/null ;;
+    *) "$NVCC" "${flags[@]}" -c "$1" -o "${OBJ_DIR:-/dev/null}${OBJ_DIR:+/$(basename "$1").o}" ;;
+  esac
+}
 
 
 pids=() failed=0 jobs=${JOBS:-$(nproc)}
