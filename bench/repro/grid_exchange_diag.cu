@@ -21,12 +21,12 @@
 #include <cuda_runtime.h>
 
 #include "fastact/softmax/launch.cuh"
+#include "repro_common.cuh"
 
 using namespace fastact;
 using namespace fastact::softmax_impl;
 using Epi = math::SoftmaxEpilogue;
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
 
 namespace {
 FASTACT_DEVICE GridExchange exchange_of(const GridWorkspaceView& ws, int ctas, GridTask& t, int64_t& row) {
@@ -215,7 +215,6 @@ cudaError_t launch_diag(const float* x, float* y, int64_t rows, int64_t dim, con
 }
 
 }  // namespace
-static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
 int main() {
   SoftmaxDeviceProps dev;
@@ -223,14 +222,8 @@ int main() {
   const int64_t N = int64_t(64) << 20;  // 256 MB of f32
   float *x, *y, *yref;
   CK(cudaMalloc(&x, N * 4)); CK(cudaMalloc(&y, N * 4)); CK(cudaMalloc(&yref, N * 4));
-  {
-    std::vector<float> h(N);
-    uint32_t s = 12345;
-    for (int64_t i = 0; i < N; ++i) { s = s * 1664525u + 1013904223u; h[i] = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 8.f; }
-    CK(cudaMemcpy(x, h.data(), N * 4, cudaMemcpyHostToDevice));
-  }
+  CK(cudaMemcpy(x, repro::uniform_inputs(N).data(), N * 4, cudaMemcpyHostToDevice));
   void* ws; CK(cudaMalloc(&ws, 64 << 20));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   std::vector<float> hy(N), hr(N);
   const double limit = 2968.0;  // GB/s, the bar report's limit (session 34)
   for (int64_t dim : {int64_t(262144), int64_t(524288), int64_t(1048576)}) {
@@ -243,18 +236,7 @@ int main() {
     printf("== f32 [%lld, %lld]: auto %s\n   grid: %d CTAs x %d threads, workspace %zu\n", (long long)rows, (long long)dim,
            softmax_explain(p, auto_plan).c_str(), int(grid.chunks), grid.threads, wsb);
     auto run = [&](const char* name, auto fn, bool is_ref) {
-      std::vector<float> ts;
-      for (int it = 0; it < 25; ++it) {
-        CK(cudaMemsetAsync(ws, 0, wsb));
-        CK(cudaEventRecord(a));
-        CK(fn());
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms; CK(cudaEventElapsedTime(&ms, a, b));
-        if (it >= 3) ts.push_back(ms * 1e3f);
-      }
-      CK(cudaGetLastError());
-      const float us = median(ts);
+      const float us = repro::median_us(fn, [&] { CK(cudaMemsetAsync(ws, 0, wsb)); });
       const double frac = 2.0 * N * 4 / (us * 1e3) / limit;
       const char* check = "";
       if (is_ref) { CK(cudaMemcpy(yref, y, N * 4, cudaMemcpyDeviceToDevice)); }

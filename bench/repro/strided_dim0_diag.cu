@@ -22,12 +22,12 @@
 #include <cuda_runtime.h>
 
 #include "fastact/softmax/launch.cuh"
+#include "repro_common.cuh"
 
 using namespace fastact;
 using namespace fastact::softmax_impl;
 using Epi = math::SoftmaxEpilogue;
 
-#define CK(...) do { cudaError_t e_ = (__VA_ARGS__); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
 
 namespace {
 
@@ -100,27 +100,47 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_fwd(const float* _
   }
 }
 
-template <int kLoad, bool kExchange>
+// The cached backward. kLoad: the loads' L2 fetch size (ld4); kExchange: false leaves out the column
+// all-reduce (each thread's own dot: wrong results, timing only); kSmemRows: that many more D-rows a thread in
+// shared memory beside its kRows in registers (cp.async, each thread's own slots after the exchange's scratch, at
+// byte scratch_bytes: no barrier before it reads them), so that a tile can be twice as wide at the same D:
+// [16384, 4096] in 64-byte pieces (4 columns x 512 threads x cluster 16, 8 D-rows a thread) where the library's
+// registers alone hold 32-byte pieces; the copies ask L2 for whole lines where the loads do (kLoad > 0).
+template <int kLoad, bool kExchange, int kSmemRows = 0>
 __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd(const float* __restrict__ grad_output,
                                                                   const float* __restrict__ output,
                                                                   float* __restrict__ grad_input, int64_t outer,
                                                                   int64_t dim, int64_t inner, int cols, int cluster,
-                                                                  Epi epi, int64_t first_tile) {
+                                                                  Epi epi, int scratch_bytes, int64_t first_tile) {
   constexpr int kRows = softmax_strided_rows(true, 4, 4, 4, 4);
+  constexpr int kAll = kRows + kSmemRows;
+  using V4 = AlignedVector<float, 4>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ColumnScratch<float> smem = column_scratch<float>(smem_raw);
   exchange_init(smem.bar, cluster);
-  const StridedThread t = strided_thread(cols, cluster, kRows);
+  V4* const slot_dy = kSmemRows > 0 ? reinterpret_cast<V4*>(smem_raw + scratch_bytes) + threadIdx.x : nullptr;
+  V4* const slot_y = slot_dy + kSmemRows * blockDim.x;
+  const StridedThread t = strided_thread(cols, cluster, kAll);
   const StridedColumn col = strided_column<4>(t, strided_tile(first_tile, cluster), outer, dim, inner);
   const float* dyc = grad_output + col.base;
   const float* yc = output + col.base;
   float* dxc = grad_input + col.base;
   int round = 0;
   float dot[4] = {0.f, 0.f, 0.f, 0.f};
-  const int nrows = col.ok ? cached_rows<kRows>(t.d_first, dim, t.G) : 0;
+  const int nrows = col.ok ? cached_rows<kAll>(t.d_first, dim, t.G) : 0;
   const int64_t first = t.d_first * inner;
   const int64_t step = int64_t(t.G) * inner;
-  AlignedVector<float, 4> dy[kRows], yv[kRows];
+  if constexpr (kSmemRows > 0) {
+#pragma unroll
+    for (int j = kRows; j < kAll; ++j) {
+      if (j < nrows) {
+        copy_async_16<(kLoad > 0)>(slot_dy + (j - kRows) * blockDim.x, dyc + first + j * step);
+        copy_async_16<(kLoad > 0)>(slot_y + (j - kRows) * blockDim.x, yc + first + j * step);
+      }
+    }
+    copy_async_commit();
+  }
+  V4 dy[kRows], yv[kRows];
 #pragma unroll
   for (int j = 0; j < kRows; ++j) {
     if (j < nrows) {
@@ -135,83 +155,22 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd(const float* _
       for (int k = 0; k < 4; ++k) dot[k] += epi.backward_term(dy[j].val[k], yv[j].val[k]);
     }
   }
+  if constexpr (kSmemRows > 0) {
+    copy_async_wait<0>();
+#pragma unroll
+    for (int j = kRows; j < kAll; ++j) {
+      if (j < nrows) {
+        const V4 a = slot_dy[(j - kRows) * blockDim.x], b = slot_y[(j - kRows) * blockDim.x];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dot[k] += epi.backward_term(a.val[k], b.val[k]);
+      }
+    }
+  }
   if constexpr (kExchange) {
     column_allreduce(dot, SumOp<float>(), smem, round, reduce_columns(t, cols), cluster);
   } else {
     if (cluster > 1) { cluster_arrive_relaxed(); cluster_wait(); }  // keep a row's CTAs in step, no data
   }
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-      AlignedVector<float, 4> g;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) g.val[k] = epi.backward(dy[j].val[k], yv[j].val[k], dot[k]);
-      store_vector<float, 4>(dxc + first + j * step, g);
-    }
-  }
-}
-
-// The cached backward with kSmemRows more D-rows a thread in shared memory beside its kRows in registers
-// (cp.async, each thread's own slots: no barrier before it reads them), so that a tile can be twice as wide
-// at the same D: [16384, 4096] in 64-byte pieces (4 columns x 512 threads x cluster 16, 8 D-rows a thread)
-// where the library's registers alone hold 32-byte pieces. kLine: the loads and copies ask L2 for whole lines.
-template <bool kLine, int kSmemRows>
-__global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd_smem(const float* __restrict__ grad_output,
-                                                                       const float* __restrict__ output,
-                                                                       float* __restrict__ grad_input, int64_t outer,
-                                                                       int64_t dim, int64_t inner, int cols, int cluster,
-                                                                       Epi epi, int scratch_bytes, int64_t first_tile) {
-  constexpr int kRows = softmax_strided_rows(true, 4, 4, 4, 4);
-  constexpr int kAll = kRows + kSmemRows;
-  using V4 = AlignedVector<float, 4>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const ColumnScratch<float> smem = column_scratch<float>(smem_raw);
-  V4* const slot_dy = reinterpret_cast<V4*>(smem_raw + scratch_bytes) + threadIdx.x;
-  V4* const slot_y = slot_dy + kSmemRows * blockDim.x;
-  exchange_init(smem.bar, cluster);
-  const StridedThread t = strided_thread(cols, cluster, kAll);
-  const StridedColumn col = strided_column<4>(t, strided_tile(first_tile, cluster), outer, dim, inner);
-  const float* dyc = grad_output + col.base;
-  const float* yc = output + col.base;
-  float* dxc = grad_input + col.base;
-  int round = 0;
-  float dot[4] = {0.f, 0.f, 0.f, 0.f};
-  const int nrows = col.ok ? cached_rows<kAll>(t.d_first, dim, t.G) : 0;
-  const int64_t first = t.d_first * inner;
-  const int64_t step = int64_t(t.G) * inner;
-#pragma unroll
-  for (int j = kRows; j < kAll; ++j) {
-    if (j < nrows) {
-      copy_async_16<kLine>(slot_dy + (j - kRows) * blockDim.x, dyc + first + j * step);
-      copy_async_16<kLine>(slot_y + (j - kRows) * blockDim.x, yc + first + j * step);
-    }
-  }
-  copy_async_commit();
-  V4 dy[kRows], yv[kRows];
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-      dy[j] = kLine ? ld4<1>(dyc + first + j * step) : ld4<0>(dyc + first + j * step);
-      yv[j] = kLine ? ld4<1>(yc + first + j * step) : ld4<0>(yc + first + j * step);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    if (j < nrows) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) dot[k] += epi.backward_term(dy[j].val[k], yv[j].val[k]);
-    }
-  }
-  copy_async_wait<0>();
-#pragma unroll
-  for (int j = kRows; j < kAll; ++j) {
-    if (j < nrows) {
-      const V4 a = slot_dy[(j - kRows) * blockDim.x], b = slot_y[(j - kRows) * blockDim.x];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) dot[k] += epi.backward_term(a.val[k], b.val[k]);
-    }
-  }
-  column_allreduce(dot, SumOp<float>(), smem, round, reduce_columns(t, cols), cluster);
 #pragma unroll
   for (int j = 0; j < kAll; ++j) {
     if (j < nrows) {
@@ -223,23 +182,6 @@ __global__ __launch_bounds__(kStridedMaxThreads, 1) void diag_bwd_smem(const flo
       store_vector<float, 4>(dxc + first + j * step, g);
     }
   }
-}
-
-// Returns cudaErrorInvalidValue where the shape does not cover D.
-template <bool kLine, int kSmemRows>
-cudaError_t launch_bwd_smem(const float* dy, const float* y, float* dx, int64_t outer, int64_t dim, int64_t inner,
-                            int cols, int threads, int cluster) {
-  constexpr int kAll = softmax_strided_rows(true, 4, 4, 4, 4) + kSmemRows;
-  if (int64_t(cluster) * (threads / cols) * kAll < dim) return cudaErrorInvalidValue;
-  const int scratch = int((softmax_strided_smem_bytes(threads, cols, 4, cluster, 4) + 15) / 16 * 16);
-  const size_t smem = size_t(scratch) + size_t(2) * kSmemRows * threads * 16;
-  constexpr auto kKernel = diag_bwd_smem<kLine, kSmemRows>;
-  static bool once = [] {
-    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10) == cudaSuccess;
-  }();
-  if (!once) return cudaErrorInvalidValue;
-  return launch_items<kKernel>(softmax_strided_tiles(outer, inner, 4, cols), threads, smem, cluster, 0, dy, y, dx, outer,
-                               dim, inner, cols, cluster, Epi{}, scratch);
 }
 
 // ahead_scale: the library's prefetch distance times this (0: no prefetch).
@@ -254,18 +196,35 @@ cudaError_t launch_fwd(const float* x, float* y, int64_t outer, int64_t dim, int
                                x, y, outer, dim, inner, plan.columns, plan.cluster, Epi{}, ahead);
 }
 
+// The backward above in tiles of `cols` columns x `threads` threads over `cluster` CTAs (the library's plan's, or
+// other shapes); cudaErrorInvalidValue where that shape does not cover D.
+template <int kLoad, bool kExchange, int kSmemRows = 0>
+cudaError_t launch_bwd(const float* dy, const float* y, float* dx, int64_t outer, int64_t dim, int64_t inner, int cols,
+                       int threads, int cluster) {
+  constexpr int kAll = softmax_strided_rows(true, 4, 4, 4, 4) + kSmemRows;
+  if (int64_t(cluster) * (threads / cols) * kAll < dim) return cudaErrorInvalidValue;
+  const int64_t scratch = softmax_strided_smem_bytes(threads, cols, 4, cluster, 4);
+  const int slots = int((scratch + 15) / 16 * 16);
+  const size_t smem = kSmemRows > 0 ? size_t(slots) + size_t(2) * kSmemRows * threads * 16 : size_t(scratch);
+  constexpr auto kKernel = diag_bwd<kLoad, kExchange, kSmemRows>;
+  if constexpr (kSmemRows > 0) {
+    static bool once = [] {
+      return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10) == cudaSuccess;
+    }();
+    if (!once) return cudaErrorInvalidValue;
+  }
+  return launch_items<kKernel>(softmax_strided_tiles(outer, inner, 4, cols), threads, smem, cluster, 0, dy, y, dx, outer,
+                               dim, inner, cols, cluster, Epi{}, slots);
+}
+
 template <int kLoad, bool kExchange>
 cudaError_t launch_bwd(const float* dy, const float* y, float* dx, int64_t outer, int64_t dim, int64_t inner,
                        const SoftmaxPlan& plan) {
-  const auto smem = size_t(softmax_strided_smem_bytes(plan.threads, plan.columns, 4, plan.cluster, 4));
-  return launch_items<diag_bwd<kLoad, kExchange>>(softmax_strided_tiles(outer, inner, 4, plan.columns), plan.threads, smem,
-                                                  plan.cluster, 0, dy, y, dx, outer, dim, inner, plan.columns,
-                                                  plan.cluster, Epi{});
+  return launch_bwd<kLoad, kExchange>(dy, y, dx, outer, dim, inner, plan.columns, plan.threads, plan.cluster);
 }
 
 }  // namespace
 
-static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
 int main(int argc, char** argv) {
   const bool fwd_study = argc > 1 && strcmp(argv[1], "fwd") == 0;
@@ -278,13 +237,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&x, N * 4)); CK(cudaMalloc(&y, N * 4)); CK(cudaMalloc(&yref, N * 4));
   CK(cudaMalloc(&dy, N * 4)); CK(cudaMalloc(&dx, N * 4));
   {
-    std::vector<float> h(N);
-    uint32_t s = 12345;
-    for (int64_t i = 0; i < N; ++i) { s = s * 1664525u + 1013904223u; h[i] = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 8.f; }
+    const std::vector<float> h = repro::uniform_inputs(N);
     CK(cudaMemcpy(x, h.data(), N * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dy, h.data() + 7, (N - 7) * 4, cudaMemcpyHostToDevice));
   }
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   std::vector<float> hy(N), hr(N);
   const double limit = 2968.0;  // GB/s, the bar report's limit (sessions 34-36)
   size_t gran0 = 0;
@@ -303,22 +259,17 @@ int main(int argc, char** argv) {
              bwd ? "bwd" : "fwd", softmax_explain(p, plan).c_str());
       const double bytes = (bwd ? 3.0 : 2.0) * outer * dim * inner * 4;
       float* out = bwd ? dx : y;
+      // The backward's y: the forward's output.
+      if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
+      auto lib = [&] {
+        return bwd ? softmax_backward<float, float, Epi>(dy, y, dx, outer, dim, inner, plan, 0, nullptr)
+                   : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
+      };
       if (gran_study) {
-        if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
-        auto lib = [&] {
-          return bwd ? softmax_backward<float, float, Epi>(dy, y, dx, outer, dim, inner, plan, 0, nullptr)
-                     : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
-        };
         for (int rep = 0; rep < 2; ++rep) {
           for (size_t g : {size_t(64), size_t(32), size_t(128)}) {
             CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, g));
-            std::vector<float> ts;
-            for (int it = 0; it < 25; ++it) {
-              CK(cudaEventRecord(a)); CK(lib()); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-              float ms; CK(cudaEventElapsedTime(&ms, a, b));
-              if (it >= 3) ts.push_back(ms * 1e3f);
-            }
-            const float us = median(ts);
+            const float us = repro::median_us(lib);
             printf("   granularity %-4zu %8.1f us  %.3f of %.0f\n", g, us, bytes / (us * 1e3) / limit, limit);
           }
         }
@@ -329,19 +280,8 @@ int main(int argc, char** argv) {
         printf("   (not a cached strided plan: skipped)\n");
         continue;
       }
-      if (bwd) CK(softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, choose_softmax(softmax_forward_problem(x, 4, y, 4, 4, outer, dim, inner, dim, dev)), 0, nullptr));
       auto run = [&](const char* name, auto fn, int is_ref) {
-        std::vector<float> ts;
-        for (int it = 0; it < 25; ++it) {
-          CK(cudaEventRecord(a));
-          CK(fn());
-          CK(cudaEventRecord(b));
-          CK(cudaEventSynchronize(b));
-          float ms; CK(cudaEventElapsedTime(&ms, a, b));
-          if (it >= 3) ts.push_back(ms * 1e3f);
-        }
-        CK(cudaGetLastError());
-        const float us = median(ts);
+        const float us = repro::median_us(fn);
         const double frac = bytes / (us * 1e3) / limit;
         const char* check = "";
         if (is_ref == 1) { CK(cudaMemcpy(yref, out, N * 4, cudaMemcpyDeviceToDevice)); }
@@ -362,10 +302,6 @@ int main(int argc, char** argv) {
         printf("   %-30s %8.1f us  %.3f of %.0f  %s\n", name, us, frac, limit, check);
         CK(cudaMemset(out, 0xff, N * 4));
       };
-      auto lib = [&] {
-        return bwd ? softmax_backward<float, float, Epi>(dy, y, dx, outer, dim, inner, plan, 0, nullptr)
-                   : softmax_forward<float, float, Epi>(x, y, outer, dim, inner, dim, plan, 0, nullptr);
-      };
       run("library", lib, 1);
       if (smem_study) {
         if (!bwd) continue;
@@ -376,15 +312,15 @@ int main(int argc, char** argv) {
                 if (cl > 16 || cols > threads) continue;
                 char name[96];
                 snprintf(name, sizeof name, "regs+smem 4+4, %d x %d x %d, lines", cols, threads, cl);
-                const cudaError_t e = launch_bwd_smem<true, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl);
+                const cudaError_t e = launch_bwd<1, true, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl);
                 if (e != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
                   printf("   %-30s %s\n", name, cudaGetErrorString(e != cudaSuccess ? e : cudaGetLastError()));
                   cudaGetLastError();
                   continue;
                 }
-                run(name, [&] { return launch_bwd_smem<true, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl); }, 3);
+                run(name, [&] { return launch_bwd<1, true, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl); }, 3);
                 snprintf(name, sizeof name, "regs+smem 4+4, %d x %d x %d, plain", cols, threads, cl);
-                run(name, [&] { return launch_bwd_smem<false, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl); }, 3);
+                run(name, [&] { return launch_bwd<0, true, 4>(dy, y, dx, outer, dim, inner, cols, threads, cl); }, 3);
               }
             }
           }

@@ -18,7 +18,7 @@
 #include <cuda_runtime.h>
 #include <cooperative_groups.h>
 
-#define CK(...) do { cudaError_t e_ = (__VA_ARGS__); if (e_ != cudaSuccess) { printf("CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1);} } while (0)
+#include "repro_common.cuh"
 
 namespace {
 
@@ -72,8 +72,6 @@ __global__ void plain_copy(const float4* __restrict__ x, float4* __restrict__ y,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = x[i];
 }
 
-float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
-
 }  // namespace
 
 int main() {
@@ -84,23 +82,10 @@ int main() {
   unsigned* arrived;
   CK(cudaMalloc(&x, N * 4)); CK(cudaMalloc(&y, N * 4));
   CK(cudaMalloc(&arrived, 1 << 20));  // per-tile arrival counts; [1 << 17]: waits given up
-  {
-    std::vector<float> h(N);
-    uint32_t s = 12345;
-    for (int64_t i = 0; i < N; ++i) { s = s * 1664525u + 1013904223u; h[i] = float(s >> 8); }
-    CK(cudaMemcpy(x, h.data(), N * 4, cudaMemcpyHostToDevice));
-  }
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  // Whole numbers below 2^24: a copy compares exactly.
+  CK(cudaMemcpy(x, repro::lcg_values(N, [](uint32_t b) { return float(b); }).data(), N * 4, cudaMemcpyHostToDevice));
   auto time_us = [&](auto fn) {
-    std::vector<float> ts;
-    for (int it = 0; it < 23; ++it) {
-      CK(cudaMemsetAsync(arrived, 0, 1 << 20));
-      CK(cudaEventRecord(a)); CK(fn()); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-      float ms; CK(cudaEventElapsedTime(&ms, a, b));
-      if (it >= 3) ts.push_back(ms * 1e3f);
-    }
-    CK(cudaGetLastError());
-    return median(ts);
+    return repro::median_us(fn, [&] { CK(cudaMemsetAsync(arrived, 0, 1 << 20)); }, 23, 3);
   };
   const float t_memcpy = time_us([&] { return cudaMemcpyAsync(y, x, N * 4, cudaMemcpyDeviceToDevice); });
   const float t_plain = time_us([&] { plain_copy<<<132 * 8, 512>>>(x, y, N / 4); return cudaGetLastError(); });
