@@ -494,7 +494,8 @@ struct ShiftedRow {
       for (int i = 4; i < 8; ++i) w[i] = 0u;
     }
     // Word i of the unit: elements 2i + sh and 2i + 1 + sh of the two chunks, words i + sh / 2 and the next,
-    // shifted by half a word when sh is odd. sh is the same in the whole row: a uniform branch.
+    // shifted by half a word when sh is odd. sh is the same in the whole row: a uniform branch. (A switch rather
+    // than w[i + sh / 2]: a runtime index into a register array makes nvcc place it in local memory.)
     const unsigned f = (sh & 1) * 16u;
     uint32_t o[4];
     switch (sh >> 1) {
