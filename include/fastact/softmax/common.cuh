@@ -16,9 +16,12 @@
 //     +inf, gives NaN as torch does.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -52,11 +55,8 @@ FASTACT_DEVICE void divmod_nonneg(int64_t a, int64_t b, int64_t& q, int64_t& r) 
   }
 }
 
-// Conversions between element vectors and accumulation values: static_cast per element by default.
-// The torch adapter specialises ElementConvert for c10::Half / c10::BFloat16 (csrc/cuda/softmax_half.cu,
-// softmax_bf16.cu) to convert whole 32-bit words: c10's operator float goes through its 16-bit member,
-// and ptxas then unpacks each element into a register of its own, which spilled the register-bound
-// kernels.
+// Conversions between element vectors and accumulation values: static_cast per element by default;
+// for the 16-bit types, PackedElementConvert below.
 template <typename T>
 struct ElementConvert {
   template <typename A, int N>
@@ -73,6 +73,86 @@ struct ElementConvert {
   }
 };
 
+// The two 16-bit float layouts: IEEE half and bfloat16.
+enum class Packed16 { kHalf, kBFloat16 };
+
+// ElementConvert for a 2-byte T holding kKind's bits: CUDA's __half / __nv_bfloat16 (specialised
+// below) and c10::Half / c10::BFloat16 (the torch adapter's specialisations derive from this). Whole
+// 32-bit words, two elements at a time: a 16-bit type's own conversion goes through its 16-bit member,
+// and ptxas then gives every element a register of its own, which spilled the register-bound kernels
+// (H100, bf16 softmax over dim 0 of [16384, 8192], __nv_bfloat16 by element: 500 us, 0.36 of the limit,
+// where c10::BFloat16 by words ran at 0.77; bench/NOTES.md, thirty-seventh session). Widening is exact;
+// narrowing rounds to nearest even (as c10::Half(float) and c10::BFloat16(float) do on the device).
+template <typename T, Packed16 kKind>
+struct PackedElementConvert {
+  static_assert(sizeof(T) == 2, "a 16-bit element");
+  template <typename A, int N>
+  static FASTACT_DEVICE void to_acc(const AlignedVector<T, N>& v, A (&out)[N]) {
+    if constexpr (N % 2 == 0) {
+      if constexpr (kKind == Packed16::kHalf) {
+        const auto* w = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+          const float2 f = __half22float2(w[i]);
+          out[2 * i] = static_cast<A>(f.x);
+          out[2 * i + 1] = static_cast<A>(f.y);
+        }
+      } else {
+        const auto* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+          out[2 * i] = static_cast<A>(__uint_as_float(w[i] << 16));              // low half: element 2i
+          out[2 * i + 1] = static_cast<A>(__uint_as_float(w[i] & 0xffff0000u));  // high half: element 2i+1
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        unsigned short b;
+        memcpy(&b, &v.val[i], 2);
+        if constexpr (kKind == Packed16::kHalf) {
+          out[i] = static_cast<A>(__half2float(__ushort_as_half(b)));
+        } else {
+          out[i] = static_cast<A>(__uint_as_float(static_cast<unsigned>(b) << 16));
+        }
+      }
+    }
+  }
+  template <typename A, int N>
+  static FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
+    AlignedVector<T, N> v;
+    if constexpr (N % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const float lo = static_cast<float>(in[2 * i]), hi = static_cast<float>(in[2 * i + 1]);
+        if constexpr (kKind == Packed16::kHalf) {
+          reinterpret_cast<__half2*>(&v)[i] = __floats2half2_rn(lo, hi);
+        } else {
+          reinterpret_cast<__nv_bfloat162*>(&v)[i] = __floats2bfloat162_rn(lo, hi);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const float f = static_cast<float>(in[i]);
+        unsigned short b;
+        if constexpr (kKind == Packed16::kHalf) {
+          b = __half_as_ushort(__float2half_rn(f));
+        } else {
+          b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+        }
+        memcpy(&v.val[i], &b, 2);
+      }
+    }
+    return v;
+  }
+};
+
+template <>
+struct ElementConvert<__half> : PackedElementConvert<__half, Packed16::kHalf> {};
+template <>
+struct ElementConvert<__nv_bfloat16> : PackedElementConvert<__nv_bfloat16, Packed16::kBFloat16> {};
+
 // m[k] = max(m[k], v[j][k] for j < n): the elementwise max of n loaded vectors (the strided forward's
 // rows kept as loaded), each converted and compared.
 template <typename T, typename A, int N, int R>
@@ -88,9 +168,9 @@ FASTACT_DEVICE void element_max_converted(const AlignedVector<T, N> (&v)[R], int
   }
 }
 
-// The same as a trait: the torch adapter specialises it for c10::Half / c10::BFloat16 (softmax_half.cu,
-// softmax_bf16.cu) as PackedElementMax below: packed 16-bit max, exact and without conversions, half
-// an instruction an element where converting and comparing take two.
+// The same as a trait: PackedElementMax below for the 16-bit types (specialised after it for CUDA's, and
+// by the torch adapter for c10's): packed 16-bit max, exact and without conversions, half an
+// instruction an element where converting and comparing take two.
 template <typename T>
 struct ElementMax {
   template <typename A, int N, int R>
@@ -99,10 +179,9 @@ struct ElementMax {
   }
 };
 
-// ElementMax for a 16-bit T (the torch adapter derives ElementMax<c10::Half / c10::BFloat16> from it):
-// a running max of the loaded 32-bit words, two elements each, by max.f16x2 / max.bf16x2 (sm_80+;
-// NaN as fmaxf), widened once at the end. Exact: a max of 16-bit values is one of them.
-enum class Packed16 { kHalf, kBFloat16 };
+// ElementMax for a 16-bit T: a running max of the loaded 32-bit words, two elements each, by
+// max.f16x2 / max.bf16x2 (sm_80+; NaN as fmaxf), widened once at the end. Exact: a max of 16-bit values
+// is one of them.
 
 template <typename T, Packed16 kKind>
 struct PackedElementMax {
@@ -149,6 +228,11 @@ struct PackedElementMax {
     return r;
   }
 };
+
+template <>
+struct ElementMax<__half> : PackedElementMax<__half, Packed16::kHalf> {};
+template <>
+struct ElementMax<__nv_bfloat16> : PackedElementMax<__nv_bfloat16, Packed16::kBFloat16> {};
 
 template <typename A, typename T, int N>
 FASTACT_DEVICE void to_acc(const AlignedVector<T, N>& v, A (&out)[N]) {

@@ -1,0 +1,45 @@
+"""The header-only library on its own: include/ built by nvcc without torch, with CUDA's own 16-bit types.
+
+The torch adapter instantiates every kernel with c10::Half / c10::BFloat16, so the rest of the suite never
+runs include/ with __half / __nv_bfloat16, whose conversions are the header's own (softmax/common.cuh
+ElementConvert / ElementMax). tests/cuda/header_only_16bit.cu checks softmax and log_softmax, forward and
+backward, auto and every forced variant that takes each shape, against a float64 host reference with
+NaN-poisoned outputs. Needs a CUDA device and nvcc (compiling it takes about a minute).
+"""
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _nvcc():
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    candidate = pathlib.Path(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
+    return str(candidate) if candidate.exists() else None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_header_only_16bit_softmax(tmp_path):
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    major, minor = torch.cuda.get_device_capability()
+    exe = tmp_path / "header_only_16bit"
+    build = subprocess.run(
+        [nvcc, "-std=c++17", "-O3", f"-arch=sm_{major}{minor}", "--expt-relaxed-constexpr",
+         f"-I{ROOT / 'include'}", str(ROOT / "tests" / "cuda" / "header_only_16bit.cu"), "-o", str(exe)],
+        capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0 and summary.endswith(" 0 failed"), run.stdout[-4000:] + run.stderr[-2000:]
