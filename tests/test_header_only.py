@@ -27,19 +27,32 @@ def _nvcc():
     return str(candidate) if candidate.exists() else None
 
 
+def _targets(nvcc):
+    """The real architectures nvcc can build for (sm_XY), or None where it cannot say."""
+    out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    return set(out.stdout.split()) if out.returncode == 0 else None
+
+
 @pytest.mark.cuda
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_header_only_16bit_softmax(tmp_path):
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
     major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    targets = _targets(nvcc)
+    if targets is not None and arch not in targets:
+        pytest.skip(f"this nvcc cannot build for the device ({arch})")
     exe = tmp_path / "header_only_16bit"
     build = subprocess.run(
-        [nvcc, "-std=c++17", "-O3", f"-arch=sm_{major}{minor}", "--expt-relaxed-constexpr",
+        [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "--expt-relaxed-constexpr",
          f"-I{ROOT / 'include'}", str(ROOT / "tests" / "cuda" / "header_only_16bit.cu"), "-o", str(exe)],
-        capture_output=True, text=True)
+        capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    if "driver version is insufficient" in run.stdout:
+        pytest.skip("the driver is older than this nvcc's runtime")
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0 and summary.endswith(" 0 failed"), run.stdout[-4000:] + run.stderr[-2000:]

@@ -13,7 +13,8 @@ namespace fastact::softmax_impl {
 template <>
 struct ElementConvert<c10::Half> : PackedElementConvert<c10::Half, Packed16::kHalf> {};
 
-// The strided forward's column max over rows kept as loaded: packed compares (PackedElementMax).
+// The max over elements kept as loaded (the warp, block and strided forwards): packed compares
+// (PackedElementMax).
 template <>
 struct ElementMax<c10::Half> : PackedElementMax<c10::Half, Packed16::kHalf> {};
 

@@ -182,7 +182,6 @@ struct ElementMax {
 // ElementMax for a 16-bit T: a running max of the loaded 32-bit words, two elements each, by
 // max.f16x2 / max.bf16x2 (sm_80+; NaN as fmaxf), widened once at the end. Exact: a max of 16-bit values
 // is one of them.
-
 template <typename T, Packed16 kKind>
 struct PackedElementMax {
   static_assert(sizeof(T) == 2, "two elements a 32-bit word");
