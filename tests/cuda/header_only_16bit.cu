@@ -83,6 +83,20 @@ void report(Counts& counts, int64_t bad, double worst, const char* tname, const 
               dir, (long long)s.outer, (long long)s.dim, (long long)s.inner, vname, (long long)bad, (long long)n, worst);
 }
 
+// Whether the launch of variant v was a refusal, as softmax_variant_rejects predicted (`rejects`): the launcher
+// must then have returned cudaErrorInvalidValue, and auto is never refused; anything else is a failure.
+bool refused(Counts& counts, bool rejects, cudaError_t e, fastact::SoftmaxVariant v, const char* tname, const char* op,
+             const char* dir, const Shape& s, const char* vname) {
+  if (!rejects) return false;
+  if (v == fastact::SoftmaxVariant::kAuto || e != cudaErrorInvalidValue) {
+    std::printf("FAILED %s %s %s [%lld, %lld, %lld] variant %s: refused, launcher returned %s\n", tname, op, dir,
+                (long long)s.outer, (long long)s.dim, (long long)s.inner, vname, cudaGetErrorString(e));
+    ++counts.failed;
+  }
+  (void)cudaGetLastError();
+  return true;
+}
+
 // f(offset of D-row 0, stride between D-rows) for every column (o, i) of a dense [outer, D, inner] tensor.
 template <typename F>
 void for_each_column(const Shape& s, F f) {
@@ -145,13 +159,7 @@ void run_shape(const char* tname, const Shape& s, Counts& counts) {
         nullptr;
     CHECK_CUDA(cudaMemset(y, 0xff, n * sizeof(T)));
     cudaError_t e = fastact::softmax_forward<T, T, Epi>(x, y, s.outer, s.dim, s.inner, s.dim, v, nullptr);
-    if (fwd_refused) {
-      if (v == fastact::SoftmaxVariant::kAuto || e != cudaErrorInvalidValue) {
-        std::printf("FAILED %s %s fwd [%lld, %lld, %lld] variant %s: refused, launcher returned %s\n", tname, op,
-                    (long long)s.outer, (long long)s.dim, (long long)s.inner, vname, cudaGetErrorString(e));
-        ++counts.failed;
-      }
-      (void)cudaGetLastError();
+    if (refused(counts, fwd_refused, e, v, tname, op, "fwd", s, vname)) {
       counts.refused += 2;  // and its backward
       continue;
     }
@@ -172,13 +180,7 @@ void run_shape(const char* tname, const Shape& s, Counts& counts) {
     const bool bwd_refused = fastact::softmax_variant_rejects(v, bp) != nullptr;
     CHECK_CUDA(cudaMemset(dx, 0xff, n * sizeof(T)));
     e = fastact::softmax_backward<T, T, Epi>(dy, y, dx, s.outer, s.dim, s.inner, v, nullptr);
-    if (bwd_refused) {
-      if (v == fastact::SoftmaxVariant::kAuto || e != cudaErrorInvalidValue) {
-        std::printf("FAILED %s %s bwd [%lld, %lld, %lld] variant %s: refused, launcher returned %s\n", tname, op,
-                    (long long)s.outer, (long long)s.dim, (long long)s.inner, vname, cudaGetErrorString(e));
-        ++counts.failed;
-      }
-      (void)cudaGetLastError();
+    if (refused(counts, bwd_refused, e, v, tname, op, "bwd", s, vname)) {
       ++counts.refused;
       continue;
     }
