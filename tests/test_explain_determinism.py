@@ -88,3 +88,30 @@ def test_cpu_thread_counts(threads):
                 assert_close(y, ref, torch_actual=op.torch(x, dim=dim, bias=b), msg=f"{op} threads={threads}")
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("shape,dim", [((2, 300, 1100), 1), ((700, 2100), 0), ((3, 40, 8236), 1)],
+                         ids=str)
+def test_cpu_strided_thread_invariant(dtype, shape, dim):
+    """The CPU strided kernels' run width follows the thread count (whole slabs, or slabs split so that every thread
+    has a task: csrc/cpu/kernels.cpp strided_run_width); each column's arithmetic is the same in the same order
+    whatever the width, so outputs and gradients are bit for bit the same."""
+    old = torch.get_num_threads()
+    x = make_tensor(shape, dtype, "cpu")
+    g = make_tensor(shape, dtype, "cpu")
+    runs = {}
+    try:
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)
+            for name, fn in (("softmax", fastact.softmax), ("log_softmax", fastact.log_softmax)):
+                xr = x.detach().requires_grad_()
+                y = fn(xr, dim)
+                y.backward(g)
+                runs.setdefault(name, []).append((threads, y.detach(), xr.grad))
+    finally:
+        torch.set_num_threads(old)
+    for name, rs in runs.items():
+        for threads, y, dx in rs[1:]:
+            assert torch.equal(y, rs[0][1]), f"{name} {shape}: threads={threads}: the output differs from one thread's"
+            assert torch.equal(dx, rs[0][2]), f"{name} {shape}: threads={threads}: the gradient differs from one thread's"

@@ -161,16 +161,17 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
 @pytest.mark.parametrize(
     "shape,dim",
     [((3, 40, 1100), 1), ((2, 700, 1030), 1), ((520, 2100), 0), ((2, 700, 600), 1), ((5, 64, 196), 1), ((4, 20, 130), 1),
-     ((2, 40, 8236), 1)],
+     ((2, 40, 8236), 1), ((2, 600, 5000), 1), ((2, 9, 3000), 1), ((3, 16, 4097), 1), ((1, 64, 4104), 1)],
 )
 def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
-    """The CPU strided backward's column chunks (csrc/cpu/kernels.cpp softmax_strided_bwd, float and double rows a
-    page apart, or a slab of 128 columns or more in one chunk; 16-bit rows 16 KB apart, inner 8236, the last chunk
-    two vector pairs and 12 columns in zero-filled lanes on AVX2): up to 512 columns a task (inner 1100), fewer for long
-    D (700: 32 columns; 520: 48); the last chunk partial, its columns past the last vector pair in zero-filled lanes
-    (520: 36 = 32 + 4), or under a vector pair a task where fewer than a pair are left (1030); D past the 256 rows
-    each partial sum takes; whole slabs of rows closer than a page (196: 12 pairs and 4 columns; 130: 8 pairs and 2);
-    rows closer than a page in chunks (600) a vector pair a task. Forward and backward against float64."""
+    """The CPU strided backward's column runs (csrc/cpu/kernels.cpp strided_bwd_width; the widths named are for two
+    threads, as on CI): whole slabs, a slab's columns past the last vector pair in zero-filled lanes and run on into
+    the next row (1100, 1030, 600, 196, 130; D past the 256 rows each partial sum takes: 700); a slab split for the
+    threads, one slab (dim 0 of [520, 2100]: two runs of about 1050); chunks that fit L2 (inner 8236 at D 40: 800
+    columns on AVX512, the last partial); runs as wide as the buffer where L2 chunks would be too narrow (inner 5000
+    at D 600: 4096 and a partial); D under 16, a vector pair a task (D 9); a slab one column wider than the buffer
+    (4097: chunks); a last chunk under a vector pair (4104: 8 columns). The forward's runs the same. Forward and
+    backward against float64."""
     check_op(op, make_tensor(shape, dtype, device), dim=dim)
 
 

@@ -965,6 +965,43 @@ struct Lanes {
   }
 };
 
+// The strided kernels walk a slab's rows in runs of adjacent columns, a chunk of columns a task, per-column
+// state (max, sums) in buffers (the columns past the last vector pair in zero-filled lanes), rather than a vector
+// pair of columns at a time: a task that reads one 64-byte line a row, rows a page or more apart, leaves every line
+// to a demand miss that no prefetcher follows. Results do not depend on the width: each column's arithmetic is the
+// same, in the same order. The width (strided_run_width), first that which applies:
+//  - whole slabs, where a slab's rows fit the buffers (inner <= kStridedMaxRun) and there is a slab for every
+//    thread: a task then reads one contiguous block, once a pass, which the prefetchers stream;
+//  - chunks whose rows of the two tensors a pass reads fit kStridedChunkBytes, so that the later passes read them
+//    from L2, where that leaves runs of kStridedMinRunBytes or more;
+//  - else runs as wide as the buffers: the later passes read from L3 or memory, but each row in a run long enough
+//    for the prefetchers;
+// then narrowed, not below two vector pairs, until every thread has a task. Only at D >= kStridedMinRows and inner
+// over a vector pair; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive lines).
+// 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, min of five interleaved rounds' medians, backward, the
+// previous rule (chunks only within 256 KB, f32 rows a page apart, 16-bit rows 16 KB apart) -> this one
+// (bench/NOTES.md thirty-eighth session): dim 1 of f32 [8, 1024, 2048] log 16.0 -> 8.8 (torch.compile 11.4),
+// softmax 16.5 -> 10.6 (14.7); bf16 the same shape log 13.7 -> 4.2, softmax 8.6 -> 5.1; dim 0 of f32 [512, 32768]
+// log 19.8 -> 11.8 (13.6). Sessions 31-33's smaller cases (8 MB, in cache) are level.
+constexpr int64_t kStridedMaxRun = 4096;
+constexpr int64_t kStridedChunkBytes = int64_t{256} << 10;
+constexpr int64_t kStridedMinRunBytes = 512;
+constexpr int64_t kStridedMinRows = 16;
+
+// Columns a task of the strided kernels (above); a vector pair (kBlock) where the runs do not apply.
+template <typename In>
+int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threads) {
+  constexpr int64_t kBlock = 2 * Io<In>::kV, kSize = sizeof(In);
+  static_assert(kStridedMaxRun % kBlock == 0, "a chunk is whole vector pairs");
+  const int64_t padded = ceil_div(inner, kBlock) * kBlock;
+  if (D < kStridedMinRows || padded < 2 * kBlock) return kBlock;
+  if (padded <= kStridedMaxRun && outer >= threads) return padded;
+  const int64_t fit = kStridedChunkBytes / (2 * D * kSize) / kBlock * kBlock;
+  int64_t width = std::min(fit * kSize >= kStridedMinRunBytes ? fit : kStridedMaxRun, padded);
+  if (outer < threads) width = std::min(width, ceil_div(ceil_div(inner, ceil_div(threads, outer)), kBlock) * kBlock);
+  return std::max(width, 2 * kBlock);
+}
+
 // Softmax over D for inner > 1, in place along the strides: the lanes of a vector are NV * kV
 // adjacent columns (the contiguous inner dim), each with its own running max and sum over D.
 // x, y point at the block's first column of one [D, inner] slab.
@@ -1042,6 +1079,79 @@ void softmax_col_fwd_scalar(const In* x, Out* y, int64_t D, int64_t inner) {
   for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(epi.forward(A(x[d * inner]), m, c));
 }
 
+// `width` columns from each of the D rows of x and y (rows `inner` apart), the runs of strided_run_width: the
+// columns' max, then their sums of exps (softmax over float outputs keeps the exps in y, as softmax_cols_fwd does),
+// then y; each column's arithmetic exactly that of softmax_cols_fwd. `whole`: the columns are all of the row, so that
+// the vector pair at row d's last columns runs on into row d + 1 and is loaded whole (its lanes past the row are
+// garbage that no column reads), and stored whole where the pass writes y only and in order of d (the lanes past
+// the row are written again with row d + 1), but for the last row and the final scaling of the kept exps, which
+// reads row d + 1's exps back.
+template <typename In, typename Out, bool kLog>
+void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_t width, bool whole) {
+  using IO = Io<In>;
+  using OO = Io<Out>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kV = IO::kV, kStep = 2 * kV;
+  constexpr bool kExpInY = !kLog && std::is_same_v<Out, A>;
+  const int64_t full = width / kStep * kStep, tail = width - full;
+  const int64_t padded = full + (tail > 0 ? kStep : 0);
+  const auto runs_on = [&](int64_t d) { return whole && d + 1 < D; };
+  const auto load_x = [&](int64_t d, int64_t c, V& a, V& b) {
+    if (c < full || runs_on(d)) IO::load2(x + d * inner + c, a, b);
+    else load2_tail(x + d * inner + c, tail, -std::numeric_limits<A>::infinity(), a, b);
+  };
+  const auto store_y = [&](int64_t d, int64_t c, const V& a, const V& b, bool run_on) {
+    if (c < full || run_on) OO::store2(y + d * inner + c, a, b);
+    else store2_tail(y + d * inner + c, tail, a, b);
+  };
+  alignas(64) A mx[kStridedMaxRun], sum[kStridedMaxRun], part[kStridedMaxRun];
+  std::fill(mx, mx + padded, -std::numeric_limits<A>::infinity());
+  for (int64_t d = 0; d < D; ++d) {
+    for (int64_t c = 0; c < padded; c += kStep) {
+      V a, b;
+      load_x(d, c, a, b);
+      at::vec::maximum(V::loadu(mx + c), a).store(mx + c);
+      at::vec::maximum(V::loadu(mx + c + kV), b).store(mx + c + kV);
+    }
+  }
+  std::fill(sum, sum + padded, A(0));
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    std::fill(part, part + padded, A(0));
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) {
+      for (int64_t c = 0; c < padded; c += kStep) {
+        V a, b;
+        load_x(d, c, a, b);
+        a = exp_nonpos(a - V::loadu(mx + c));  // lanes with a non-finite max: garbage, masked below
+        b = exp_nonpos(b - V::loadu(mx + c + kV));
+        (V::loadu(part + c) + a).store(part + c);
+        (V::loadu(part + c + kV) + b).store(part + c + kV);
+        if constexpr (kExpInY) store_y(d, c, a, b, runs_on(d));
+      }
+    }
+    for (int64_t c = 0; c < padded; c += kV) (V::loadu(sum + c) + V::loadu(part + c)).store(sum + c);
+  }
+  for (int64_t c = 0; c < padded; c += kV) {  // the row constant; NaN where the max is not finite (torch's NaN rows)
+    const V s = V::loadu(sum + c);
+    nan_unless_finite(V::loadu(mx + c), kLog ? s.log() : V(A(1)) / s).store(sum + c);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    for (int64_t c = 0; c < padded; c += kStep) {
+      V a, b;
+      const V m0 = V::loadu(mx + c), m1 = V::loadu(mx + c + kV), c0 = V::loadu(sum + c), c1 = V::loadu(sum + c + kV);
+      if constexpr (kExpInY) {
+        if (c < full || runs_on(d)) OO::load2(y + d * inner + c, a, b);
+        else load2_tail(y + d * inner + c, tail, A(0), a, b);
+        store_y(d, c, a * c0, b * c1, false);
+      } else {
+        load_x(d, c, a, b);
+        if constexpr (kLog) store_y(d, c, (a - m0) - c0, (b - m1) - c1, runs_on(d));
+        else store_y(d, c, exp_nonpos(a - m0) * c0, exp_nonpos(b - m1) * c1, runs_on(d));
+      }
+    }
+  }
+}
+
 // Columns [c0, c1) of one slab: blocks of two vectors, then one vector, then single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, int64_t c0, int64_t c1,
@@ -1053,22 +1163,30 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
   for (; c < c1; ++c) softmax_col_fwd_scalar<In, Out, kLog>(x + c, y + c, D, inner);
 }
 
-// Task = (outer index, block of 2 * kV columns); x and y dense [outer, D, inner].
+// Task = (outer index, chunk of columns); x and y dense [outer, D, inner]. Each chunk: wide (strided_run_width), all
+// of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using A = typename Io<In>::A;
   constexpr int64_t kBlock = 2 * Io<In>::kV;
   constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
   const int64_t D = shape.dim_size, inner = shape.inner;
-  const int64_t blocks = ceil_div(inner, kBlock);
-  parallel_for(shape.outer * blocks, std::max<int64_t>(1, kGrain / (D * std::min(inner, kBlock))),
+  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads());
+  const bool wide = width > kBlock;
+  const int64_t chunks = ceil_div(inner, width);
+  parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
-                 std::unique_ptr<A[]> scratch(kScratch ? new A[D * kBlock] : nullptr);
+                 std::unique_ptr<A[]> scratch(kScratch && !wide ? new A[D * kBlock] : nullptr);
                  for (int64_t t = t0; t < t1; ++t) {
-                   const int64_t o = t / blocks, c0 = (t % blocks) * kBlock;
+                   const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner;
-                   softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0,
-                                                            std::min(inner, c0 + kBlock), scratch.get());
+                   if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
+                     softmax_cols_fwd_wide<In, Out, kLog>(x + offset + c0, y + offset + c0, D, inner, c1 - c0,
+                                                          chunks == 1);
+                   } else {
+                     softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0, c1,
+                                                              scratch.get());
+                   }
                  }
                });
 }
@@ -1224,31 +1342,6 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
   for (int64_t d = 0; d < D; ++d) dx[d * inner] = Out(epi.backward(A(dy[d * inner]), A(y[d * inner]), s));
 }
 
-// The strided backward walks a slab's rows in runs of up to kStridedBwdMaxWidth adjacent columns, the columns' sums
-// in a buffer (the columns past the last vector pair in zero-filled lanes), rather than a vector pair at a time: a
-// task that reads one 64-byte line a row, rows a page or more apart, leaves every line to a demand miss that no
-// prefetcher follows. A chunk's width keeps its dy and y rows within kStridedBwdChunkBytes, so that the second pass
-// reads them from L2. Only at D >= kStridedBwdMinRows, where two vector pairs or more fit: for float and double
-// inputs whose rows lie a page apart or more, or whose whole slab of kStridedBwdMinSlabColumns columns or more fits
-// one chunk (then a task reads one contiguous block); for 16-bit ones whose rows lie kStridedBwdMinRowBytes16 apart
-// or more. Elsewhere the buffer's loads and stores cost as much as the runs gain, or more (D = 4: consecutive tasks
-// already read consecutive lines; one pair a chunk; rows closer than a page in chunks of 32 columns, [2, 700, 600]).
-// 2-core AVX2 VM, 8 MB, ms, a pair a task -> chunks (bench/NOTES.md thirty-first and thirty-second sessions): dim 0
-// of f32 [64, 32768] softmax bwd 2.35-2.39 -> 1.23-1.75 (torch 0.97-1.67), log 2.45-2.54 -> 1.35-1.81; dim 0 of f32
-// [1000, 2097] softmax 4.83-5.20 -> 2.76-3.59; dim 1 of f32 [167, 64, 196] (whole slabs) log 2.88-4.59 -> 1.12-1.53
-// (torch 1.32-2.02). 16-bit (thirty-third session, steady runs of 100 calls; session 31's loss for bf16 dim 0 of
-// [64, 32768] came from short runs right after torch's, which torch's spinning OpenMP worker slowed), bf16 softmax
-// bwd: rows of 4 KB lost, dim 1 of [16, 256, 2048] 2.77-2.88 -> 3.83-4.04, [32, 128, 2048] 2.25-2.95 -> 3.58-3.67;
-// rows of 16 KB and more gained, dim 1 of [4, 256, 8192] 7.29-8.19 -> 3.85-4.42 (torch 4.16-5.09), dim 0 of
-// [256, 8192] 1.79-1.90 -> 0.90-1.09 (torch 0.87-1.07) and of [64, 32768] 0.93-1.23 -> 0.62-0.74 (torch 0.60-0.78);
-// 8 KB not measured. Same sums in the same order per column as a pair a task.
-constexpr int64_t kStridedBwdMaxWidth = 512;
-constexpr int64_t kStridedBwdChunkBytes = int64_t{256} << 10;
-constexpr int64_t kStridedBwdMinRows = 16;
-constexpr int64_t kStridedBwdMinRowBytes = 4096;
-constexpr int64_t kStridedBwdMinRowBytes16 = int64_t{16} << 10;
-constexpr int64_t kStridedBwdMinSlabColumns = 128;
-
 // `width` columns from each row of dy / y / dx (rows `inner` apart); `whole`: they are all of the row (width ==
 // inner), so that the slab is one block and the vector pair at row d's last columns runs on into row d + 1: there
 // it is loaded and stored whole (the stored lanes past the row are written again with row d + 1; dx aliases
@@ -1272,7 +1365,7 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
       load2_tail(y + d * inner + full, tail, A(0), y0, y1);
     }
   };
-  alignas(64) A sum[kStridedBwdMaxWidth], part[kStridedBwdMaxWidth];
+  alignas(64) A sum[kStridedMaxRun], part[kStridedMaxRun];
   std::fill(sum, sum + padded, A(0));
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
     std::fill(part, part + padded, A(0));
@@ -1310,21 +1403,14 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
   }
 }
 
-// Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide, all of its columns
-// at once; else (chunks of a pair, or under a pair left) a vector pair at a time in registers, then one vector, then
-// single columns.
+// Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide (strided_run_width),
+// all of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
-  static_assert(kStridedBwdMaxWidth % kBlock == 0, "a chunk is whole vector pairs");
   const int64_t D = shape.dim_size, inner = shape.inner;
-  const int64_t fit = kStridedBwdChunkBytes / (2 * D * int64_t{sizeof(In)}) / kBlock * kBlock;
-  const bool whole_slab = inner >= kStridedBwdMinSlabColumns && fit >= inner;
-  const int64_t row_bytes = inner * int64_t{sizeof(In)};
-  const bool wide = (sizeof(In) >= 4 ? row_bytes >= kStridedBwdMinRowBytes || whole_slab
-                                     : row_bytes >= kStridedBwdMinRowBytes16) &&
-                    D >= kStridedBwdMinRows && fit >= 2 * kBlock;
-  const int64_t width = wide ? std::min({fit, kStridedBwdMaxWidth, ceil_div(inner, kBlock) * kBlock}) : kBlock;
+  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads());
+  const bool wide = width > kBlock;
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
@@ -1333,7 +1419,7 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    const int64_t offset = o * D * inner + c0;
                    const int64_t n = c1 - c0;
                    int64_t c = 0;
-                   if (wide && n >= kBlock) {
+                   if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
                      softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, n,
                                                           chunks == 1);
                      c = n;

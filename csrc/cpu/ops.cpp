@@ -61,10 +61,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 8 keeps the per-chunk overhead (about a microsecond) near 1% of a chunk of the sizes that thread.
 constexpr int64_t kChunksPerThread = 8;
 
+// Inside an ATen parallel region (a torch op's at::parallel_for calling us), stay on this thread as
+// ATen itself does.
+int parallel_threads() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) {
-  // Inside an ATen parallel region (a torch op's at::parallel_for calling us), stay on this thread
-  // as ATen itself does.
-  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int threads = parallel_threads();
   const int64_t max_chunks = ceil_div(n, std::max<int64_t>(grain, 1));
   if (threads <= 1 || max_chunks <= 1) {
     fn(ctx, 0, n);

@@ -21,6 +21,9 @@ using RangeFn = void (*)(const void* ctx, int64_t begin, int64_t end);
 // their own fixed partition and use this only to run its pieces.
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn);
 
+// The threads a parallel_for called from here would run on: 1 inside a parallel region.
+int parallel_threads();
+
 // parallel_for(n, grain, [&](int64_t begin, int64_t end) { ... }). The first test keeps small
 // problems free of any call into the threading layer.
 template <typename F>
