@@ -23,16 +23,6 @@
 namespace fastact::cuda {
 namespace {
 
-// The element pointers the launchers take (c10's half types reinterpreted as CUDA's: same bits).
-template <typename scalar_t>
-const cuda_type<scalar_t>* in_ptr(const at::Tensor& t) {
-  return reinterpret_cast<const cuda_type<scalar_t>*>(t.const_data_ptr<scalar_t>());
-}
-template <typename scalar_t>
-cuda_type<scalar_t>* out_ptr(at::Tensor& t) {
-  return reinterpret_cast<cuda_type<scalar_t>*>(t.mutable_data_ptr<scalar_t>());
-}
-
 // Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
 // returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
 // are read in place where element_operands (common.h) allows it — in that same memory order, or as a

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common.h"
+#include "cuda/utils.h"
 #include "fastact/elementwise.cuh"
 #include "fastact/math.h"
 
@@ -23,21 +24,6 @@ namespace fastact::cuda {
 // aligned, as a fresh or contiguous bias is).
 std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op);
 
-// The element type the kernels see: c10's half types map onto CUDA's (same bits).
-template <typename scalar_t>
-struct CudaType {
-  using type = scalar_t;
-};
-template <>
-struct CudaType<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaType<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename scalar_t>
-using cuda_type = typename CudaType<scalar_t>::type;
 
 // Launchers for one element type T (float, double, __half, __nv_bfloat16); each only enqueues on
 // `stream` and returns the launch's error. Sizes in elements.

@@ -7,8 +7,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -30,7 +30,8 @@ namespace cuda {
 // Per-device properties for the dispatcher (cached; defined in softmax_float.cu).
 SoftmaxDeviceProps softmax_device_props_cached(int device);
 
-// Launchers, one overload per (input, output) element-type pair the ops use: same dtype, and the
+// Launchers, one overload per (input, output) element-type pair the ops use, in the kernels' element
+// types (cuda_type in cuda/utils.h: CUDA's own 16-bit types, which include/ specialises): same dtype, and the
 // fused casts (half/bfloat16 input -> float output forward; float grad_output/output -> half/bfloat16
 // grad_input backward). Geometry, plan and workspace as fastact::softmax_forward / softmax_backward
 // (include/fastact/softmax/launch.cuh); `log` picks LogSoftmaxEpilogue over SoftmaxEpilogue.
@@ -47,10 +48,10 @@ SoftmaxDeviceProps softmax_device_props_cached(int device);
 
 FASTACT_SOFTMAX_CUDA_DECLARE(float, float)
 FASTACT_SOFTMAX_CUDA_DECLARE(double, double)
-FASTACT_SOFTMAX_CUDA_DECLARE(c10::Half, c10::Half)
-FASTACT_SOFTMAX_CUDA_DECLARE(c10::Half, float)
-FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, c10::BFloat16)
-FASTACT_SOFTMAX_CUDA_DECLARE(c10::BFloat16, float)
+FASTACT_SOFTMAX_CUDA_DECLARE(__half, __half)
+FASTACT_SOFTMAX_CUDA_DECLARE(__half, float)
+FASTACT_SOFTMAX_CUDA_DECLARE(__nv_bfloat16, __nv_bfloat16)
+FASTACT_SOFTMAX_CUDA_DECLARE(__nv_bfloat16, float)
 
 #undef FASTACT_SOFTMAX_CUDA_DECLARE
 

@@ -64,8 +64,8 @@ at::Tensor workspace_for(const SoftmaxPlan& plan, int64_t outer, const at::Tenso
 template <typename in_t, typename out_t>
 void launch_forward(bool log, const SoftmaxForwardPlan& plan, SoftmaxVariant v, const char* op) {
   const SoftmaxGeometry& g = plan.geom;
-  const in_t* x = plan.input.const_data_ptr<in_t>();
-  out_t* y = plan.output.mutable_data_ptr<out_t>();
+  const auto* x = cuda::in_ptr<in_t>(plan.input);
+  auto* y = cuda::out_ptr<out_t>(plan.output);
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(plan.input.get_device());
   SoftmaxProblem p = softmax_forward_problem(x, int(sizeof(in_t)), y, int(sizeof(out_t)),
                                              acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size, g.inner,
@@ -82,9 +82,9 @@ void launch_forward(bool log, const SoftmaxForwardPlan& plan, SoftmaxVariant v, 
 template <typename in_t, typename out_t>
 void launch_backward(bool log, const SoftmaxBackwardPlan& plan, SoftmaxVariant v, const char* op) {
   const SoftmaxGeometry& g = plan.geom;
-  const out_t* dy = plan.grad_output.const_data_ptr<out_t>();
-  const out_t* y = plan.output.const_data_ptr<out_t>();
-  in_t* dx = plan.grad_input.mutable_data_ptr<in_t>();
+  const auto* dy = cuda::in_ptr<out_t>(plan.grad_output);
+  const auto* y = cuda::in_ptr<out_t>(plan.output);
+  auto* dx = cuda::out_ptr<in_t>(plan.grad_input);
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(plan.output.get_device());
   SoftmaxProblem p = softmax_backward_problem(dy, y, int(sizeof(out_t)), dx, int(sizeof(in_t)),
                                               acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size, g.inner,
@@ -210,7 +210,7 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
   p.workspace = true;  // as the ops (workspace_for)
   if (backward && g.inner == 1) {  // as launch_backward, for grad_input of x's dtype
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "explain", [&] {
-      const scalar_t* none = nullptr;
+      const cuda::cuda_type<scalar_t>* none = nullptr;
       p.bwd_two_cta_threads = cuda::softmax_backward_two_cta_threads(log, none, none);
     });
   }

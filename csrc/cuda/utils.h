@@ -1,15 +1,47 @@
-// Host helpers for the CUDA adapters: device properties (cached per device) and the one
-// macro that turns a launcher's cudaError_t into a torch error naming the op.
+// Host helpers for the CUDA adapters: the element types the kernels see, device properties (cached
+// per device) and the one macro that turns a launcher's cudaError_t into a torch error naming the op.
 #pragma once
 
+#include <ATen/core/TensorBase.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <array>
 #include <mutex>
 
 namespace fastact::cuda {
+
+// The element type the kernels see: c10's half types map onto CUDA's (same bits), so that
+// include/ is instantiated with the types it specialises (softmax/common.cuh, math.h).
+template <typename scalar_t>
+struct CudaType {
+  using type = scalar_t;
+};
+template <>
+struct CudaType<at::Half> {
+  using type = __half;
+};
+template <>
+struct CudaType<at::BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <typename scalar_t>
+using cuda_type = typename CudaType<scalar_t>::type;
+
+// A tensor's elements as the kernels' element type, to read (in_ptr) or to write (out_ptr).
+template <typename scalar_t>
+const cuda_type<scalar_t>* in_ptr(const at::TensorBase& t) {
+  return reinterpret_cast<const cuda_type<scalar_t>*>(t.const_data_ptr<scalar_t>());
+}
+template <typename scalar_t>
+cuda_type<scalar_t>* out_ptr(const at::TensorBase& t) {
+  return reinterpret_cast<cuda_type<scalar_t>*>(t.mutable_data_ptr<scalar_t>());
+}
 
 struct DeviceInfo {
   int sm_count = 0;

@@ -77,7 +77,7 @@ struct ElementConvert {
 enum class Packed16 { kHalf, kBFloat16 };
 
 // ElementConvert for a 2-byte T holding kKind's bits: CUDA's __half / __nv_bfloat16 (specialised
-// below) and c10::Half / c10::BFloat16 (the torch adapter's specialisations derive from this). Whole
+// below; the torch adapter instantiates the kernels with these, c10's types reinterpreted). Whole
 // 32-bit words, two elements at a time: a 16-bit type's own conversion goes through its 16-bit member,
 // and ptxas then gives every element a register of its own, which spilled the register-bound kernels
 // (H100, bf16 softmax over dim 0 of [16384, 8192], __nv_bfloat16 by element: 500 us, 0.36 of the limit,
@@ -168,8 +168,8 @@ FASTACT_DEVICE void element_max_converted(const AlignedVector<T, N> (&v)[R], int
   }
 }
 
-// The same as a trait: PackedElementMax below for the 16-bit types (specialised after it for CUDA's, and
-// by the torch adapter for c10's): packed 16-bit max, exact and without conversions, half an
+// The same as a trait: PackedElementMax below for the 16-bit types (specialised after it for CUDA's):
+// packed 16-bit max, exact and without conversions, half an
 // instruction an element where converting and comparing take two.
 template <typename T>
 struct ElementMax {
