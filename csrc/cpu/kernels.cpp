@@ -974,30 +974,35 @@ struct Lanes {
 //    thread: a task then reads one contiguous block, once a pass, which the prefetchers stream;
 //  - chunks whose rows of the two tensors a pass reads fit kStridedChunkBytes, so that the later passes read them
 //    from L2, where that leaves runs of kStridedMinRunBytes or more;
-//  - else runs as wide as the buffers: the later passes read from L3 or memory, but each row in a run long enough
-//    for the prefetchers;
+//  - else, backward only, runs as wide as the buffers: the later passes read from L3 or memory, but each row in a
+//    run long enough for the prefetchers. The forward keeps its vector pairs there: with two threads streaming
+//    runs through the shared L3 at once its three passes lost to them (dim 0 of f32 [512, 32768] log 11.9 -> 15.3,
+//    of f16 [1000, 2097] 0.48 -> 0.66; single-threaded level or ahead);
 // then narrowed, not below two vector pairs, until every thread has a task. Only at D >= kStridedMinRows and inner
 // over a vector pair; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive lines).
-// 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, min of five interleaved rounds' medians, backward, the
-// previous rule (chunks only within 256 KB, f32 rows a page apart, 16-bit rows 16 KB apart) -> this one
-// (bench/NOTES.md thirty-eighth session): dim 1 of f32 [8, 1024, 2048] log 16.0 -> 8.8 (torch.compile 11.4),
-// softmax 16.5 -> 10.6 (14.7); bf16 the same shape log 13.7 -> 4.2, softmax 8.6 -> 5.1; dim 0 of f32 [512, 32768]
-// log 19.8 -> 11.8 (13.6). Sessions 31-33's smaller cases (8 MB, in cache) are level.
+// 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of five rounds alternating the builds, previous
+// rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows 16 KB apart; forward: vector pairs)
+// -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024, 2048]: forward log 12.8 -> 8.8,
+// softmax 14.0 -> 9.1 (torch.compile 12.5 / 14.7), backward log 15.3 -> 9.5, softmax 18.0 -> 11.1 (11.4 / 14.7);
+// bf16 the same shape backward log 13.1 -> 5.5; dim 0 of f32 [512, 32768] backward log 21.8 -> 11.9.
 constexpr int64_t kStridedMaxRun = 4096;
 constexpr int64_t kStridedChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedMinRunBytes = 512;
 constexpr int64_t kStridedMinRows = 16;
 
-// Columns a task of the strided kernels (above); a vector pair (kBlock) where the runs do not apply.
+// Columns a task of the strided kernels (above); a vector pair (kBlock) where the runs do not apply. `streaming`:
+// whether runs whose later passes miss L2 may be taken (the backward's).
 template <typename In>
-int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threads) {
+int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threads, bool streaming) {
   constexpr int64_t kBlock = 2 * Io<In>::kV, kSize = sizeof(In);
   static_assert(kStridedMaxRun % kBlock == 0, "a chunk is whole vector pairs");
   const int64_t padded = ceil_div(inner, kBlock) * kBlock;
   if (D < kStridedMinRows || padded < 2 * kBlock) return kBlock;
   if (padded <= kStridedMaxRun && outer >= threads) return padded;
   const int64_t fit = kStridedChunkBytes / (2 * D * kSize) / kBlock * kBlock;
-  int64_t width = std::min(fit * kSize >= kStridedMinRunBytes ? fit : kStridedMaxRun, padded);
+  const bool fits_l2 = fit * kSize >= kStridedMinRunBytes;
+  if (!fits_l2 && !streaming) return kBlock;
+  int64_t width = std::min(fits_l2 ? fit : kStridedMaxRun, padded);
   if (outer < threads) width = std::min(width, ceil_div(ceil_div(inner, ceil_div(threads, outer)), kBlock) * kBlock);
   return std::max(width, 2 * kBlock);
 }
@@ -1056,27 +1061,6 @@ void softmax_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, typename Io
     }
     a.store(y + d * inner);
   }
-}
-
-// One column of the strided case, in scalars (the columns left over after the vector blocks).
-template <typename In, typename Out, bool kLog>
-void softmax_col_fwd_scalar(const In* x, Out* y, int64_t D, int64_t inner) {
-  using A = acc_t<In>;
-  const Epilogue<kLog> epi;
-  A m = -std::numeric_limits<A>::infinity();
-  for (int64_t d = 0; d < D; ++d) m = max_nan(m, A(x[d * inner]));
-  if (!std::isfinite(m)) {
-    for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(std::numeric_limits<A>::quiet_NaN());
-    return;
-  }
-  A s = 0;
-  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
-    A part = 0;
-    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += math::exp_(A(x[d * inner]) - m);
-    s += part;
-  }
-  const A c = epi.row_constant(s);
-  for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(epi.forward(A(x[d * inner]), m, c));
 }
 
 // `width` columns from each of the D rows of x and y (rows `inner` apart), the runs of strided_run_width: the
@@ -1152,26 +1136,26 @@ void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_
   }
 }
 
-// Columns [c0, c1) of one slab: blocks of two vectors, then one vector, then single columns.
+// Columns [c0, c1) of one slab: blocks of two vectors in registers, then the columns left (under a pair) in the
+// lanes of softmax_cols_fwd_wide, so that every column's arithmetic is that of the runs whatever the width.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, int64_t c0, int64_t c1,
                                typename Io<In>::A* scratch) {
   constexpr int64_t kV = Io<In>::kV;
   int64_t c = c0;
   for (; c + 2 * kV <= c1; c += 2 * kV) softmax_cols_fwd<In, Out, kLog, 2>(x + c, y + c, D, inner, scratch);
-  for (; c + kV <= c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
-  for (; c < c1; ++c) softmax_col_fwd_scalar<In, Out, kLog>(x + c, y + c, D, inner);
+  if (c < c1) softmax_cols_fwd_wide<In, Out, kLog>(x + c, y + c, D, inner, c1 - c, /*whole=*/false);
 }
 
 // Task = (outer index, chunk of columns); x and y dense [outer, D, inner]. Each chunk: wide (strided_run_width), all
-// of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
+// of its columns at once; else a vector pair at a time in registers, then the columns left.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using A = typename Io<In>::A;
   constexpr int64_t kBlock = 2 * Io<In>::kV;
   constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
   const int64_t D = shape.dim_size, inner = shape.inner;
-  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads());
+  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads(), /*streaming=*/false);
   const bool wide = width > kBlock;
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
@@ -1409,7 +1393,7 @@ template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   const int64_t D = shape.dim_size, inner = shape.inner;
-  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads());
+  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads(), /*streaming=*/true);
   const bool wide = width > kBlock;
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
