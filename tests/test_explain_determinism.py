@@ -115,3 +115,19 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
         for threads, y, dx in rs[1:]:
             assert torch.equal(y, rs[0][1]), f"{name} {shape}: threads={threads}: the output differs from one thread's"
             assert torch.equal(dx, rs[0][2]), f"{name} {shape}: threads={threads}: the gradient differs from one thread's"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("op", SOFTMAX_FAMILY)
+def test_explain_cpu_strided_runs(op, dtype):
+    """explain names the CPU strided kernels' task width (at two threads): whole slabs for dim 1 of [8, 64, 300], a
+    vector pair's columns for D under 16 (never more than inner), and answers for an integral input."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = fastact.explain(op, make_tensor((8, 64, 300), torch.float32, "cpu").to(dtype), 1)
+        pairs = fastact.explain(op, make_tensor((4, 8, 5), torch.float32, "cpu").to(dtype), 1)
+    finally:
+        torch.set_num_threads(old)
+    assert whole.startswith("variant=cpu_strided:") and "300 adjacent columns: whole slabs" in whole, whole
+    assert "tasks of (outer index, 5 columns), a vector pair at a time" in pairs, pairs

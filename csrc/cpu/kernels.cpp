@@ -966,7 +966,7 @@ struct Lanes {
 };
 
 // The strided kernels walk a slab's rows in runs of adjacent columns, a chunk of columns a task, per-column
-// state (max, sums) in buffers (the columns past the last vector pair in zero-filled lanes), rather than a vector
+// state (max, sums) in buffers (the columns past the last vector pair in padded lanes), rather than a vector
 // pair of columns at a time: a task that reads one 64-byte line a row, rows a page or more apart, leaves every line
 // to a demand miss that no prefetcher follows. Results do not depend on the width: each column's arithmetic is the
 // same, in the same order. The width (strided_run_width), first that which applies:
@@ -976,10 +976,13 @@ struct Lanes {
 //    from L2, where that leaves runs of kStridedMinRunBytes or more;
 //  - else, backward only, runs as wide as the buffers: the later passes read from L3 or memory, but each row in a
 //    run long enough for the prefetchers. The forward keeps its vector pairs there: with two threads streaming
-//    runs through the shared L3 at once its three passes lost to them (dim 0 of f32 [512, 32768] log 11.9 -> 15.3,
-//    of f16 [1000, 2097] 0.48 -> 0.66; single-threaded level or ahead);
+//    runs through one L3 at once its three passes lost to them (dim 0 of f32 [512, 32768] log 12.5 -> 15.3 ms,
+//    of f16 [1000, 2097] 0.47 -> 0.92 ms; single-threaded level). So the forward runs at one thread count and not
+//    at another where a slab is split for the threads; its vector pairs then take the columns past the last pair
+//    in the runs' lanes, so that every column's arithmetic is the same either way;
 // then narrowed, not below two vector pairs, until every thread has a task. Only at D >= kStridedMinRows and inner
-// over a vector pair; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive lines).
+// >= kStridedMinRunColumns; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive
+// lines; inner 33: runs padded to 64 columns did twice the work, [4096, 16, 33] at 0.4-0.6x the vector pairs).
 // 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of five rounds alternating the builds, previous
 // rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows 16 KB apart; forward: vector pairs)
 // -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024, 2048]: forward log 12.8 -> 8.8,
@@ -989,22 +992,53 @@ constexpr int64_t kStridedMaxRun = 4096;
 constexpr int64_t kStridedChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedMinRunBytes = 512;
 constexpr int64_t kStridedMinRows = 16;
+constexpr int64_t kStridedMinRunColumns = 128;
+
+// Whether the strided runs apply to a slab of D rows of inner columns at all (at some thread count).
+inline bool strided_runs_apply(int64_t D, int64_t inner) {
+  return D >= kStridedMinRows && inner >= kStridedMinRunColumns;
+}
 
 // Columns a task of the strided kernels (above); a vector pair (kBlock) where the runs do not apply. `streaming`:
-// whether runs whose later passes miss L2 may be taken (the backward's).
+// whether runs past L2 may be taken (the backward's).
 template <typename In>
 int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threads, bool streaming) {
   constexpr int64_t kBlock = 2 * Io<In>::kV, kSize = sizeof(In);
-  static_assert(kStridedMaxRun % kBlock == 0, "a chunk is whole vector pairs");
+  static_assert(kStridedMaxRun % kBlock == 0 && kStridedMinRunColumns >= 2 * kBlock, "runs of whole vector pairs");
   const int64_t padded = ceil_div(inner, kBlock) * kBlock;
-  if (D < kStridedMinRows || padded < 2 * kBlock) return kBlock;
+  if (outer < 1 || !strided_runs_apply(D, inner)) return kBlock;
   if (padded <= kStridedMaxRun && outer >= threads) return padded;
-  const int64_t fit = kStridedChunkBytes / (2 * D * kSize) / kBlock * kBlock;
+  const int64_t fit = std::min(kStridedChunkBytes / (2 * D * kSize) / kBlock * kBlock, kStridedMaxRun);
   const bool fits_l2 = fit * kSize >= kStridedMinRunBytes;
   if (!fits_l2 && !streaming) return kBlock;
   int64_t width = std::min(fits_l2 ? fit : kStridedMaxRun, padded);
   if (outer < threads) width = std::min(width, ceil_div(ceil_div(inner, ceil_div(threads, outer)), kBlock) * kBlock);
   return std::max(width, 2 * kBlock);
+}
+
+// The columns' state of a task's runs (max, sums, partial sums: three arrays of `columns`, a multiple of the vector
+// pair), on the heap, once per range of tasks: a thread's stack (a user's, or a worker's) need not hold 96 KB
+// frames. 64-byte aligned.
+template <typename A>
+class RunState {
+ public:
+  explicit RunState(int64_t columns) : columns_(columns), mem_(new A[3 * columns + kPad]) {}
+  A* array(int k) const {
+    const auto p = reinterpret_cast<std::uintptr_t>(mem_.get());
+    return reinterpret_cast<A*>((p + 63) & ~std::uintptr_t{63}) + k * columns_;
+  }
+
+ private:
+  static constexpr int64_t kPad = 64 / sizeof(A);
+  int64_t columns_;
+  std::unique_ptr<A[]> mem_;
+};
+
+// The state a task range of strided runs `width` columns wide needs.
+template <typename In>
+int64_t run_state_columns(int64_t width) {
+  constexpr int64_t kBlock = 2 * Io<In>::kV;
+  return ceil_div(width, kBlock) * kBlock;
 }
 
 // Softmax over D for inner > 1, in place along the strides: the lanes of a vector are NV * kV
@@ -1063,6 +1097,27 @@ void softmax_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, typename Io
   }
 }
 
+// One column of the strided case, in scalars (the columns left over after the vector blocks).
+template <typename In, typename Out, bool kLog>
+void softmax_col_fwd_scalar(const In* x, Out* y, int64_t D, int64_t inner) {
+  using A = acc_t<In>;
+  const Epilogue<kLog> epi;
+  A m = -std::numeric_limits<A>::infinity();
+  for (int64_t d = 0; d < D; ++d) m = max_nan(m, A(x[d * inner]));
+  if (!std::isfinite(m)) {
+    for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(std::numeric_limits<A>::quiet_NaN());
+    return;
+  }
+  A s = 0;
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    A part = 0;
+    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += math::exp_(A(x[d * inner]) - m);
+    s += part;
+  }
+  const A c = epi.row_constant(s);
+  for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(epi.forward(A(x[d * inner]), m, c));
+}
+
 // `width` columns from each of the D rows of x and y (rows `inner` apart), the runs of strided_run_width: the
 // columns' max, then their sums of exps (softmax over float outputs keeps the exps in y, as softmax_cols_fwd does),
 // then y; each column's arithmetic exactly that of softmax_cols_fwd. `whole`: the columns are all of the row, so that
@@ -1071,7 +1126,8 @@ void softmax_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, typename Io
 // the row are written again with row d + 1), but for the last row and the final scaling of the kept exps, which
 // reads row d + 1's exps back.
 template <typename In, typename Out, bool kLog>
-void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_t width, bool whole) {
+void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_t width, bool whole,
+                           const RunState<typename Io<In>::A>& state) {
   using IO = Io<In>;
   using OO = Io<Out>;
   using A = typename IO::A;
@@ -1089,7 +1145,9 @@ void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_
     if (c < full || run_on) OO::store2(y + d * inner + c, a, b);
     else store2_tail(y + d * inner + c, tail, a, b);
   };
-  alignas(64) A mx[kStridedMaxRun], sum[kStridedMaxRun], part[kStridedMaxRun];
+  A* const mx = state.array(0);
+  A* const sum = state.array(1);
+  A* const part = state.array(2);
   std::fill(mx, mx + padded, -std::numeric_limits<A>::infinity());
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t c = 0; c < padded; c += kStep) {
@@ -1136,19 +1194,24 @@ void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_
   }
 }
 
-// Columns [c0, c1) of one slab: blocks of two vectors in registers, then the columns left (under a pair) in the
-// lanes of softmax_cols_fwd_wide, so that every column's arithmetic is that of the runs whatever the width.
+// Columns [c0, c1) of one slab: blocks of two vectors, then one vector, then single columns; or, with `state` (where
+// the runs apply at some thread count: strided_runs_apply), the columns past the last pair in the runs' lanes.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, int64_t c0, int64_t c1,
-                               typename Io<In>::A* scratch) {
+                               typename Io<In>::A* scratch, const RunState<typename Io<In>::A>* state) {
   constexpr int64_t kV = Io<In>::kV;
   int64_t c = c0;
   for (; c + 2 * kV <= c1; c += 2 * kV) softmax_cols_fwd<In, Out, kLog, 2>(x + c, y + c, D, inner, scratch);
-  if (c < c1) softmax_cols_fwd_wide<In, Out, kLog>(x + c, y + c, D, inner, c1 - c, /*whole=*/false);
+  if (state != nullptr) {
+    if (c < c1) softmax_cols_fwd_wide<In, Out, kLog>(x + c, y + c, D, inner, c1 - c, /*whole=*/false, *state);
+    return;
+  }
+  for (; c + kV <= c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
+  for (; c < c1; ++c) softmax_col_fwd_scalar<In, Out, kLog>(x + c, y + c, D, inner);
 }
 
 // Task = (outer index, chunk of columns); x and y dense [outer, D, inner]. Each chunk: wide (strided_run_width), all
-// of its columns at once; else a vector pair at a time in registers, then the columns left.
+// of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using A = typename Io<In>::A;
@@ -1161,15 +1224,17 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
                  std::unique_ptr<A[]> scratch(kScratch && !wide ? new A[D * kBlock] : nullptr);
+                 const bool lanes = wide || strided_runs_apply(D, inner);  // runs, or a pair's leftover in lanes
+                 const RunState<A> state(lanes ? run_state_columns<In>(std::max(width, kBlock)) : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner;
                    if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
                      softmax_cols_fwd_wide<In, Out, kLog>(x + offset + c0, y + offset + c0, D, inner, c1 - c0,
-                                                          chunks == 1);
+                                                          chunks == 1, state);
                    } else {
                      softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0, c1,
-                                                              scratch.get());
+                                                              scratch.get(), lanes ? &state : nullptr);
                    }
                  }
                });
@@ -1331,7 +1396,8 @@ void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64
 // it is loaded and stored whole (the stored lanes past the row are written again with row d + 1; dx aliases
 // neither input), but for the last row.
 template <typename In, typename Out, bool kLog>
-void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t width, bool whole) {
+void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t width, bool whole,
+                           const RunState<typename Io<In>::A>& state) {
   using IO = Io<In>;
   using A = typename IO::A;
   using V = typename IO::V;
@@ -1349,7 +1415,8 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
       load2_tail(y + d * inner + full, tail, A(0), y0, y1);
     }
   };
-  alignas(64) A sum[kStridedMaxRun], part[kStridedMaxRun];
+  A* const sum = state.array(0);
+  A* const part = state.array(1);
   std::fill(sum, sum + padded, A(0));
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
     std::fill(part, part + padded, A(0));
@@ -1398,6 +1465,7 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
+                 const RunState<typename Io<In>::A> state(wide ? run_state_columns<In>(width) : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner + c0;
@@ -1405,7 +1473,7 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    int64_t c = 0;
                    if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
                      softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, n,
-                                                          chunks == 1);
+                                                          chunks == 1, state);
                      c = n;
                    }
                    for (; c + kBlock <= n; c += kBlock)
@@ -1453,11 +1521,17 @@ void softmax_bwd_from_float(const float* dy, const float* y, T* dx, const Softma
 }
 
 template <typename T>
+int64_t softmax_strided_columns(const SoftmaxShape& shape, bool backward) {
+  return strided_run_width<T>(shape.outer, shape.dim_size, shape.inner, parallel_threads(), /*streaming=*/backward);
+}
+
+template <typename T>
 constexpr TypedKernels<T> make_kernels() {
   constexpr bool kReduced = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
   TypedKernels<T> k{};
   k.softmax_fwd = &softmax_fwd<T>;
   k.softmax_bwd = &softmax_bwd<T>;
+  k.softmax_strided_columns = &softmax_strided_columns<T>;
   if constexpr (kReduced) {
     k.softmax_fwd_to_float = &softmax_fwd_to_float<T>;
     k.softmax_bwd_from_float = &softmax_bwd_from_float<T>;

@@ -11,7 +11,9 @@
 // - "dense [outer, D, inner]" means element (o, d, i) at o * D * inner + d * inner + i;
 // - half and bfloat16 compute in float, float in float, double in double (fastact::acc_t);
 // - kernels parallelise themselves (csrc/cpu/parallel.h) and run small problems on the calling
-//   thread.
+//   thread;
+// - outputs never alias inputs (the ops allocate them): the strided softmax's runs write a row's
+//   last vector pair whole, over the start of the next row, before reading that row.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -47,6 +49,9 @@ struct TypedKernels {
   // The fused backward of a half/bfloat16 input whose forward produced float: float dy and y,
   // dx written as T. nullptr for float/double.
   void (*softmax_bwd_from_float)(const float* dy, const float* y, T* dx, const SoftmaxShape& shape, bool log);
+  // For explain: the columns a task of the strided softmax (inner > 1) of T takes at the current thread count,
+  // the forward's or the backward's: a run of adjacent columns, or where runs do not apply a vector pair's.
+  int64_t (*softmax_strided_columns)(const SoftmaxShape& shape, bool backward);
 
   // Elementwise, the operands laid out as g (fastact/element_rows.h: ElementRows::flat(n) for n
   // consecutive elements of any dense memory order; else inputs as strided rows, the output dense).

@@ -329,11 +329,24 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       s << "variant=cpu_strided: " << op << " over D=" << g.dim_size << " at a stride of " << g.inner
         << " elements (outer=" << g.outer << ", inner=" << g.inner << "; " << layout << "); "
         << lanes << "-lane SIMD across the contiguous inner dim, each lane a column with its own "
-        << (backward ? "sum" : "max and sum") << ", no transposing copy";
-      if (g.inner % lanes != 0) {
-        s << " (" << (g.inner % lanes) << " of the " << g.inner << " columns of each slab in scalar code)";
+        << (backward ? "sum" : "max and sum") << ", no transposing copy; ";
+      const SoftmaxShape shape{g.outer, g.dim_size, g.inner};
+      // Another input type (integral: the op computes it in the dtype it is given): as float.
+      const at::ScalarType t = self.scalar_type();
+      const bool kernel_type = t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+      const at::ScalarType compute = kernel_type ? t : at::kFloat;
+      const int64_t columns = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
+        return table.of<scalar_t>().softmax_strided_columns(shape, backward);
+      });
+      if (columns > 2 * lanes) {
+        s << "tasks of (outer index, " << std::min(columns, g.inner) << " adjacent columns"
+          << (columns >= g.inner ? ": whole slabs" : "") << "), the columns' state in buffers, each row a run";
+      } else {
+        s << "tasks of (outer index, " << std::min(columns, g.inner) << " columns), a vector pair at a time in "
+          << "registers";
+        if (backward && g.inner % lanes != 0) s << " (the last " << g.inner % lanes << " columns in scalar code)";
       }
-      s << "; (outer, column block) tasks split across threads";
+      s << ", split across threads";
     }
   } else {
     // sigmoid computes an integer input in the default dtype: what it reads is that copy.
