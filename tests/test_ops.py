@@ -164,14 +164,14 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
      ((2, 40, 8236), 1), ((2, 600, 5000), 1), ((2, 9, 3000), 1), ((3, 16, 4097), 1), ((1, 64, 4104), 1)],
 )
 def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
-    """The CPU strided backward's column runs (csrc/cpu/kernels.cpp strided_bwd_width; the widths named are for two
-    threads, as on CI): whole slabs, a slab's columns past the last vector pair in zero-filled lanes and run on into
-    the next row (1100, 1030, 600, 196, 130; D past the 256 rows each partial sum takes: 700); a slab split for the
-    threads, one slab (dim 0 of [520, 2100]: two runs of about 1050); chunks that fit L2 (inner 8236 at D 40: 800
-    columns on AVX512, the last partial); runs as wide as the buffer where L2 chunks would be too narrow (inner 5000
-    at D 600: 4096 and a partial); D under 16, a vector pair a task (D 9); a slab one column wider than the buffer
-    (4097: chunks); a last chunk under a vector pair (4104: 8 columns). The forward's runs the same. Forward and
-    backward against float64."""
+    """The CPU strided kernels' column runs (csrc/cpu/kernels.cpp strided_run_width; the widths named are for two
+    threads, as on CI): whole slabs, a slab's columns past the last vector pair in padded lanes and run on into the
+    next row (1100, 1030, 600, 196, 130; D past the 256 rows each partial sum takes: 700); the backward's slab split
+    for the threads, one slab (dim 0 of [520, 2100]: two runs of about 1050; the forward's vector pairs, the columns
+    past the last pair in the runs' lanes); chunks that fit L2 (inner 8236 at D 40: 800 columns on AVX512, the last
+    partial); the backward's runs as wide as the buffer where L2 chunks would be too narrow (inner 5000 at D 600:
+    4096 and a partial); D under 16, a vector pair a task (D 9); a slab one column wider than the buffer (4097:
+    chunks); a last chunk under a vector pair (4104: 8 columns). Forward and backward against float64."""
     check_op(op, make_tensor(shape, dtype, device), dim=dim)
 
 
