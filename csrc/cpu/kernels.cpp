@@ -983,11 +983,12 @@ struct Lanes {
 // then narrowed, not below two vector pairs, until every thread has a task. Only at D >= kStridedMinRows and inner
 // >= kStridedMinRunColumns; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive
 // lines; inner 33: runs padded to 64 columns did twice the work, [4096, 16, 33] at 0.4-0.6x the vector pairs).
-// 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of five rounds alternating the builds, previous
-// rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows 16 KB apart; forward: vector pairs)
-// -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024, 2048]: forward log 12.8 -> 8.8,
-// softmax 14.0 -> 9.1 (torch.compile 12.5 / 14.7), backward log 15.3 -> 9.5, softmax 18.0 -> 11.1 (11.4 / 14.7);
-// bf16 the same shape backward log 13.1 -> 5.5; dim 0 of f32 [512, 32768] backward log 21.8 -> 11.9.
+// 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of four or five rounds alternating the builds,
+// ranges over three such A/Bs, previous rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows
+// 16 KB apart; forward: vector pairs) -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024,
+// 2048]: forward log 12.8 -> 8.8, softmax 12.7-14.0 -> 9.1-12.3 (torch.compile 12.5 / 14.7), backward log 15.3-17.7
+// -> 8.8-9.5, softmax 17.9-19.2 -> 10.4-11.3 (11.4 / 14.7); bf16 the same shape backward log 13.0 -> 5.5-6.2; dim 0
+// of f32 [512, 32768] backward log 21.8-27.2 -> 11.9-13.7.
 constexpr int64_t kStridedMaxRun = 4096;
 constexpr int64_t kStridedChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedMinRunBytes = 512;
