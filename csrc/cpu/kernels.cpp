@@ -977,12 +977,15 @@ struct Lanes {
 //  - else, backward only, runs as wide as the buffers: the later passes read from L3 or memory, but each row in a
 //    run long enough for the prefetchers. The forward keeps its vector pairs there: with two threads streaming
 //    runs through one L3 at once its three passes lost to them (dim 0 of f32 [512, 32768] log 12.5 -> 15.3 ms,
-//    of f16 [1000, 2097] 0.47 -> 0.92 ms; single-threaded level). So the forward runs at one thread count and not
-//    at another where a slab is split for the threads; its vector pairs then take the columns past the last pair
-//    in the runs' lanes, so that every column's arithmetic is the same either way;
-// then narrowed, not below two vector pairs, until every thread has a task. Only at D >= kStridedMinRows and inner
-// >= kStridedMinRunColumns; elsewhere a vector pair a task (D = 4: consecutive tasks already read consecutive
-// lines; inner 33: runs padded to 64 columns did twice the work, [4096, 16, 33] at 0.4-0.6x the vector pairs).
+//    of f16 [1000, 2097] 0.47 -> 0.92 ms; single-threaded level);
+// then narrowed, not below two vector pairs, until every thread has a task; runs past L2 narrowed under
+// kStridedMinStreamRunBytes go back to vector pairs (dim 0 of bf16 [8192, 512], two threads: runs of 256 columns, half
+// of each row, ran the log backward 1.2-1.5 -> 2.5-2.6 ms; runs of 4 KB gained, dim 0 of f32 [1024, 2048] 1.6 -> 1.0,
+// and of 2 KB were level, f16 [1000, 2097]). Where the runs apply at some thread count, the vector pairs take the
+// columns past the last pair in the runs' lanes, so that every column's arithmetic is the same either way. Only at
+// D >= kStridedMinRows and inner >= kStridedMinRunColumns; elsewhere a vector pair a task (D = 4: consecutive tasks
+// already read consecutive lines; inner 33: runs padded to 64 columns did twice the work, [4096, 16, 33] at 0.4-0.6x
+// the vector pairs).
 // 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of four or five rounds alternating the builds,
 // ranges over three such A/Bs, previous rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows
 // 16 KB apart; forward: vector pairs) -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024,
@@ -994,6 +997,7 @@ constexpr int64_t kStridedChunkBytes = int64_t{256} << 10;
 constexpr int64_t kStridedMinRunBytes = 512;
 constexpr int64_t kStridedMinRows = 16;
 constexpr int64_t kStridedMinRunColumns = 128;
+constexpr int64_t kStridedMinStreamRunBytes = 2048;
 
 // Whether the strided runs apply to a slab of D rows of inner columns at all (at some thread count).
 inline bool strided_runs_apply(int64_t D, int64_t inner) {
@@ -1014,6 +1018,7 @@ int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threa
   if (!fits_l2 && !streaming) return kBlock;
   int64_t width = std::min(fits_l2 ? fit : kStridedMaxRun, padded);
   if (outer < threads) width = std::min(width, ceil_div(ceil_div(inner, ceil_div(threads, outer)), kBlock) * kBlock);
+  if (!fits_l2 && width * kSize < kStridedMinStreamRunBytes) return kBlock;
   return std::max(width, 2 * kBlock);
 }
 
@@ -1456,7 +1461,8 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
 }
 
 // Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide (strided_run_width),
-// all of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
+// all of its columns at once; else a vector pair at a time in registers, then the columns left in the runs' lanes
+// where the runs apply at some thread count, else one vector, then single columns.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
@@ -1466,7 +1472,8 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
-                 const RunState<typename Io<In>::A> state(wide ? run_state_columns<In>(width) : 0);
+                 const bool lanes = wide || strided_runs_apply(D, inner);  // runs, or a pair's leftover in lanes
+                 const RunState<typename Io<In>::A> state(lanes ? run_state_columns<In>(std::max(width, kBlock)) : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner + c0;
@@ -1479,6 +1486,11 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    }
                    for (; c + kBlock <= n; c += kBlock)
                      softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+                   if (lanes && c < n) {
+                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D, inner,
+                                                          n - c, /*whole=*/false, state);
+                     c = n;
+                   }
                    for (; c + kV <= n; c += kV)
                      softmax_cols_bwd<In, Out, kLog, 1>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
                    for (; c < n; ++c)
