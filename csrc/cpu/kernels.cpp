@@ -1004,8 +1004,8 @@ inline bool strided_runs_apply(int64_t D, int64_t inner) {
   return D >= kStridedMinRows && inner >= kStridedMinRunColumns;
 }
 
-// Columns a task of the strided kernels (above); a vector pair (kBlock) where the runs do not apply. `streaming`:
-// whether runs past L2 may be taken (the backward's).
+// Columns a task of the strided kernels (above), always whole vector pairs; a vector pair (kBlock) where the runs do
+// not apply. `streaming`: whether runs past L2 may be taken (the backward's).
 template <typename In>
 int64_t strided_run_width(int64_t outer, int64_t D, int64_t inner, int64_t threads, bool streaming) {
   constexpr int64_t kBlock = 2 * Io<In>::kV, kSize = sizeof(In);
@@ -1039,13 +1039,6 @@ class RunState {
   int64_t columns_;
   std::unique_ptr<A[]> mem_;
 };
-
-// The state a task range of strided runs `width` columns wide needs.
-template <typename In>
-int64_t run_state_columns(int64_t width) {
-  constexpr int64_t kBlock = 2 * Io<In>::kV;
-  return ceil_div(width, kBlock) * kBlock;
-}
 
 // Softmax over D for inner > 1, in place along the strides: the lanes of a vector are NV * kV
 // adjacent columns (the contiguous inner dim), each with its own running max and sum over D.
@@ -1230,8 +1223,8 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
                  std::unique_ptr<A[]> scratch(kScratch && !wide ? new A[D * kBlock] : nullptr);
-                 const bool lanes = wide || strided_runs_apply(D, inner);  // runs, or a pair's leftover in lanes
-                 const RunState<A> state(lanes ? run_state_columns<In>(std::max(width, kBlock)) : 0);
+                 const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover
+                 const RunState<A> state(lanes ? width : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner;
@@ -1472,8 +1465,8 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
-                 const bool lanes = wide || strided_runs_apply(D, inner);  // runs, or a pair's leftover in lanes
-                 const RunState<typename Io<In>::A> state(lanes ? run_state_columns<In>(std::max(width, kBlock)) : 0);
+                 const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover
+                 const RunState<typename Io<In>::A> state(lanes ? width : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
                    const int64_t offset = o * D * inner + c0;

@@ -332,9 +332,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
         << (backward ? "sum" : "max and sum") << ", no transposing copy; ";
       const SoftmaxShape shape{g.outer, g.dim_size, g.inner};
       // Another input type (integral: the op computes it in the dtype it is given): as float.
-      const at::ScalarType t = self.scalar_type();
-      const bool kernel_type = t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
-      const at::ScalarType compute = kernel_type ? t : at::kFloat;
+      const at::ScalarType compute = is_supported_dtype(self.scalar_type()) ? self.scalar_type() : at::kFloat;
       const int64_t columns = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
         return table.of<scalar_t>().softmax_strided_columns(shape, backward);
       });
