@@ -104,8 +104,8 @@ def test_softmax_boundary_sizes(device, dtype, op, n, layout):
         check_op(op, x, dim=-1)
 
 
-# elementwise_kernel's tiles (csrc: 128 threads x accesses x width) are 512 to 4096 elements: their
-# edges +-1 as well, where BOUNDARY_SIZES lacks them.
+# elementwise_kernel's tiles (elementwise_shape: 128-512 threads x accesses x width) are 512 to 4096
+# elements: their edges +-1 as well, where BOUNDARY_SIZES lacks them.
 @pytest.mark.parametrize("n", BOUNDARY_SIZES + (511, 513, 4095, 4097, 2 * 65536 + 3))
 @pytest.mark.parametrize("op", [o for o in ELEMENTWISE_OPS if not o.takes_bias], ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "offset"])

@@ -192,14 +192,15 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     if (!backward && !contiguous && row_stride && rows > 1) {
       // A strided stack of rows: elementwise_rows_kernel, the bias its second input at row stride 0.
       const ElementRows g{rows, H, *row_stride, 0};
-      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, false, true);
+      using elementwise::EltMath;
+      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, EltMath::kTanh, true);
       const bool vec = elementwise::element_rows_vec(g, vs.access_bytes / esize, x.const_data_ptr(), nullptr, nullptr);
-      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, false, true);
+      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kTanh, true);
       s << "kernel=elementwise_rows_" << (vec ? "vec" : "scalar") << ": " << op << " over [" << rows << ", " << H
         << "] " << dtype << " (input rows " << *row_stride << " elements apart read in place; output contiguous), "
         << "the bias as a second input at row stride 0; " << (vec ? vs.access_bytes / esize : 1)
         << " elements per access, " << shape.threads << " threads a block (approximate='tanh'; 'none' in 16-bit: "
-        << elementwise::elementwise_rows_shape(esize, 2, vec, true, true).threads << ")";
+        << elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kErf, true).threads << ")";
       return s.str();
     }
     // A contiguous x (or, backward, a strided stack of rows) is read in place, anything else copied into a
@@ -255,19 +256,21 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const bool rows = !g.is_flat();
   // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
   // tanh one where it differs.
-  const bool erf = op == "gelu" || op == "gelu_backward";
-  const auto shape_of = [&](int eb, int ar, bool v, bool e) {
-    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, e, false)
-                : elementwise::elementwise_shape(eb, ar, v, e);
+  using elementwise::EltMath;
+  const bool gelu = op == "gelu" || op == "gelu_backward";
+  const EltMath math = gelu ? EltMath::kErf : EltMath::kSigmoid;
+  const auto shape_of = [&](int eb, int ar, bool v, EltMath m) {
+    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, m, false)
+                : elementwise::elementwise_shape(eb, ar, v, m);
   };
-  const int vec_access = shape_of(esize, arity, true, erf).access_bytes / esize;
+  const int vec_access = shape_of(esize, arity, true, math).access_bytes / esize;
   const void* p = x.const_data_ptr();
   // A copy is a fresh (aligned) dense tensor.
   const bool aligned = !stride ? true
                        : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
                                : is_vec_aligned(p);
-  const elementwise::EltShape shape = shape_of(esize, arity, aligned, erf);
-  const elementwise::EltShape tanh_shape = shape_of(esize, arity, aligned, false);
+  const elementwise::EltShape shape = shape_of(esize, arity, aligned, math);
+  const elementwise::EltShape tanh_shape = shape_of(esize, arity, aligned, EltMath::kTanh);
   const int vec = aligned ? shape.access_bytes / esize : 1;
   const int unroll = shape.unroll;
   const int64_t grid = rows ? elementwise::ceil_div(n / vec, int64_t{shape.threads} * unroll)
@@ -285,7 +288,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   if (aligned) {
     s << vec << " x " << dtype << " per " << shape.access_bytes * 8 << "-bit access, " << unroll << " access"
       << (unroll == 1 ? "" : "es") << " per thread and operand, " << shape.threads << " threads a block";
-    if (erf && (tanh_shape.unroll != unroll || tanh_shape.access_bytes != shape.access_bytes ||
+    if (gelu && (tanh_shape.unroll != unroll || tanh_shape.access_bytes != shape.access_bytes ||
                 tanh_shape.threads != shape.threads)) {
       s << " (approximate='none'; 'tanh': " << tanh_shape.access_bytes * 8 << "-bit, " << tanh_shape.unroll
         << " access" << (tanh_shape.unroll == 1 ? "" : "es") << ", " << tanh_shape.threads << " threads)";

@@ -13,8 +13,8 @@
 // last two). Arithmetic in acc_t<T> through the functors of fastact/math.h.
 //
 // Memory-bound by design: vector accesses (AlignedVector) when every pointer is 16-byte aligned, 128
-// bits wide except where elementwise_shape measured 64 better (the two-operand backwards), with 64-bit
-// indices: every kernel as one tile per block over a grid of ceil(n / tile) blocks (bias_gelu's
+// bits wide except where elementwise_shape measured 64 better (two-operand backwards but 16-bit gelu's),
+// with 64-bit indices: every kernel as one tile per block over a grid of ceil(n / tile) blocks (bias_gelu's
 // backward: tiles of whole column strips over 32 rows, so a block's column sums cover its rows). No
 // atomics, no host synchronisation, no state: every launcher only enqueues on `stream`, so all of this
 // is CUDA-graph capturable and deterministic.
@@ -76,32 +76,44 @@ struct EltShape {
   int min_blocks;
 };
 
-// The shape for elements of `elem_bytes` bytes, an op reading `arity` operands, and whether the op is
-// an erf gelu (forward or backward: erff, ~25 instructions an element, issue-bound in 16-bit per ncu).
-// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth and
-// eighth sessions, 256 MB tensors):
-//   one operand (forwards), float and 16-bit: 128 threads, one 16-byte access, 32 registers: torch's
-//       own shape (full occupancy), 0.997-1.007x torch on every op; more accesses or registers lose
-//       occupancy (16-bit erf fwd at 4 accesses: 0.95x)
+// The transcendental an op evaluates per element, which sets its instruction cost and so, near the memory
+// limit, its best launch shape: sigmoid (exp and a division, forward; none backward: y (1 - y)), tanh gelu
+// (tanhf) or erf gelu (erff, ~25 instructions an element, issue-bound in 16-bit per ncu).
+enum class EltMath { kSigmoid, kTanh, kErf };
+
+// The shape for elements of `elem_bytes` bytes and an op reading `arity` operands with `math`.
+// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth, eighth and
+// thirty-ninth sessions, 256 MB tensors):
+//   one operand (forwards), float and 16-bit sigmoid: 128 threads, one 16-byte access, 32 registers:
+//       torch's own access shape (full occupancy), 0.997-1.007x torch on every op; more accesses or
+//       registers lose occupancy (16-bit erf fwd at 4 accesses: 0.95x)
+//   16-bit tanh forward: 256 threads, otherwise the same (0.998 of torch's time where 128 threads took
+//       1.001-1.002, three runs of bench/repro/elementwise16_diag; sigmoid at 256 threads: 1.005-1.010)
 //   16-bit erf forward: 2 accesses (1.012-1.015x torch, 1 access 0.997-1.001x; ptxas spills 8-12
 //       bytes to L1 here, and it is still the fastest)
-//   two operands (backwards), float and 16-bit: 512 threads, one 8-byte access, 32 registers: 262.7-
-//       263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
+//   two operands (backwards), float and 16-bit sigmoid: 512 threads, one 8-byte access, 32 registers:
+//       262.7-263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
 //       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
-//       threads) for float. 16-bit tanh backward: 265.5-266.2 us either way, level with torch
+//       threads) for float
+//   16-bit tanh backward: 512 threads, one 16-byte access (0.992-0.994 of torch's time, 8 bytes 1.000-
+//       1.001; elementwise16_diag)
 //   16-bit erf backward: 128 threads, one 16-byte access: 8-byte accesses are issue-bound there (283.8
 //       against 265.5 us, bf16)
 //   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
 //       twice the registers
 // Scalar path: 128 threads, 8 element accesses a thread over all operands (4 for double), no cap.
-constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, bool erf) {
+constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math) {
   if (!vectorised) {
     const int loads = kEltScalarLoadsPerThread / (elem_bytes == 8 ? 2 : 1);
     return {kEltThreads, elem_bytes, loads / arity < 1 ? 1 : loads / arity, 0};
   }
   if (elem_bytes == 8) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 0};
-  if (arity == 2 && !(elem_bytes == 2 && erf)) return {512, 8, 1, 4};
-  return {kEltThreads, kVecBytes, elem_bytes == 2 && erf && arity == 1 ? 2 : 1, 16};
+  if (elem_bytes == 2 && math == EltMath::kErf) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 16};
+  if (elem_bytes == 2 && math == EltMath::kTanh) {
+    return arity == 1 ? EltShape{256, kVecBytes, 1, 8} : EltShape{512, kVecBytes, 1, 4};
+  }
+  if (arity == 2) return {512, 8, 1, 4};
+  return {kEltThreads, kVecBytes, 1, 16};
 }
 
 // ---- bias_gelu: accesses per thread ----------------------------------------------------------------
@@ -294,27 +306,33 @@ cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n,
   return cudaGetLastError();
 }
 
-// Whether Op is an erf gelu, forward or backward (elementwise_shape's erf).
 // Whether Op is bias_gelu's forward (elementwise_rows_shape's bias).
 template <typename Op>
 constexpr bool kBiasOp =
     std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>> || std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>;
 
+// The math Op evaluates (elementwise_shape's math).
 template <typename Op>
-constexpr bool kErfOp = std::is_same_v<Op, ForwardOp<math::GeluErf>> ||
-                        std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
-                        std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>;
+constexpr EltMath kMathOf = std::is_same_v<Op, ForwardOp<math::GeluErf>> ||
+                                    std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
+                                    std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>
+                                ? EltMath::kErf
+                            : std::is_same_v<Op, ForwardOp<math::GeluTanh>> ||
+                                    std::is_same_v<Op, DerivativeOp<math::GeluTanh>> ||
+                                    std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>
+                                ? EltMath::kTanh
+                                : EltMath::kSigmoid;
 
 // Vector path when every pointer is 16-byte aligned, else the scalar path.
 template <typename T, typename Op>
 cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
-    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kErfOp<Op>);
+    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>);
     return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll,
                                  kS.min_blocks>(in0, in1, out, n, op, stream);
   }
-  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kErfOp<Op>);
+  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kMathOf<Op>);
   return launch_elementwise_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
 }
 
@@ -355,14 +373,15 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 }
 
 // Launch shape of elementwise_rows_kernel: elementwise_shape's, except that 16-bit two-operand ops take
-// 16-byte accesses where the flat kernel takes 8-byte ones (512 threads either way): every access also
-// divides its index by the row length and forms two row addresses, which 8-byte accesses pay twice per
-// byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at 8 / 16 bytes: bf16
-// tanh gelu 274.8 / 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7
-// (torch.compile 264.5): float keeps 8 bytes, but where the second input is bias_gelu's bias (`bias`,
-// read from L1 at row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8.
-constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, bool erf, bool bias) {
-  const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, erf);
+// 16-byte accesses where the flat kernel takes 8-byte ones (sigmoid's backward; 512 threads either way):
+// every access also divides its index by the row length and forms two row addresses, which 8-byte
+// accesses pay twice per byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at
+// 8 / 16 bytes (measured when the flat 16-bit tanh backward took 8 bytes too): bf16 tanh gelu 274.8 /
+// 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7 (torch.compile
+// 264.5): float keeps 8 bytes, but where the second input is bias_gelu's bias (`bias`, read from L1 at
+// row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8.
+constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias) {
+  const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, math);
   const bool widen = vectorised && s.access_bytes == 8 && (elem_bytes == 2 || bias);
   return widen ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
 }
@@ -416,12 +435,12 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const Element
                                cudaStream_t stream) {
   if (g.numel() <= 0) return cudaSuccess;
   if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
-  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kErfOp<Op>, kBiasOp<Op>);
+  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kBiasOp<Op>);
   constexpr int kVec = kV.access_bytes / static_cast<int>(sizeof(T));
   if (element_rows_vec(g, kVec, in0, Op::kArity == 2 ? in1 : nullptr, out)) {
     return launch_elementwise_rows_as<kV.threads, kVec, kV.unroll, kV.min_blocks>(in0, in1, out, g, op, stream);
   }
-  constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kErfOp<Op>, kBiasOp<Op>);
+  constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kMathOf<Op>, kBiasOp<Op>);
   return launch_elementwise_rows_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, g, op, stream);
 }
 
