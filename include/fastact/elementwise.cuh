@@ -87,16 +87,17 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 //   one operand (forwards), float and 16-bit sigmoid: 128 threads, one 16-byte access, 32 registers:
 //       torch's own access shape (full occupancy), 0.997-1.007x torch on every op; more accesses or
 //       registers lose occupancy (16-bit erf fwd at 4 accesses: 0.95x)
-//   16-bit tanh forward: 256 threads, otherwise the same (0.998 of torch's time where 128 threads took
-//       1.001-1.002, three runs of bench/repro/elementwise16_diag; sigmoid at 256 threads: 1.005-1.010)
+//   16-bit tanh forward: 256 threads, otherwise the same (0.998-0.999 of torch's time in five of the six
+//       dtype-runs of bench/repro/elementwise16_diag, 1.001 in one, where 128 threads took 1.000-1.004;
+//       sigmoid at 256 threads: 1.004-1.012)
 //   16-bit erf forward: 2 accesses (1.012-1.015x torch, 1 access 0.997-1.001x; ptxas spills 8-12
 //       bytes to L1 here, and it is still the fastest)
 //   two operands (backwards), float and 16-bit sigmoid: 512 threads, one 8-byte access, 32 registers:
 //       262.7-263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
 //       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
 //       threads) for float
-//   16-bit tanh backward: 512 threads, one 16-byte access (0.992-0.994 of torch's time, 8 bytes 1.000-
-//       1.001; elementwise16_diag)
+//   16-bit tanh backward: 512 threads, one 16-byte access (0.992-0.995 of torch's time, 8 bytes 1.000-
+//       1.002; elementwise16_diag, three runs)
 //   16-bit erf backward: 128 threads, one 16-byte access: 8-byte accesses are issue-bound there (283.8
 //       against 265.5 us, bf16)
 //   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
