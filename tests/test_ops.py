@@ -176,6 +176,34 @@ def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("inner", [2, 3, 5, 7, 9, 15, 17, 20, 33, 130])
+def test_softmax_strided_small_inner(device, dtype, op, inner):
+    """The CPU strided forward's columns past a slab's last SIMD vector (every column where inner is under one
+    vector: 16 float lanes on AVX512, 8 on AVX2, half that in double) where the runs do not apply (D under 16 or inner
+    under 128): a vector's lanes take that many such columns of consecutive slabs at once (csrc/cpu/kernels.cpp
+    softmax_turned_cols_fwd). Outer counts of one slab, a partial block of lanes and several blocks; D of 1, 2, 8 and
+    300 (past the 256 rows of each partial sum); columns all -inf, with a +inf, with a NaN (NaN, as torch), and masked
+    elements; forward and backward against float64, and softmax's dtype=float32 output of float16 and bfloat16."""
+    ninf = float("-inf")
+    for outer, d in ((1, 8), (5, 1), (19, 2), (37, 8), (3, 300)):
+        if d == 300 and inner > 20:
+            continue  # D past 256 at a few widths is enough
+        x = make_tensor((outer, d, inner), dtype, device)
+        x[0, :, 0] = ninf  # the first column of the first slab
+        x[-1, d // 2, inner - 1] = float("inf")  # the last column of the last slab
+        x[outer // 2, d - 1, inner // 2] = float("nan")
+        check_op(op, x, dim=1, backward=False)
+        m = make_tensor((outer, d, inner), dtype, device)
+        m[-1, :, -1] = ninf  # a fully masked column
+        if d > 1:
+            m[0, : d // 2, inner // 2] = ninf  # masked elements
+            m[outer // 2, 0, :] = ninf
+        check_op(op, m, dim=1)
+        if dtype in (torch.float16, torch.bfloat16):
+            check_op(op, m, dim=1, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize(
     "shape,dim",
     [

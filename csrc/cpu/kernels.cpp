@@ -1096,27 +1096,6 @@ void softmax_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, typename Io
   }
 }
 
-// One column of the strided case, in scalars (the columns left over after the vector blocks).
-template <typename In, typename Out, bool kLog>
-void softmax_col_fwd_scalar(const In* x, Out* y, int64_t D, int64_t inner) {
-  using A = acc_t<In>;
-  const Epilogue<kLog> epi;
-  A m = -std::numeric_limits<A>::infinity();
-  for (int64_t d = 0; d < D; ++d) m = max_nan(m, A(x[d * inner]));
-  if (!std::isfinite(m)) {
-    for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(std::numeric_limits<A>::quiet_NaN());
-    return;
-  }
-  A s = 0;
-  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
-    A part = 0;
-    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += math::exp_(A(x[d * inner]) - m);
-    s += part;
-  }
-  const A c = epi.row_constant(s);
-  for (int64_t d = 0; d < D; ++d) y[d * inner] = Out(epi.forward(A(x[d * inner]), m, c));
-}
-
 // `width` columns from each of the D rows of x and y (rows `inner` apart), the runs of strided_run_width: the
 // columns' max, then their sums of exps (softmax over float outputs keeps the exps in y, as softmax_cols_fwd does),
 // then y; each column's arithmetic exactly that of softmax_cols_fwd. `whole`: the columns are all of the row, so that
@@ -1193,8 +1172,9 @@ void softmax_cols_fwd_wide(const In* x, Out* y, int64_t D, int64_t inner, int64_
   }
 }
 
-// Columns [c0, c1) of one slab: blocks of two vectors, then one vector, then single columns; or, with `state` (where
-// the runs apply at some thread count: strided_runs_apply), the columns past the last pair in the runs' lanes.
+// Columns [c0, c1) of one slab: blocks of two vectors, then one vector (c1 - c0 a multiple of kV: the columns past a
+// slab's last vector go in lanes across slabs, softmax_turned_cols_fwd below); or, with `state` (where the runs apply
+// at some thread count: strided_runs_apply), the columns past the last pair in the runs' lanes.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, int64_t c0, int64_t c1,
                                typename Io<In>::A* scratch, const RunState<typename Io<In>::A>* state) {
@@ -1205,25 +1185,178 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
     if (c < c1) softmax_cols_fwd_wide<In, Out, kLog>(x + c, y + c, D, inner, c1 - c, /*whole=*/false, *state);
     return;
   }
-  for (; c + kV <= c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
-  for (; c < c1; ++c) softmax_col_fwd_scalar<In, Out, kLog>(x + c, y + c, D, inner);
+  for (; c < c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
+}
+
+// The strided forward's columns past a slab's last vector (r = inner % kV of them; every column when inner < kV),
+// where the runs do not apply: rather than a column at a time in scalar code (D scalar exps), kV of those columns of
+// consecutive slabs, in order of (slab, column), are turned through buffers [d][kV] so that a lane holds a column, as
+// softmax_short_rows_fwd turns rows: the max, the exps, the sum and the outputs are then lane-wise vector ops over D
+// (sums cascaded every kSumRows rows, as softmax_cols_fwd's). A column's arithmetic is the same whichever lane or task
+// it falls in, so the results do not depend on the thread count. The elements move through the buffers in their own
+// type and are converted a vector at a time.
+// Why (this 2-core Zen 4 VM, AVX512: kV = 16 in float, bfloat16 too; ranges of medians over five rounds alternating
+// the builds, ms, scalar columns -> lanes, torch in brackets; bench/NOTES.md thirty-ninth session): dim 1 of f32
+// [37449, 8, 7] softmax 9.4-14.1 -> 1.5-1.8 (4.6-6.8), log_softmax 7.0-11.5 -> 1.8-2.1 (4.5-5.3); of bf16 softmax
+// 10.4-11.0 -> 1.4-2.5 (5.4-8.7); of f32 [8192, 16, 20] (a vector and four columns a slab) softmax 2.6-2.7 -> 1.0-1.1
+// (2.0-2.1).
+
+// The buffers [rows][kV] of one range of tasks (rows = min(D, kSumRows)): x's columns turned (of In), the exps and
+// outputs (of A), the outputs of Out where Out is not A. Where the types agree the buffers are one: each pass reads
+// row d before it writes row d.
+template <typename In, typename Out>
+class TurnedColumns {
+ public:
+  using A = typename Io<In>::A;
+  explicit TurnedColumns(int64_t D)
+      : acc_(new A[rows(D) * Io<In>::kV]),
+        in_(std::is_same_v<In, A> ? nullptr : new In[rows(D) * Io<In>::kV]),
+        out_(std::is_same_v<Out, A> ? nullptr : new Out[rows(D) * Io<In>::kV]) {}
+  static int64_t rows(int64_t D) { return std::min(D, kSumRows); }
+  A* acc() const { return acc_.get(); }
+  In* in() const {
+    if constexpr (std::is_same_v<In, A>) return acc_.get();
+    else return in_.get();
+  }
+  Out* out() const {
+    if constexpr (std::is_same_v<Out, A>) return acc_.get();
+    else return out_.get();
+  }
+
+ private:
+  std::unique_ptr<A[]> acc_;
+  std::unique_ptr<In[]> in_;
+  std::unique_ptr<Out[]> out_;
+};
+
+// A group's columns of one slab, adjacent in every row: the elements at x + at + d * inner, `len` of them, go to
+// lanes [lane, lane + len).
+struct TurnedSegment {
+  int64_t at, lane, len;
+};
+
+// A group of up to kV columns in the lanes of one vector, as `segs` (n lanes in all) lay them out. Up to kSumRows
+// rows the columns are turned once and softmax keeps its exps in the buffer; longer columns go through it a block of
+// kSumRows rows at a time in each pass, softmax recomputing its exps (the same values), so that the buffers stay
+// within L1/L2 whatever D (a group of 131072 rows turned whole is 8 MB of float).
+template <typename In, typename Out, bool kLog>
+void softmax_turned_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, const TurnedSegment* segs, int64_t nsegs,
+                             int64_t n, const TurnedColumns<In, Out>& buf) {
+  using IO = Io<In>;
+  using OO = Io<Out>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  static_assert(std::is_same_v<A, typename OO::A>);
+  constexpr int64_t kV = IO::kV;
+  In* const xt = buf.in();  // [d - d0][lane]
+  A* const et = buf.acc();
+  Out* const yt = buf.out();
+  const bool once = D <= kSumRows;
+  // Row by row, a segment a contiguous copy: a few sequential streams. Lane by lane, a long column's stores went to
+  // another line every other element (dim 1 of f32 [2, 131072, 7], softmax / log_softmax, ms: 5.4-7.8 against
+  // 3.3-5.8 so); row by row but element by element, a lane's offset each, gcc made the stores an AVX512 vscatterqps
+  // (dim 1 of f32 [4096, 64, 7] 2.6-3.4 against lane by lane's 1.2-1.5).
+  const auto turn_in = [&](int64_t d0, int64_t d1) {
+    for (int64_t d = d0; d < d1; ++d) {
+      In* t = xt + (d - d0) * kV;
+      for (int64_t k = 0; k < nsegs; ++k) {
+        const In* p = x + segs[k].at + d * inner;
+        for (int64_t i = 0; i < segs[k].len; ++i) t[segs[k].lane + i] = p[i];
+      }
+      for (int64_t l = n; l < kV; ++l) t[l] = In(0);  // computed and dropped
+    }
+  };
+  if (once) turn_in(0, D);
+  V m(-std::numeric_limits<A>::infinity());
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    const int64_t rows = std::min(D - d0, kSumRows);
+    if (!once) turn_in(d0, d0 + rows);
+    for (int64_t d = 0; d < rows; ++d) m = at::vec::maximum(m, IO::load(xt + d * kV));
+  }
+  V s(A(0));
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    const int64_t rows = std::min(D - d0, kSumRows);
+    if (!once) turn_in(d0, d0 + rows);
+    V part(A(0));
+    for (int64_t d = 0; d < rows; ++d) {
+      const V e = exp_nonpos(IO::load(xt + d * kV) - m);  // lanes with a non-finite max: garbage, masked below
+      part = part + e;
+      if (!kLog && once) e.store(et + d * kV);
+    }
+    s = s + part;
+  }
+  const V c = nan_unless_finite(m, kLog ? s.log() : V(A(1)) / s);  // torch's NaN columns
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    const int64_t rows = std::min(D - d0, kSumRows);
+    if (!once) turn_in(d0, d0 + rows);
+    for (int64_t d = 0; d < rows; ++d) {
+      if constexpr (kLog) {
+        OO::store(yt + d * kV, (IO::load(xt + d * kV) - m) - c);
+      } else {
+        OO::store(yt + d * kV, (once ? V::loadu(et + d * kV) : exp_nonpos(IO::load(xt + d * kV) - m)) * c);
+      }
+    }
+    for (int64_t d = 0; d < rows; ++d) {
+      const Out* t = yt + d * kV;
+      for (int64_t k = 0; k < nsegs; ++k) {
+        Out* p = y + segs[k].at + (d0 + d) * inner;
+        for (int64_t i = 0; i < segs[k].len; ++i) p[i] = t[segs[k].lane + i];
+      }
+    }
+  }
 }
 
 // Task = (outer index, chunk of columns); x and y dense [outer, D, inner]. Each chunk: wide (strided_run_width), all
-// of its columns at once; else a vector pair at a time in registers, then one vector, then single columns.
+// of its columns at once; else a vector pair at a time in registers, then one vector, then, where the runs do not
+// apply, the columns left (inner % kV a slab) in lanes across slabs (softmax_turned_cols_fwd): tasks then go by
+// blocks of kV slabs, each block's slabs' vector columns slab by slab (a vector pair a task), then its lane groups,
+// w of the block's leftover columns each (kV, or fewer where there are few columns).
 template <typename In, typename Out, bool kLog>
 void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using A = typename Io<In>::A;
-  constexpr int64_t kBlock = 2 * Io<In>::kV;
+  constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
-  const int64_t D = shape.dim_size, inner = shape.inner;
-  const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads(), /*streaming=*/false);
+  const int64_t outer = shape.outer, D = shape.dim_size, inner = shape.inner;
+  const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover in the runs' lanes
+  if (!lanes && inner % kV != 0) {
+    const int64_t r = inner % kV, body = inner - r, pairs = ceil_div(body, kBlock);
+    // Lanes a group: kV, or fewer where kV would leave a thread without a group (few columns, long ones: dim 1 of
+    // [2, 131072, 7]); a column's arithmetic is the same in any lane of any group.
+    const int64_t w = std::clamp<int64_t>(ceil_div(outer * r, parallel_threads()), 1, kV);
+    const int64_t per_block = kV * pairs + ceil_div(kV * r, w);  // the tasks of a whole block
+    const int64_t blocks = ceil_div(outer, kV), last = outer - (blocks - 1) * kV;
+    const int64_t tasks = (blocks - 1) * per_block + last * pairs + ceil_div(last * r, w);
+    parallel_for(tasks, std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
+      std::unique_ptr<A[]> scratch(kScratch && pairs > 0 ? new A[D * kBlock] : nullptr);
+      const TurnedColumns<In, Out> buf(D);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / per_block, u = t % per_block, slabs = std::min(kV, outer - b * kV);
+        if (u < slabs * pairs) {
+          const int64_t offset = (b * kV + u / pairs) * D * inner, c0 = u % pairs * kBlock;
+          softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0, std::min(body, c0 + kBlock),
+                                                   scratch.get(), nullptr);
+          continue;
+        }
+        // A lane group: the block's leftover columns j in [j0, j0 + n) (of all slabs', j = o r + (c - body)).
+        const int64_t j0 = b * kV * r + (u - slabs * pairs) * w, n = std::min(w, (b * kV + slabs) * r - j0);
+        TurnedSegment segs[kV];
+        int64_t nsegs = 0;
+        for (int64_t l = 0, o = j0 / r, k = j0 % r; l < n; k = 0, ++o) {  // slab o, from its column body + k
+          const int64_t len = std::min(r - k, n - l);
+          segs[nsegs++] = {o * D * inner + body + k, l, len};
+          l += len;
+        }
+        softmax_turned_cols_fwd<In, Out, kLog>(x, y, D, inner, segs, nsegs, n, buf);
+      }
+    });
+    return;
+  }
+  const int64_t width = strided_run_width<In>(outer, D, inner, parallel_threads(), /*streaming=*/false);
   const bool wide = width > kBlock;
   const int64_t chunks = ceil_div(inner, width);
-  parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
+  parallel_for(outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
                  std::unique_ptr<A[]> scratch(kScratch && !wide ? new A[D * kBlock] : nullptr);
-                 const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover
                  const RunState<A> state(lanes ? width : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
