@@ -39,6 +39,7 @@
 #include "fastact/grid_sync.cuh"
 #include "fastact/softmax/launch.cuh"
 #include "repro_common.cuh"
+#include "repro_pairs.cuh"
 
 using namespace fastact;
 using namespace fastact::softmax_impl;
@@ -46,24 +47,7 @@ using Epi = math::SoftmaxEpilogue;
 
 namespace {
 
-FASTACT_DEVICE float to_f(float v) { return v; }
-FASTACT_DEVICE float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> FASTACT_DEVICE T from_f(float v);
-template <> FASTACT_DEVICE float from_f<float>(float v) { return v; }
-template <> FASTACT_DEVICE __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-struct __align__(8) Pair { float m, s; };
-FASTACT_DEVICE Pair combine(Pair a, Pair b) {
-  const float M = fmaxf(a.m, b.m);
-  return {M, a.s * __expf(a.m - M) + b.s * __expf(b.m - M)};
-}
-FASTACT_DEVICE Pair shfl_pair(Pair p, int mask) {
-  return {__shfl_xor_sync(0xffffffffu, p.m, mask), __shfl_xor_sync(0xffffffffu, p.s, mask)};
-}
-FASTACT_DEVICE Pair ld_pair(const Pair* p) {
-  const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
-  return {v.x, v.y};
-}
+using namespace repro;
 
 struct Work {
   unsigned long long* ticket;
@@ -163,8 +147,8 @@ FASTACT_DEVICE void pass_a(const T* __restrict__ x, int64_t t, int K, int64_t di
   __syncthreads();
   if (*last_s) {  // uniform across the CTA
     if (q < V) {
-      Pair r = p < K ? ld_pair(slots + p * V + q) : Pair{-3.0e38f, 0.f};
-      for (int i = p + P; i < K; i += P) r = combine(r, ld_pair(slots + i * V + q));
+      Pair r = p < K ? ld_part(slots + p * V + q) : Pair{-3.0e38f, 0.f};
+      for (int i = p + P; i < K; i += P) r = combine(r, ld_part(slots + i * V + q));
       for (int mask = P / 2; mask > 0; mask /= 2) r = combine(r, shfl_pair(r, mask));
       if (p == 0) {
         w.finals[k.tile * V + q] = {r.m, 1.f / r.s};
@@ -191,7 +175,7 @@ FASTACT_DEVICE void pass_b(const T* __restrict__ x, T* __restrict__ y, int64_t t
     if (!ok && threadIdx.x == 0) atomicAdd(w.timeouts, 1u);
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < V; q += kThreads) fin[q] = ld_pair(w.finals + k.tile * V + q);
+  for (int q = threadIdx.x; q < V; q += kThreads) fin[q] = ld_part(w.finals + k.tile * V + q);
   __syncthreads();
   float M[L], F[L];
 #pragma unroll
