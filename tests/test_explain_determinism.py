@@ -1,7 +1,5 @@
 """fastact.explain, determinism (bit-identical repeated runs), and the CPU thread count."""
 
-import re
-
 import pytest
 import torch
 
@@ -94,16 +92,16 @@ def test_cpu_thread_counts(threads):
 @pytest.mark.parametrize(
     "shape,dim",
     [((2, 300, 1100), 1), ((700, 2100), 0), ((3, 40, 8236), 1), ((4000, 300), 0), ((3001, 8, 7), 1), ((997, 9, 37), 1),
-     ((5, 1000, 3), 1)],
+     ((5, 1000, 3), 1), ((40, 13, 20), 1)],
     ids=str,
 )
 def test_cpu_strided_thread_invariant(dtype, shape, dim):
     """The CPU strided kernels' run width follows the thread count (whole slabs, or slabs split so that every thread
     has a task: csrc/cpu/kernels.cpp strided_run_width); each column's arithmetic is the same in the same order
     whatever the width, so outputs and gradients are bit for bit the same. Dim 0 of [4000, 300]: whole slabs at one
-    thread, vector pairs (their last columns in the runs' lanes) at more, forward and backward. Inner 7, 37 and 3 (D
-    under 16, or inner under 128): the forward's columns past a slab's last vector in lanes across slabs, wherever
-    the thread split falls."""
+    thread, vector pairs (their last columns in the runs' lanes) at more, forward and backward. Inner 7, 37, 3 and 20
+    (D under 16, or inner under 128): the forward's and the backward's columns past a slab's last vector in lanes
+    across slabs, in groups whose width and split follow the thread count (turned_group_width)."""
     old = torch.get_num_threads()
     x = make_tensor(shape, dtype, "cpu")
     g = make_tensor(shape, dtype, "cpu")

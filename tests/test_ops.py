@@ -17,6 +17,7 @@ from fastact_testing import (
     ROW_VIEW_COLS,
     ROW_VIEWS,
     SOFTMAX_OPS,
+    assert_close,
     bias_for,
     check_op,
     dtype_id,
@@ -180,10 +181,12 @@ def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
 def test_softmax_strided_small_inner(device, dtype, op, inner):
     """The CPU strided forward's columns past a slab's last SIMD vector (every column where inner is under one
     vector: 16 float lanes on AVX512, 8 on AVX2, half that in double) where the runs do not apply (D under 16 or inner
-    under 128): a vector's lanes take that many such columns of consecutive slabs at once (csrc/cpu/kernels.cpp
-    softmax_turned_cols_fwd). Outer counts of one slab, a partial block of lanes and several blocks; D of 1, 2, 8 and
-    300 (past the 256 rows of each partial sum); columns all -inf, with a +inf, with a NaN (NaN, as torch), and masked
-    elements; forward and backward against float64, and softmax's dtype=float32 output of float16 and bfloat16."""
+    under 128): a vector's lanes take that many such columns of consecutive slabs at once, forward and backward
+    (csrc/cpu/kernels.cpp softmax_turned_cols_fwd, softmax_turned_cols_bwd). Outer counts of one slab, a partial block
+    of lanes and several blocks; D of 1, 2, 8 and 300 (past the 256 rows of each partial sum); columns all -inf, with a
+    +inf, with a NaN (NaN, as torch, the backward's too, in those columns' lanes only), and masked elements; forward and
+    backward against float64, and softmax's dtype=float32 output of float16 and bfloat16 (its backward: float dy and y
+    to a 16-bit dx)."""
     ninf = float("-inf")
     for outer, d in ((1, 8), (5, 1), (19, 2), (37, 8), (3, 300)):
         if d == 300 and inner > 20:
@@ -192,7 +195,11 @@ def test_softmax_strided_small_inner(device, dtype, op, inner):
         x[0, :, 0] = ninf  # the first column of the first slab
         x[-1, d // 2, inner - 1] = float("inf")  # the last column of the last slab
         x[outer // 2, d - 1, inner // 2] = float("nan")
-        check_op(op, x, dim=1, backward=False)
+        y = check_op(op, x, dim=1, backward=False)
+        g = make_tensor((outer, d, inner), dtype, device)
+        backward = getattr(torch.ops.fastact, f"{op.name}_backward")
+        (dx_ref, _), (dx_pt, _) = op.backward_given(g, x, y, dim=1)
+        assert_close(backward(g, y, 1, dtype), dx_ref, dtype, torch_actual=dx_pt, msg=f"{op} {list(x.shape)}: backward")
         m = make_tensor((outer, d, inner), dtype, device)
         m[-1, :, -1] = ninf  # a fully masked column
         if d > 1:

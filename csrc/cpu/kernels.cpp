@@ -1188,35 +1188,150 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
   for (; c < c1; c += kV) softmax_cols_fwd<In, Out, kLog, 1>(x + c, y + c, D, inner, scratch);
 }
 
-// The strided forward's columns past a slab's last vector (r = inner % kV of them; every column when inner < kV),
+// The strided kernels' columns past a slab's last vector (r = inner % kV of them; every column when inner < kV),
 // where the runs do not apply: rather than a column at a time in scalar code (D scalar exps), kV of those columns of
 // consecutive slabs, in order of (slab, column), are turned through buffers [d][kV] so that a lane holds a column, as
-// softmax_short_rows_fwd turns rows: the max, the exps, the sum and the outputs are then lane-wise vector ops over D
-// (sums cascaded every kSumRows rows, as softmax_cols_fwd's). A column's arithmetic is the same whichever lane or task
-// it falls in, so the results do not depend on the thread count. The elements move through the buffers in their own
-// type and are converted a vector at a time.
+// softmax_short_rows_fwd turns rows: the forward's max, exps, sum and outputs, the backward's sum and dx, are then
+// lane-wise vector ops over D (sums cascaded every kSumRows rows, as softmax_cols_fwd's and softmax_cols_bwd's). A
+// column's arithmetic is the same whichever lane or task it falls in, so the results do not depend on the thread
+// count. The elements move through the buffers in their own type and are converted a vector at a time.
 // Why (this 2-core Zen 4 VM, AVX512: kV = 16 in float, bfloat16 too; ranges of medians over five rounds alternating
 // the builds, ms, scalar columns -> lanes, torch in brackets; bench/NOTES.md thirty-ninth session): dim 1 of f32
 // [37449, 8, 7] softmax 9.4-14.1 -> 1.5-1.8 (4.6-6.8), log_softmax 7.0-11.5 -> 1.8-2.1 (4.5-5.3); of bf16 softmax
 // 10.4-11.0 -> 1.4-2.5 (5.4-8.7); of f32 [8192, 16, 20] (a vector and four columns a slab) softmax 2.6-2.7 -> 1.0-1.1
-// (2.0-2.1).
+// (2.0-2.1). The copies then a segment at a time down the rows (turn_cols_in): f32 [37449, 8, 7] softmax 1.5-2.0 ->
+// 1.0-1.3 (4.6-6.3). The backward (its scalar columns had no exps but log_softmax's, one an element), the same
+// session, dim 1 of f32 [37449, 8, 7] softmax 1.3-2.5 -> 0.9-1.6 (1.8-3.1), log_softmax 3.4-4.5 -> 1.0-1.7
+// (3.3-5.8); of f32 [2, 131072, 7] softmax 2.2-3.4 -> 1.1-1.5 (1.5-2.2), log_softmax 3.4-5.7 -> 1.5-2.8 (2.9-5.2); of
+// bf16 [4096, 64, 7] log_softmax 4.0-5.8 -> 0.9-1.2 (3.7-6.4); of f32 [4096, 8, 33] (one column a slab in lanes)
+// softmax 0.17-0.22 -> 0.22-0.25 (0.33-0.48), the one shape a little behind the scalar columns.
 
-// The buffers [rows][kV] of one range of tasks (rows = min(D, kSumRows)): x's columns turned (of In), the exps and
-// outputs (of A), the outputs of Out where Out is not A. Where the types agree the buffers are one: each pass reads
-// row d before it writes row d.
-template <typename In, typename Out>
+// Where the strided kernels take a slab's last inner % kV columns in lanes across slabs (the runs do not apply at
+// any thread count, and inner is no multiple of kV): the columns a lane group takes, kV, or fewer where kV would leave
+// a thread without a group (few columns, long ones: dim 1 of [2, 131072, 7]); else 0. A column's arithmetic is the
+// same in any lane of any group. The forward's and the backward's.
+template <typename In>
+int64_t turned_group_width(int64_t outer, int64_t D, int64_t inner, int64_t threads) {
+  constexpr int64_t kV = Io<In>::kV;
+  if (strided_runs_apply(D, inner) || inner % kV == 0) return 0;
+  return std::clamp<int64_t>(ceil_div(outer * (inner % kV), threads), 1, kV);
+}
+
+// A group's columns of one slab, adjacent in every row: the elements at x + at + d * inner, `len` of them, go to
+// lanes [lane, lane + len).
+struct TurnedSegment {
+  int64_t at, lane, len;
+};
+
+// The tasks of the strided kernels where turned_group_width (w) applies, x dense [outer, D, inner]: blocks of kV
+// slabs, each block's slabs' vector columns slab by slab (a vector pair a task), then its lane groups, w of the
+// block's leftover columns (r = inner % kV a slab) each.
+template <typename In>
+class TurnedTasks {
+ public:
+  static constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
+  TurnedTasks(const SoftmaxShape& shape, int64_t w)
+      : outer_(shape.outer), D_(shape.dim_size), inner_(shape.inner), r_(inner_ % kV), body_(inner_ - r_),
+        pairs_(ceil_div(body_, kBlock)), w_(w), per_block_(kV * pairs_ + ceil_div(kV * r_, w)) {}
+  int64_t count() const {
+    const int64_t blocks = ceil_div(outer_, kV), last = outer_ - (blocks - 1) * kV;
+    return (blocks - 1) * per_block_ + last * pairs_ + ceil_div(last * r_, w_);
+  }
+  // Task t: pair(offset, c0, c1), the columns [c0, c1) (a vector pair, or the body's last vector) of the slab at
+  // offset; or group(segs, nsegs, n), n columns in the lanes as segs lay them out.
+  template <typename Pair, typename Group>
+  void run(int64_t t, const Pair& pair, const Group& group) const {
+    const int64_t b = t / per_block_, u = t % per_block_, slabs = std::min(kV, outer_ - b * kV);
+    if (u < slabs * pairs_) {
+      const int64_t c0 = u % pairs_ * kBlock;
+      pair((b * kV + u / pairs_) * D_ * inner_, c0, std::min(body_, c0 + kBlock));
+      return;
+    }
+    // A lane group: the block's leftover columns j in [j0, j0 + n) (of all slabs', j = o r + (c - body)).
+    const int64_t j0 = b * kV * r_ + (u - slabs * pairs_) * w_, n = std::min(w_, (b * kV + slabs) * r_ - j0);
+    TurnedSegment segs[kV];
+    int64_t nsegs = 0;
+    for (int64_t l = 0, o = j0 / r_, k = j0 % r_; l < n; k = 0, ++o) {  // slab o, from its column body + k
+      const int64_t len = std::min(r_ - k, n - l);
+      segs[nsegs++] = {o * D_ * inner_ + body_ + k, l, len};
+      l += len;
+    }
+    group(segs, nsegs, n);
+  }
+
+ private:
+  int64_t outer_, D_, inner_, r_, body_, pairs_, w_, per_block_;
+};
+
+// Rows [d0, d1) of a group's columns of x into t [d - d0][kV], the lanes past n zero (computed and dropped); and
+// back, t's `rows` rows to rows [d0, d0 + rows) of y. A segment at a time down the rows, a vector move each (AVX512:
+// at::vec's partial loadu / store are masked moves; elsewhere they would be a memcpy each, so element by element):
+// every copy loop then walks one constant stride (inner in x, kV in t), which the hardware prefetchers follow.
+// Row by row across the segments, a load's address jumped from slab to slab, and from DRAM the copies cost more than
+// the scalar columns did (dim 1 of f32 [4096, 64, 7], softmax backward at one thread, ms: 4.2-4.7 against 2.6-2.9
+// a segment at a time, the scalar columns 2.8, torch 2.7; from cache, [256, 64, 7]: 0.11-0.12 against 0.092, the
+// scalar columns 0.18). Earlier, for the forward: a long column's elements lane by lane went to another line every
+// other store (dim 1 of f32 [2, 131072, 7] 5.4-7.8 against row by row's 3.3-5.8), and element by element at a lane's
+// offset each gcc made the stores an AVX512 vscatterqps (dim 1 of f32 [4096, 64, 7] 2.6-3.4 against 1.2-1.5).
+template <typename T, int64_t kV>
+void turn_cols_in(const T* x, int64_t inner, const TurnedSegment* segs, int64_t nsegs, int64_t n, int64_t d0,
+                  int64_t d1, T* t) {
+#if defined(CPU_CAPABILITY_AVX512)
+  using R = Vectorized<T>;
+  static_assert(R::size() >= kV);
+  (void)n;  // the first segment (lane 0) is stored over all kV lanes, zeros past it; the others over their lanes
+  for (int64_t k = 0; k < nsegs; ++k) {
+    const T* p = x + segs[k].at;
+    const int64_t lane = segs[k].lane, len = segs[k].len;
+    for (int64_t d = d0; d < d1; ++d) R::loadu(p + d * inner, len).store(t + (d - d0) * kV + lane, k == 0 ? kV : len);
+  }
+#else
+  for (int64_t d = d0; d < d1; ++d) std::fill(t + (d - d0) * kV + n, t + (d - d0 + 1) * kV, T(0));
+  for (int64_t k = 0; k < nsegs; ++k) {
+    const T* p = x + segs[k].at;
+    for (int64_t d = d0; d < d1; ++d) {
+      for (int64_t i = 0; i < segs[k].len; ++i) t[(d - d0) * kV + segs[k].lane + i] = p[d * inner + i];
+    }
+  }
+#endif
+}
+template <typename T, int64_t kV>
+void turn_cols_out(const T* t, int64_t inner, const TurnedSegment* segs, int64_t nsegs, int64_t d0, int64_t rows,
+                   T* y) {
+  for (int64_t k = 0; k < nsegs; ++k) {
+    T* p = y + segs[k].at + d0 * inner;
+    const int64_t lane = segs[k].lane, len = segs[k].len;
+    for (int64_t d = 0; d < rows; ++d) {
+#if defined(CPU_CAPABILITY_AVX512)
+      Vectorized<T>::loadu(t + d * kV + lane, len).store(p + d * inner, len);
+#else
+      for (int64_t i = 0; i < len; ++i) p[d * inner + i] = t[d * kV + lane + i];
+#endif
+    }
+  }
+}
+
+// The buffers [rows][kV] of one range of tasks (rows = min(D, kSumRows)): kInputs inputs' columns turned (of In: x;
+// dy and y), the exps and outputs (of A), the outputs of Out where Out is not A. Where the types agree the buffers are
+// one (the first input's, the acc's, the outputs'): each pass reads row d before it writes row d.
+template <typename In, typename Out, int kInputs>
 class TurnedColumns {
  public:
   using A = typename Io<In>::A;
+  static constexpr int64_t kV = Io<In>::kV;
   explicit TurnedColumns(int64_t D)
-      : acc_(new A[rows(D) * Io<In>::kV]),
-        in_(std::is_same_v<In, A> ? nullptr : new In[rows(D) * Io<In>::kV]),
-        out_(std::is_same_v<Out, A> ? nullptr : new Out[rows(D) * Io<In>::kV]) {}
+      : acc_(new A[rows(D) * kV]), out_(std::is_same_v<Out, A> ? nullptr : new Out[rows(D) * kV]) {
+    for (int i = 0; i < kInputs; ++i) {
+      if (i > 0 || !std::is_same_v<In, A>) in_[i].reset(new In[rows(D) * kV]);
+    }
+  }
   static int64_t rows(int64_t D) { return std::min(D, kSumRows); }
   A* acc() const { return acc_.get(); }
-  In* in() const {
-    if constexpr (std::is_same_v<In, A>) return acc_.get();
-    else return in_.get();
+  In* in(int i) const {
+    if constexpr (std::is_same_v<In, A>) {
+      if (i == 0) return acc_.get();
+    }
+    return in_[i].get();
   }
   Out* out() const {
     if constexpr (std::is_same_v<Out, A>) return acc_.get();
@@ -1225,14 +1340,8 @@ class TurnedColumns {
 
  private:
   std::unique_ptr<A[]> acc_;
-  std::unique_ptr<In[]> in_;
+  std::unique_ptr<In[]> in_[kInputs];
   std::unique_ptr<Out[]> out_;
-};
-
-// A group's columns of one slab, adjacent in every row: the elements at x + at + d * inner, `len` of them, go to
-// lanes [lane, lane + len).
-struct TurnedSegment {
-  int64_t at, lane, len;
 };
 
 // A group of up to kV columns in the lanes of one vector, as `segs` (n lanes in all) lay them out. Up to kSumRows
@@ -1241,31 +1350,18 @@ struct TurnedSegment {
 // within L1/L2 whatever D (a group of 131072 rows turned whole is 8 MB of float).
 template <typename In, typename Out, bool kLog>
 void softmax_turned_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, const TurnedSegment* segs, int64_t nsegs,
-                             int64_t n, const TurnedColumns<In, Out>& buf) {
+                             int64_t n, const TurnedColumns<In, Out, 1>& buf) {
   using IO = Io<In>;
   using OO = Io<Out>;
   using A = typename IO::A;
   using V = typename IO::V;
   static_assert(std::is_same_v<A, typename OO::A>);
   constexpr int64_t kV = IO::kV;
-  In* const xt = buf.in();  // [d - d0][lane]
+  In* const xt = buf.in(0);  // [d - d0][lane]
   A* const et = buf.acc();
   Out* const yt = buf.out();
   const bool once = D <= kSumRows;
-  // Row by row, a segment a contiguous copy: a few sequential streams. Lane by lane, a long column's stores went to
-  // another line every other element (dim 1 of f32 [2, 131072, 7], softmax / log_softmax, ms: 5.4-7.8 against
-  // 3.3-5.8 so); row by row but element by element, a lane's offset each, gcc made the stores an AVX512 vscatterqps
-  // (dim 1 of f32 [4096, 64, 7] 2.6-3.4 against lane by lane's 1.2-1.5).
-  const auto turn_in = [&](int64_t d0, int64_t d1) {
-    for (int64_t d = d0; d < d1; ++d) {
-      In* t = xt + (d - d0) * kV;
-      for (int64_t k = 0; k < nsegs; ++k) {
-        const In* p = x + segs[k].at + d * inner;
-        for (int64_t i = 0; i < segs[k].len; ++i) t[segs[k].lane + i] = p[i];
-      }
-      for (int64_t l = n; l < kV; ++l) t[l] = In(0);  // computed and dropped
-    }
-  };
+  const auto turn_in = [&](int64_t d0, int64_t d1) { turn_cols_in<In, kV>(x, inner, segs, nsegs, n, d0, d1, xt); };
   if (once) turn_in(0, D);
   V m(-std::numeric_limits<A>::infinity());
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
@@ -1296,21 +1392,14 @@ void softmax_turned_cols_fwd(const In* x, Out* y, int64_t D, int64_t inner, cons
         OO::store(yt + d * kV, (once ? V::loadu(et + d * kV) : exp_nonpos(IO::load(xt + d * kV) - m)) * c);
       }
     }
-    for (int64_t d = 0; d < rows; ++d) {
-      const Out* t = yt + d * kV;
-      for (int64_t k = 0; k < nsegs; ++k) {
-        Out* p = y + segs[k].at + (d0 + d) * inner;
-        for (int64_t i = 0; i < segs[k].len; ++i) p[i] = t[segs[k].lane + i];
-      }
-    }
+    turn_cols_out<Out, kV>(yt, inner, segs, nsegs, d0, rows, y);
   }
 }
 
 // Task = (outer index, chunk of columns); x and y dense [outer, D, inner]. Each chunk: wide (strided_run_width), all
 // of its columns at once; else a vector pair at a time in registers, then one vector, then, where the runs do not
-// apply, the columns left (inner % kV a slab) in lanes across slabs (softmax_turned_cols_fwd): tasks then go by
-// blocks of kV slabs, each block's slabs' vector columns slab by slab (a vector pair a task), then its lane groups,
-// w of the block's leftover columns each (kV, or fewer where there are few columns).
+// apply, the columns left (inner % kV a slab) in lanes across slabs (softmax_turned_cols_fwd), the tasks then
+// TurnedTasks'.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using A = typename Io<In>::A;
@@ -1318,35 +1407,21 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
   const int64_t outer = shape.outer, D = shape.dim_size, inner = shape.inner;
   const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover in the runs' lanes
-  if (!lanes && inner % kV != 0) {
-    const int64_t r = inner % kV, body = inner - r, pairs = ceil_div(body, kBlock);
-    // Lanes a group: kV, or fewer where kV would leave a thread without a group (few columns, long ones: dim 1 of
-    // [2, 131072, 7]); a column's arithmetic is the same in any lane of any group.
-    const int64_t w = std::clamp<int64_t>(ceil_div(outer * r, parallel_threads()), 1, kV);
-    const int64_t per_block = kV * pairs + ceil_div(kV * r, w);  // the tasks of a whole block
-    const int64_t blocks = ceil_div(outer, kV), last = outer - (blocks - 1) * kV;
-    const int64_t tasks = (blocks - 1) * per_block + last * pairs + ceil_div(last * r, w);
-    parallel_for(tasks, std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
-      std::unique_ptr<A[]> scratch(kScratch && pairs > 0 ? new A[D * kBlock] : nullptr);
-      const TurnedColumns<In, Out> buf(D);
+  if (const int64_t w = turned_group_width<In>(outer, D, inner, parallel_threads())) {
+    const TurnedTasks<In> tasks(shape, w);
+    parallel_for(tasks.count(), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
+      std::unique_ptr<A[]> scratch(kScratch && inner >= kV ? new A[D * kBlock] : nullptr);
+      const TurnedColumns<In, Out, 1> buf(D);
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / per_block, u = t % per_block, slabs = std::min(kV, outer - b * kV);
-        if (u < slabs * pairs) {
-          const int64_t offset = (b * kV + u / pairs) * D * inner, c0 = u % pairs * kBlock;
-          softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0, std::min(body, c0 + kBlock),
-                                                   scratch.get(), nullptr);
-          continue;
-        }
-        // A lane group: the block's leftover columns j in [j0, j0 + n) (of all slabs', j = o r + (c - body)).
-        const int64_t j0 = b * kV * r + (u - slabs * pairs) * w, n = std::min(w, (b * kV + slabs) * r - j0);
-        TurnedSegment segs[kV];
-        int64_t nsegs = 0;
-        for (int64_t l = 0, o = j0 / r, k = j0 % r; l < n; k = 0, ++o) {  // slab o, from its column body + k
-          const int64_t len = std::min(r - k, n - l);
-          segs[nsegs++] = {o * D * inner + body + k, l, len};
-          l += len;
-        }
-        softmax_turned_cols_fwd<In, Out, kLog>(x, y, D, inner, segs, nsegs, n, buf);
+        tasks.run(
+            t,
+            [&](int64_t offset, int64_t c0, int64_t c1) {
+              softmax_strided_block_fwd<In, Out, kLog>(x + offset, y + offset, D, inner, c0, c1, scratch.get(),
+                                                       nullptr);
+            },
+            [&](const TurnedSegment* segs, int64_t nsegs, int64_t n) {
+              softmax_turned_cols_fwd<In, Out, kLog>(x, y, D, inner, segs, nsegs, n, buf);
+            });
       }
     });
     return;
@@ -1510,17 +1585,40 @@ void softmax_cols_bwd(const In* dy, const In* y, Out* dx, int64_t D, int64_t inn
   }
 }
 
+// The backward of a group of up to kV columns in lanes across slabs, as softmax_turned_cols_fwd takes them (dy and y
+// turned, the sum, then dx; longer columns than kSumRows through the buffers a block of rows at a time in each pass).
 template <typename In, typename Out, bool kLog>
-void softmax_col_bwd_scalar(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner) {
-  using A = acc_t<In>;
-  const Epilogue<kLog> epi;
-  A s = 0;
+void softmax_turned_cols_bwd(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, const TurnedSegment* segs,
+                             int64_t nsegs, int64_t n, const TurnedColumns<In, Out, 2>& buf) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kV = IO::kV;
+  In* const gt = buf.in(0);  // [d - d0][lane]
+  In* const ot = buf.in(1);
+  Out* const dt = buf.out();
+  const bool once = D <= kSumRows;
+  const auto turn_in = [&](int64_t d0, int64_t d1) {
+    turn_cols_in<In, kV>(dy, inner, segs, nsegs, n, d0, d1, gt);
+    turn_cols_in<In, kV>(y, inner, segs, nsegs, n, d0, d1, ot);
+  };
+  if (once) turn_in(0, D);
+  V s(A(0));
   for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
-    A part = 0;
-    for (int64_t d = d0; d < std::min(D, d0 + kSumRows); ++d) part += epi.backward_term(A(dy[d * inner]), A(y[d * inner]));
-    s += part;
+    const int64_t rows = std::min(D - d0, kSumRows);
+    if (!once) turn_in(d0, d0 + rows);
+    V part(A(0));
+    for (int64_t d = 0; d < rows; ++d)
+      part = part + VecBackward<kLog>::term(IO::load(gt + d * kV), IO::load(ot + d * kV));
+    s = s + part;
   }
-  for (int64_t d = 0; d < D; ++d) dx[d * inner] = Out(epi.backward(A(dy[d * inner]), A(y[d * inner]), s));
+  for (int64_t d0 = 0; d0 < D; d0 += kSumRows) {
+    const int64_t rows = std::min(D - d0, kSumRows);
+    if (!once) turn_in(d0, d0 + rows);
+    for (int64_t d = 0; d < rows; ++d)
+      Io<Out>::store(dt + d * kV, VecBackward<kLog>::map(IO::load(gt + d * kV), IO::load(ot + d * kV), s));
+    turn_cols_out<Out, kV>(dt, inner, segs, nsegs, d0, rows, dx);
+  }
 }
 
 // `width` columns from each row of dy / y / dx (rows `inner` apart); `whole`: they are all of the row (width ==
@@ -1588,11 +1686,32 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
 
 // Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide (strided_run_width),
 // all of its columns at once; else a vector pair at a time in registers, then the columns left in the runs' lanes
-// where the runs apply at some thread count, else one vector, then single columns.
+// where the runs apply at some thread count, else one vector, then the columns left (inner % kV a slab) in lanes
+// across slabs (softmax_turned_cols_bwd), the tasks then TurnedTasks', as the forward's.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   const int64_t D = shape.dim_size, inner = shape.inner;
+  // A vector pair at a time, then one vector: columns [c0, c1) of the slab at offset, c1 - c0 a multiple of kV.
+  const auto vector_cols = [&](int64_t offset, int64_t c0, int64_t c1) {
+    int64_t c = c0;
+    for (; c + kBlock <= c1; c += kBlock)
+      softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+    for (; c < c1; c += kV)
+      softmax_cols_bwd<In, Out, kLog, 1>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
+  };
+  if (const int64_t w = turned_group_width<In>(shape.outer, D, inner, parallel_threads())) {
+    const TurnedTasks<In> tasks(shape, w);
+    parallel_for(tasks.count(), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
+      const TurnedColumns<In, Out, 2> buf(D);
+      for (int64_t t = t0; t < t1; ++t) {
+        tasks.run(t, vector_cols, [&](const TurnedSegment* segs, int64_t nsegs, int64_t n) {
+          softmax_turned_cols_bwd<In, Out, kLog>(dy, y, dx, D, inner, segs, nsegs, n, buf);
+        });
+      }
+    });
+    return;
+  }
   const int64_t width = strided_run_width<In>(shape.outer, D, inner, parallel_threads(), /*streaming=*/true);
   const bool wide = width > kBlock;
   const int64_t chunks = ceil_div(inner, width);
@@ -1602,25 +1721,20 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                  const RunState<typename Io<In>::A> state(lanes ? width : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
-                   const int64_t offset = o * D * inner + c0;
-                   const int64_t n = c1 - c0;
-                   int64_t c = 0;
+                   const int64_t offset = o * D * inner;
                    if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
-                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, n,
-                                                          chunks == 1, state);
-                     c = n;
+                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c0, y + offset + c0, dx + offset + c0, D,
+                                                          inner, c1 - c0, chunks == 1, state);
+                   } else if (lanes) {  // vector pairs, the columns past the last pair in the runs' lanes
+                     const int64_t c = c0 + (c1 - c0) / kBlock * kBlock;
+                     vector_cols(offset, c0, c);
+                     if (c < c1) {
+                       softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D,
+                                                            inner, c1 - c, /*whole=*/false, state);
+                     }
+                   } else {  // inner a multiple of kV here
+                     vector_cols(offset, c0, c1);
                    }
-                   for (; c + kBlock <= n; c += kBlock)
-                     softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
-                   if (lanes && c < n) {
-                     softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D, inner,
-                                                          n - c, /*whole=*/false, state);
-                     c = n;
-                   }
-                   for (; c + kV <= n; c += kV)
-                     softmax_cols_bwd<In, Out, kLog, 1>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
-                   for (; c < n; ++c)
-                     softmax_col_bwd_scalar<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
                  }
                });
 }
