@@ -1,5 +1,7 @@
 """fastact.explain, determinism (bit-identical repeated runs), and the CPU thread count."""
 
+import re
+
 import pytest
 import torch
 
@@ -126,13 +128,33 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
 @pytest.mark.parametrize("op", SOFTMAX_FAMILY)
 def test_explain_cpu_strided_runs(op, dtype):
     """explain names the CPU strided kernels' task width (at two threads): whole slabs for dim 1 of [8, 64, 300], a
-    vector pair's columns for D under 16 (never more than inner), and answers for an integral input."""
+    vector pair's columns for D under 16 (never more than inner), the columns past a slab's last vector in lanes across
+    slabs where the runs do not apply (inner 3: all of them; inner 20: past the vectors), forward and backward, and
+    answers for an integral input."""
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         whole = fastact.explain(op, make_tensor((8, 64, 300), torch.float32, "cpu").to(dtype), 1)
-        pairs = fastact.explain(op, make_tensor((4, 8, 5), torch.float32, "cpu").to(dtype), 1)
+        pairs = fastact.explain(op, make_tensor((4, 8, 16), torch.float32, "cpu").to(dtype), 1)
+        turned = fastact.explain(op, make_tensor((4, 8, 3), torch.float32, "cpu").to(dtype), 1)
+        both = fastact.explain(op, make_tensor((40, 8, 20), torch.float32, "cpu").to(dtype), 1)
     finally:
         torch.set_num_threads(old)
     assert whole.startswith("variant=cpu_strided:") and "300 adjacent columns: whole slabs" in whole, whole
-    assert "tasks of (outer index, 5 columns), a vector pair at a time" in pairs, pairs
+    lanes = int(re.search(r"(\d+)-lane SIMD", pairs).group(1))  # this build's for this dtype (AVX512: 16 float)
+    pair = min(2 * lanes, 16)
+    want = f"tasks of (outer index, {pair} columns), a vector pair at a time in registers, split across threads"
+    assert want in pairs, pairs
+    assert "no transposing copy; tasks of" in pairs and "lanes across slabs" not in pairs, pairs
+    # Inner 3: every column in lanes across slabs, the 4 slabs' 12 columns in groups of 6 at two threads (more lanes
+    # would leave a thread without a group).
+    assert ("own max and sum; " if "backward" not in op else "own sum; ") in turned, turned
+    assert f"; each slab's 3 columns in vector lanes across slabs (tasks of {min(6, lanes)} such columns of " \
+        "consecutive slabs, turned through buffers, a lane a column), split across threads" in turned, turned
+    assert "a vector pair" not in turned and "no transposing copy" not in turned and "scalar" not in turned, turned
+    # Inner 20 (16 lanes: a vector and 4 columns; 8: two vectors and 4; 4: none left), 40 slabs: groups of all lanes.
+    body = 20 - 20 % lanes
+    assert f"tasks of (outer index, {min(2 * lanes, body)} columns), a vector pair at a time in registers" in both, both
+    if body < 20:
+        assert f", then each slab's last {20 - body} columns in vector lanes across slabs (tasks of {lanes} such " \
+            "columns" in both, both

@@ -1209,7 +1209,7 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
 // Where the strided kernels take a slab's last inner % kV columns in lanes across slabs (the runs do not apply at
 // any thread count, and inner is no multiple of kV): the columns a lane group takes, kV, or fewer where kV would leave
 // a thread without a group (few columns, long ones: dim 1 of [2, 131072, 7]); else 0. A column's arithmetic is the
-// same in any lane of any group. The forward's and the backward's.
+// same in any lane of any group. The forward's and the backward's, and explain's.
 template <typename In>
 int64_t turned_group_width(int64_t outer, int64_t D, int64_t inner, int64_t threads) {
   constexpr int64_t kV = Io<In>::kV;
@@ -1779,12 +1779,18 @@ int64_t softmax_strided_columns(const SoftmaxShape& shape, bool backward) {
 }
 
 template <typename T>
+int64_t softmax_strided_lane_group(const SoftmaxShape& shape) {
+  return turned_group_width<T>(shape.outer, shape.dim_size, shape.inner, parallel_threads());
+}
+
+template <typename T>
 constexpr TypedKernels<T> make_kernels() {
   constexpr bool kReduced = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
   TypedKernels<T> k{};
   k.softmax_fwd = &softmax_fwd<T>;
   k.softmax_bwd = &softmax_bwd<T>;
   k.softmax_strided_columns = &softmax_strided_columns<T>;
+  k.softmax_strided_lane_group = &softmax_strided_lane_group<T>;
   if constexpr (kReduced) {
     k.softmax_fwd_to_float = &softmax_fwd_to_float<T>;
     k.softmax_bwd_from_float = &softmax_bwd_from_float<T>;

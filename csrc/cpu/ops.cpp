@@ -24,6 +24,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <tuple>
 
 namespace fastact::cpu {
@@ -329,20 +330,27 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       s << "variant=cpu_strided: " << op << " over D=" << g.dim_size << " at a stride of " << g.inner
         << " elements (outer=" << g.outer << ", inner=" << g.inner << "; " << layout << "); "
         << lanes << "-lane SIMD across the contiguous inner dim, each lane a column with its own "
-        << (backward ? "sum" : "max and sum") << ", no transposing copy; ";
+        << (backward ? "sum" : "max and sum");
       const SoftmaxShape shape{g.outer, g.dim_size, g.inner};
       // Another input type (integral: the op computes it in the dtype it is given): as float.
       const at::ScalarType compute = is_supported_dtype(self.scalar_type()) ? self.scalar_type() : at::kFloat;
-      const int64_t columns = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
-        return table.of<scalar_t>().softmax_strided_columns(shape, backward);
+      const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
+        const TypedKernels<scalar_t>& k = table.of<scalar_t>();
+        return std::pair(k.softmax_strided_columns(shape, backward), k.softmax_strided_lane_group(shape));
       });
+      const int64_t body = group > 0 ? g.inner - g.inner % lanes : g.inner;  // the columns of whole vectors
+      s << (group > 0 ? "; " : ", no transposing copy; ");
       if (columns > 2 * lanes) {
         s << "tasks of (outer index, " << std::min(columns, g.inner) << " adjacent columns"
           << (columns >= g.inner ? ": whole slabs" : "") << "), the columns' state in buffers, each row a run";
-      } else {
-        s << "tasks of (outer index, " << std::min(columns, g.inner) << " columns), a vector pair at a time in "
+      } else if (body > 0) {
+        s << "tasks of (outer index, " << std::min(columns, body) << " columns), a vector pair at a time in "
           << "registers";
-        if (backward && g.inner % lanes != 0) s << " (the last " << g.inner % lanes << " columns in scalar code)";
+      }
+      if (group > 0) {
+        s << (body > 0 ? ", then each slab's last " : "each slab's ") << g.inner % lanes << " columns in vector lanes "
+          << "across slabs (tasks of " << group << " such columns of consecutive slabs, turned through buffers, "
+          << "a lane a column)";
       }
       s << ", split across threads";
     }
