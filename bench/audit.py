@@ -1,16 +1,19 @@
-"""Audit: fastact against torch eager on shapes that no report grid holds (CUDA only).
+"""Audit: fastact against torch eager on shapes that no report grid holds (CUDA, or the CPU with --device cpu).
 
 The report's grids (fastact.bench) time 256 MB-class tensors. This sweep takes mid-size tensors (8 and 64 MB by
 default) of model shapes: rows of 2 to 200000 elements (classes, sequence lengths, vocabularies), channel, dim-0
-and dim -2 softmaxes, f32 / bf16 / f16, forward and backward. Each call is timed in a CUDA graph of ten calls,
-so that host overhead does not hide the kernel at the small sizes, and beside it a plain elementwise kernel that
-moves the same bytes (torch.neg forward, torch.mul backward) as a size-aware limit. It prints every cell, then
-the cells where fastact is slower than torch, then those under 0.85 of the elementwise kernel.
+and dim -2 softmaxes, f32 / bf16 / f16, forward and backward. On CUDA each call is timed in a CUDA graph of ten
+calls, so that host overhead does not hide the kernel at the small sizes; on the CPU each is the median of calls
+timed as the report times them (run it with OMP_WAIT_POLICY=passive: torch's OpenMP workers otherwise spin between
+its calls and slow fastact's threads, bench/NOTES.md thirty-third session). Beside each, a plain elementwise kernel
+that moves the same bytes (torch.neg forward, torch.mul backward) is timed as a size-aware limit. It prints every
+cell, then the cells where fastact is slower than torch, then those under 0.85 of the elementwise kernel.
 
-    python bench/audit.py [--sizes-mb 8 64] [--variants] [--json out.json]
+    python bench/audit.py [--device cpu] [--sizes-mb 8 64] [--variants] [--json out.json]
 
-``--variants`` also times every forced kernel variant that takes the input (the softmax family's ``variant=``),
-to see which one a dispatcher rule should pick. bench/NOTES.md (thirtieth session) has what it found."""
+``--variants`` (CUDA) also times every forced kernel variant that takes the input (the softmax family's
+``variant=``), to see which one a dispatcher rule should pick. bench/NOTES.md (thirtieth session) has what it found
+on the H100, the thirty-ninth what it found on the CPU."""
 from __future__ import annotations
 
 import argparse
@@ -57,6 +60,17 @@ def graph_time_us(fn, reps=7):
     return statistics.median(ts)
 
 
+# The CPU's timing: the report's quick mode for CPU rows, a little shorter (many small cells).
+CPU_TIMING = B.Timing(0.15, 5, 30, 1)
+
+
+def time_us(fn, device):
+    """Microseconds of one call of fn on `device` (CUDA: graph_time_us's best of two; CPU: the median of calls)."""
+    if device == "cuda":
+        return min(graph_time_us(fn) for _ in range(2))
+    return B.time_call(fn, "cpu", CPU_TIMING) * 1e6
+
+
 def cases(sizes):
     for size in sizes:
         for dt in DTYPES:
@@ -76,14 +90,14 @@ def cases(sizes):
                     yield B.Case("softmax", direction, dt, (max(1, size // (s * s * dt.itemsize)), s, s), dim=-2)
 
 
-def audit_case(case, variants):
-    inputs = B.make_inputs(case, "cuda")
+def audit_case(case, variants, device="cuda"):
+    inputs = B.make_inputs(case, device)
     th, th_names = B.torch_impl(case)
     targs = [inputs[n] for n in th_names]
     want = th(*targs)
     want = want[0] if isinstance(want, tuple) else want
     row = {"name": case.name}
-    for v in ("auto",) + (B.VARIANTS if variants else ()):
+    for v in ("auto",) + (B.VARIANTS if variants and device == "cuda" else ()):
         fa, names = B.fastact_impl(case, v)
         args = [inputs[n] for n in names]
         try:
@@ -95,11 +109,11 @@ def audit_case(case, variants):
         err = float((got.double() - want.double()).norm() / max(want.double().norm(), 1e-30))
         if err > B.MATCH_TOL[case.dtype]:
             raise AssertionError(f"{case.name} {v}: relative error {err:.2e} against torch")
-        row[v] = min(graph_time_us(lambda: fa(*args)) for _ in range(2))
-    row["torch"] = min(graph_time_us(lambda: th(*targs)) for _ in range(2))
+        row[v] = time_us(lambda: fa(*args), device)
+    row["torch"] = time_us(lambda: th(*targs), device)
     buf = torch.empty_like(targs[0])
-    row["ref"] = graph_time_us((lambda: torch.neg(targs[0], out=buf)) if case.direction == "fwd" else
-                               (lambda: torch.mul(targs[0], targs[1], out=buf)))
+    row["ref"] = time_us((lambda: torch.neg(targs[0], out=buf)) if case.direction == "fwd" else
+                         (lambda: torch.mul(targs[0], targs[1], out=buf)), device)
     x = inputs.get("x", inputs.get("y"))
     row["plan"] = fastact.explain(case.op + ("_backward" if case.direction == "bwd" else ""), x, dim=case.dim)
     return row
@@ -107,15 +121,17 @@ def audit_case(case, variants):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--variants", action="store_true", help="also time every forced variant that takes the input")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--sizes-mb", type=int, nargs="+", default=None, help="tensor sizes (default: 8 64 on CUDA, 8 on the CPU)")
+    ap.add_argument("--variants", action="store_true", help="CUDA: also time every forced variant that takes the input")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/audit.py: needs a CUDA device")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/audit.py: no CUDA device (--device cpu audits the CPU kernels)")
+    sizes = a.sizes_mb or ([8, 64] if a.device == "cuda" else [8])
     rows = []
-    for case in cases([s * MB for s in a.sizes_mb]):
-        r = audit_case(case, a.variants)
+    for case in cases([s * MB for s in sizes]):
+        r = audit_case(case, a.variants, a.device)
         rows.append(r)
         forced = " ".join(f"{v} {r[v]:.1f}" for v in B.VARIANTS if v in r)
         print(f"{r['name']:50s} {r['auto']:8.1f} torch {r['torch']:8.1f} ({r['torch'] / r['auto']:5.2f}x) ref "
