@@ -152,21 +152,31 @@ constexpr int64_t kPaddedTail = 4;
 template <typename T>
 void load2_tail(const T* p, int64_t n, typename Io<T>::A fill, typename Io<T>::V& a, typename Io<T>::V& b) {
   using A = typename Io<T>::A;
+  using V = typename Io<T>::V;
   constexpr int64_t kV = Io<T>::kV;
-  alignas(64) A buf[2 * kV];
-  const int64_t lanes = n <= kV ? kV : 2 * kV;
-  for (int64_t k = 0; k < lanes; ++k) buf[k] = k < n ? A(p[k]) : fill;
-  a = Io<T>::V::loadu(buf);
-  b = n <= kV ? typename Io<T>::V(fill) : Io<T>::V::loadu(buf + kV);
+  // Partial vector loads (AVX512: masked moves; elsewhere at::vec copies through a buffer), the lanes past n
+  // replaced by `fill`: an element loop here cost rows of 77 a third of their time (bench/NOTES.md, thirty-ninth
+  // session).
+  const int64_t na = std::min(n, kV);
+  if constexpr (std::is_same_v<T, A>) {
+    a = V::set(V(fill), V::loadu(p, na), na);
+    b = n > kV ? V::set(V(fill), V::loadu(p + kV, n - kV), n - kV) : V(fill);
+  } else {
+    const auto [lo, hi] = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p, n));
+    a = V::set(V(fill), lo, na);
+    b = n > kV ? V::set(V(fill), hi, n - kV) : V(fill);
+  }
 }
 template <typename T>
 void store2_tail(T* p, int64_t n, const typename Io<T>::V& a, const typename Io<T>::V& b) {
   using A = typename Io<T>::A;
   constexpr int64_t kV = Io<T>::kV;
-  alignas(64) A buf[2 * kV];
-  a.store(buf);
-  b.store(buf + kV);
-  for (int64_t k = 0; k < n; ++k) p[k] = T(buf[k]);
+  if constexpr (std::is_same_v<T, A>) {
+    a.store(p, std::min(n, kV));
+    if (n > kV) b.store(p + kV, n - kV);
+  } else {
+    at::vec::convert_from_float<T>(a, b).store(p, n);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -880,6 +890,13 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         vm0 = at::vec::maximum(vm0, a);
         vm1 = at::vec::maximum(vm1, b);
       }
+      if (D - i > kPaddedTail) {  // the tail as two padded vectors (the padding -inf)
+        V a, b;
+        load2_tail(xr + i, D - i, -std::numeric_limits<A>::infinity(), a, b);
+        vm0 = at::vec::maximum(vm0, a);
+        vm1 = at::vec::maximum(vm1, b);
+        i = D;
+      }
       A m = hmax(at::vec::maximum(vm0, vm1));
       for (; i < D; ++i) m = max_nan(m, A(xr[i]));
       if (!std::isfinite(m)) {
@@ -939,6 +956,17 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         } else {
           OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
         }
+      }
+      if (D - i > kPaddedTail) {  // the tail as two padded vectors, as the body
+        V a, b;
+        if constexpr (kLog) {
+          load2_tail(xr + i, D - i, A(0), a, b);
+          store2_tail(yr + i, D - i, (a - vmax) - vc, (b - vmax) - vc);
+        } else {
+          load2_tail(e + i, D - i, A(0), a, b);
+          store2_tail(yr + i, D - i, a * vc, b * vc);
+        }
+        i = D;
       }
       for (; i < D; ++i) {  // the tail: softmax from its kept exps, as the body
         if constexpr (kLog) yr[i] = Out(epi.forward(A(xr[i]), m, c));
