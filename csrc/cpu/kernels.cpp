@@ -155,8 +155,8 @@ void load2_tail(const T* p, int64_t n, typename Io<T>::A fill, typename Io<T>::V
   using V = typename Io<T>::V;
   constexpr int64_t kV = Io<T>::kV;
   // Partial vector loads (AVX512: masked moves; elsewhere at::vec copies through a buffer), the lanes past n
-  // replaced by `fill`: an element loop here cost rows of 77 a third of their time (bench/NOTES.md, thirty-ninth
-  // session).
+  // replaced by `fill`. With the last-dim forward's max and output tails on it too, 16-bit rows of 77 took a quarter
+  // less time than through an element loop; float rows were level (bench/NOTES.md, thirty-ninth session).
   const int64_t na = std::min(n, kV);
   if constexpr (std::is_same_v<T, A>) {
     a = V::set(V(fill), V::loadu(p, na), na);
@@ -1712,30 +1712,44 @@ void softmax_cols_bwd_wide(const In* dy, const In* y, Out* dx, int64_t D, int64_
   }
 }
 
+// Columns [c0, c1) of one slab: blocks of two vectors, then one vector (c1 - c0 a multiple of kV: the columns past a
+// slab's last vector go in lanes across slabs, softmax_turned_cols_bwd); or, with `state` (where the runs apply at
+// some thread count: strided_runs_apply), the columns past the last pair in the runs' lanes. As
+// softmax_strided_block_fwd.
+template <typename In, typename Out, bool kLog>
+void softmax_strided_block_bwd(const In* dy, const In* y, Out* dx, int64_t D, int64_t inner, int64_t c0, int64_t c1,
+                               const RunState<typename Io<In>::A>* state) {
+  constexpr int64_t kV = Io<In>::kV;
+  int64_t c = c0;
+  for (; c + 2 * kV <= c1; c += 2 * kV) softmax_cols_bwd<In, Out, kLog, 2>(dy + c, y + c, dx + c, D, inner);
+  if (state != nullptr) {
+    if (c < c1) softmax_cols_bwd_wide<In, Out, kLog>(dy + c, y + c, dx + c, D, inner, c1 - c, /*whole=*/false, *state);
+    return;
+  }
+  for (; c < c1; c += kV) softmax_cols_bwd<In, Out, kLog, 1>(dy + c, y + c, dx + c, D, inner);
+}
+
 // Task = (outer index, chunk of columns); dy, y and dx dense [outer, D, inner]. Each chunk: wide (strided_run_width),
-// all of its columns at once; else a vector pair at a time in registers, then the columns left in the runs' lanes
-// where the runs apply at some thread count, else one vector, then the columns left (inner % kV a slab) in lanes
-// across slabs (softmax_turned_cols_bwd), the tasks then TurnedTasks', as the forward's.
+// all of its columns at once; else softmax_strided_block_bwd; where the runs do not apply and inner is no multiple of
+// kV, the tasks are TurnedTasks' (the columns left in lanes across slabs, softmax_turned_cols_bwd), as the forward's.
 template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   const int64_t D = shape.dim_size, inner = shape.inner;
-  // A vector pair at a time, then one vector: columns [c0, c1) of the slab at offset, c1 - c0 a multiple of kV.
-  const auto vector_cols = [&](int64_t offset, int64_t c0, int64_t c1) {
-    int64_t c = c0;
-    for (; c + kBlock <= c1; c += kBlock)
-      softmax_cols_bwd<In, Out, kLog, 2>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
-    for (; c < c1; c += kV)
-      softmax_cols_bwd<In, Out, kLog, 1>(dy + offset + c, y + offset + c, dx + offset + c, D, inner);
-  };
   if (const int64_t w = turned_group_width<In>(shape.outer, D, inner, parallel_threads())) {
     const TurnedTasks<In> tasks(shape, w);
     parallel_for(tasks.count(), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
       const TurnedColumns<In, Out, 2> buf(D);
       for (int64_t t = t0; t < t1; ++t) {
-        tasks.run(t, vector_cols, [&](const TurnedSegment* segs, int64_t nsegs, int64_t n) {
-          softmax_turned_cols_bwd<In, Out, kLog>(dy, y, dx, D, inner, segs, nsegs, n, buf);
-        });
+        tasks.run(
+            t,
+            [&](int64_t offset, int64_t c0, int64_t c1) {
+              softmax_strided_block_bwd<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c0, c1,
+                                                       nullptr);
+            },
+            [&](const TurnedSegment* segs, int64_t nsegs, int64_t n) {
+              softmax_turned_cols_bwd<In, Out, kLog>(dy, y, dx, D, inner, segs, nsegs, n, buf);
+            });
       }
     });
     return;
@@ -1753,15 +1767,9 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                    if (wide) {  // a last chunk under a vector pair too: the same arithmetic whatever the width
                      softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c0, y + offset + c0, dx + offset + c0, D,
                                                           inner, c1 - c0, chunks == 1, state);
-                   } else if (lanes) {  // vector pairs, the columns past the last pair in the runs' lanes
-                     const int64_t c = c0 + (c1 - c0) / kBlock * kBlock;
-                     vector_cols(offset, c0, c);
-                     if (c < c1) {
-                       softmax_cols_bwd_wide<In, Out, kLog>(dy + offset + c, y + offset + c, dx + offset + c, D,
-                                                            inner, c1 - c, /*whole=*/false, state);
-                     }
-                   } else {  // inner a multiple of kV here
-                     vector_cols(offset, c0, c1);
+                   } else {
+                     softmax_strided_block_bwd<In, Out, kLog>(dy + offset, y + offset, dx + offset, D, inner, c0, c1,
+                                                              lanes ? &state : nullptr);
                    }
                  }
                });
