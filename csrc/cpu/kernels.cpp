@@ -132,7 +132,7 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
     if (g_avx512_bf16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), cvt_bf16_native(v));
     else Base::store(p, v);
   }
-  static void store2(c10::BFloat16* p, const V& a, const V& b) {
+  C10_ALWAYS_INLINE static void store2(c10::BFloat16* p, const V& a, const V& b) {
     if (g_avx512_bf16) _mm512_storeu_si512(p, cvt_bf16_native(a, b));
     else Base::store2(p, a, b);
   }
@@ -143,32 +143,54 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 #endif
 
 // A row's last n (< 2 kV) elements p[0, n) as two vectors of the acc type, the lanes past n holding
-// `fill`; and n elements stored from two vectors. For the tails that take exps (the forward's sum, the
-// log_softmax backward) of more than kPaddedTail elements: vector exps instead of n scalar ones. The
-// cheap tails and the short ones stay scalar: a padded pair for a tail of one element cost more than the
-// scalar element (2-core AVX2 VM, 8 MB f32 rows of 17, log_softmax bwd 1.6 -> 3.4 ms; bench/NOTES.md
-// thirtieth session).
-constexpr int64_t kPaddedTail = 4;
+// `fill`; and n elements stored from two vectors. The last-dim row loops take tails of more than kPaddedTailFwd /
+// kPaddedTailBwd elements through them, shorter ones element by element: there the forward pays one out-of-line libm
+// exp an element, the backward plain arithmetic (log_softmax: one exp). Measured with the moves inlined (this 2-core
+// Zen 4 VM, AVX512, 8 MB rows, three interleaved rounds; bench/NOTES.md, fortieth session): a padded tail of one
+// element lost against the element in every op (f32 rows of 33: softmax forward 1.18 against 1.00 ms, backward 0.51
+// against 0.38); tails of four won in the forwards (rows of 36: 1.09 against 1.38 ms; log_softmax 1.20 against
+// 1.56) and were level to worse in the backwards (softmax 0.53 against 0.39).
+constexpr int64_t kPaddedTailFwd = 1;
+constexpr int64_t kPaddedTailBwd = 4;
+// v with its lanes from n on replaced by `fill` (0 <= n <= kV). ATen's Vectorized::set does the same through
+// an out-of-line switch over n; a call from the row loops spills every live vector register around it (the
+// System V ABI has no callee-saved vector registers), which cost rows of 33-95 floats 35-40 ns each
+// (bench/NOTES.md, fortieth session). This and the tails below are always inlined for that reason.
+template <typename A>
+C10_ALWAYS_INLINE Vectorized<A> fill_from(const Vectorized<A>& v, int64_t n, A fill) {
+  using V = Vectorized<A>;
+  return V::blendv(V(fill), v, V::arange(A(0), A(1)) < V(A(n)));
+}
+#if defined(CPU_CAPABILITY_AVX512)
+template <>
+C10_ALWAYS_INLINE Vectorized<float> fill_from(const Vectorized<float>& v, int64_t n, float fill) {
+  return _mm512_mask_blend_ps(static_cast<__mmask16>((uint32_t{1} << n) - 1), _mm512_set1_ps(fill), v);
+}
+template <>
+C10_ALWAYS_INLINE Vectorized<double> fill_from(const Vectorized<double>& v, int64_t n, double fill) {
+  return _mm512_mask_blend_pd(static_cast<__mmask8>((uint32_t{1} << n) - 1), _mm512_set1_pd(fill), v);
+}
+#endif
 template <typename T>
-void load2_tail(const T* p, int64_t n, typename Io<T>::A fill, typename Io<T>::V& a, typename Io<T>::V& b) {
+C10_ALWAYS_INLINE void load2_tail(const T* p, int64_t n, typename Io<T>::A fill, typename Io<T>::V& a,
+                                  typename Io<T>::V& b) {
   using A = typename Io<T>::A;
   using V = typename Io<T>::V;
   constexpr int64_t kV = Io<T>::kV;
   // Partial vector loads (AVX512: masked moves; elsewhere at::vec copies through a buffer), the lanes past n
-  // replaced by `fill`. With the last-dim forward's max and output tails on it too, 16-bit rows of 77 took a quarter
-  // less time than through an element loop; float rows were level (bench/NOTES.md, thirty-ninth session).
+  // replaced by `fill`.
   const int64_t na = std::min(n, kV);
   if constexpr (std::is_same_v<T, A>) {
-    a = V::set(V(fill), V::loadu(p, na), na);
-    b = n > kV ? V::set(V(fill), V::loadu(p + kV, n - kV), n - kV) : V(fill);
+    a = fill_from(V::loadu(p, na), na, fill);
+    b = n > kV ? fill_from(V::loadu(p + kV, n - kV), n - kV, fill) : V(fill);
   } else {
     const auto [lo, hi] = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p, n));
-    a = V::set(V(fill), lo, na);
-    b = n > kV ? V::set(V(fill), hi, n - kV) : V(fill);
+    a = fill_from(lo, na, fill);
+    b = n > kV ? fill_from(hi, n - kV, fill) : V(fill);
   }
 }
 template <typename T>
-void store2_tail(T* p, int64_t n, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+C10_ALWAYS_INLINE void store2_tail(T* p, int64_t n, const typename Io<T>::V& a, const typename Io<T>::V& b) {
   using A = typename Io<T>::A;
   constexpr int64_t kV = Io<T>::kV;
   if constexpr (std::is_same_v<T, A>) {
@@ -311,7 +333,7 @@ inline Vec<float> exp_nonpos(const Vec<float>& xv) {
 
 // exp for any input, with exp's own results at +inf/overflow and NaN (log_softmax backward takes
 // exp of user data).
-inline Vec<float> exp_any(const Vec<float>& x) {
+C10_ALWAYS_INLINE Vec<float> exp_any(const Vec<float>& x) {
   using V = Vec<float>;
   V r = x.exp_u20();  // saturates at FLT_MAX above ln(FLT_MAX)
   r = V::blendv(r, V(std::numeric_limits<float>::infinity()), x > V(88.72283935546875f));  // ln(FLT_MAX)
@@ -890,7 +912,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         vm0 = at::vec::maximum(vm0, a);
         vm1 = at::vec::maximum(vm1, b);
       }
-      if (D - i > kPaddedTail) {  // the tail as two padded vectors (the padding -inf)
+      if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors (the padding -inf)
         V a, b;
         load2_tail(xr + i, D - i, -std::numeric_limits<A>::infinity(), a, b);
         vm0 = at::vec::maximum(vm0, a);
@@ -929,7 +951,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
       }
       const int64_t tail = D - vec_end;
       A s;
-      if (tail > kPaddedTail) {  // the padding's exps are 0
+      if (tail > kPaddedTailFwd) {  // the padding's exps are 0
         V a, b;
         load2_tail(xr + vec_end, tail, -std::numeric_limits<A>::infinity(), a, b);
         a = exp_nonpos(a - vmax);
@@ -957,7 +979,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
           OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
         }
       }
-      if (D - i > kPaddedTail) {  // the tail as two padded vectors, as the body
+      if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors, as the body
         V a, b;
         if constexpr (kLog) {
           load2_tail(xr + i, D - i, A(0), a, b);
@@ -1557,8 +1579,17 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         }
         total = total + (s0 + s1);
       }
+      const int64_t tail = D - vec_end;
+      if (tail > kPaddedTailBwd) {  // the tail as two padded vectors (the padding's terms are 0)
+        V g0, g1, y0, y1;
+        load2_tail(dyr + vec_end, tail, A(0), g0, g1);
+        load2_tail(yr + vec_end, tail, A(0), y0, y1);
+        total = total + (VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1));
+      }
       A s = hsum(total);
-      for (i = vec_end; i < D; ++i) s += epi.backward_term(A(dyr[i]), A(yr[i]));
+      if (tail <= kPaddedTailBwd) {
+        for (i = vec_end; i < D; ++i) s += epi.backward_term(A(dyr[i]), A(yr[i]));
+      }
       const V vs(s);
       i = 0;
       if (stream) {
@@ -1572,7 +1603,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         if (stream) stream2(dxr + i, d0, d1);
         else OO::store2(dxr + i, d0, d1);
       }
-      if (kLog && D - i > kPaddedTail) {  // the tail's exps as vectors
+      if (D - i > kPaddedTailBwd) {  // the tail as two padded vectors, as the body
         V g0, g1, y0, y1;
         load2_tail(dyr + i, D - i, A(0), g0, g1);
         load2_tail(yr + i, D - i, A(0), y0, y1);
