@@ -55,9 +55,9 @@ DTYPE_CONFIGS = [
 ]
 # Row lengths: the suite's boundaries, the 128-bit vector widths +-1 (4 floats, 8 halves, 2
 # doubles), each dispatcher threshold of include/fastact/dispatch.h +-1 (the warp kernel's 512 for
-# float64 and 1024; one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements =
-# 4096 ... 32768), and a row far beyond what one SM holds.
-THRESHOLDS = (512, 1024, 4096, 8192, 16384, 32768)
+# float64 and 1024; backwards leaving it past 768, kWarpBackwardMaxDim; one block's register cache: 512 or
+# 1024 threads x 8, 16 or 32 elements = 4096 ... 32768), and a row far beyond what one SM holds.
+THRESHOLDS = (512, 768, 1024, 4096, 8192, 16384, 32768)
 CUDA_SIZES = tuple(
     sorted(set(BOUNDARY_SIZES + (3, 4, 5, 7, 8, 9, 15, 16, 17, 262144) + tuple(t + k for t in THRESHOLDS for k in (-1, 0, 1))))
 )
@@ -464,6 +464,30 @@ def test_warp_element_rows(op, dtype, d):
     dx = bwd(g, y, -1, dtype, variant="warp")
     assert_close(dx, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
                  msg=msg + " backward")
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("d", [512, 760, 768, 776, 1000, 1024])
+def test_backward_rows_leave_warp(op, dtype, d):
+    """Aligned rows (D a multiple of the vector width): the forward stays on the warp kernel up to 1024, the
+    backward leaves it for vec past 768 (dispatch.h kWarpBackwardMaxDim); both 128-bit. The backward that auto
+    runs is bitwise the forced vec (or warp) one and matches float64, outputs poisoned; rows of 13 blocks of 13."""
+    log = op.name == "log_softmax"
+    bwd = getattr(ops, f"{op.name}_backward").default
+    torch_fn = torch.log_softmax if log else torch.softmax
+    x = make_tensor((169, d), dtype, "cuda")
+    assert _variant(fastact.explain(op.name, x, -1)) == "warp"
+    y = torch_fn(x, -1)
+    s = fastact.explain(op.name + "_backward", y, -1)
+    want = "vec" if d > 768 else "warp"
+    assert _variant(s) == want and "128-bit" in s and "head and tail" not in s, s
+    g = make_tensor((169, d), dtype, "cuda")
+    poison_allocator("cuda", g.numel() * dtype.itemsize)
+    auto = bwd(g, y, -1, dtype)
+    assert torch.equal(auto, bwd(g, y, -1, dtype, variant=want))
+    assert_close(auto, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
+                 msg=f"{op.name} backward {dtype} D={d}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
