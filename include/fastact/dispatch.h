@@ -866,25 +866,27 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
          p.dim_size % w == 0 && !softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p);
 }
 
-// Backwards of rows longer than this leave the warp kernel for vec wherever vec moves them in 128-bit accesses:
-// aligned rows of any 16-bit or float dtype, and 16-bit rows off the vector width (the warp kernel reads those
-// element by element; vec takes 128-bit bodies and head / tail elements, softmax_rows_edge_vectorizable). Float
-// rows off the width stay: at 577 the float vec backward of such rows was 7% slower. Why (H100, 256 MB, us, warp /
-// vec): 16-bit rows off the width (bench/NOTES.md thirty-first session), softmax backward bf16 D = 769 272.8 /
-// 263.4, 1023 272.9 / 265.4, f16 alike; log_softmax bf16 833 278.8 / 276.5, 1023 278.0 / 264.2 (at 769 278.5 /
-// 283.9, the one cell vec loses); at 577 and below warp wins (276.3 / 295.8). Aligned rows of 1024 (fortieth
-// session: the thirty-eighth's bar report, and bench/repro/softmax_bwd_diag.py, eleven interleaved rounds in one
-// process): softmax bf16 267.5 / 266.7 and 267.8 / 266.9, f16 267.5 / 266.8, f32 267.6 / 266.6; log_softmax bf16
-// 267.5 / 264.2 and 267.6 / 264.0, f16 267.5 / 265.6, f32 267.7 / 266.5, vec ahead of torch.compile in each
-// where warp was level or behind. At 768 (thirty-fifth session's wide report) vec led by 0.2-0.8% but for the
-// 16-bit log_softmax (267.2 / 272.2), so the line stays above 768. The forwards stay: bf16 gains as much from 769
-// (1023: 195.1 / 181.6), but the f16 vec forward is slower there (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and
-// SoftmaxProblem does not tell the two apart.
+// Backwards that leave the warp kernel for vec, which moves them in 128-bit accesses: 16-bit rows off the vector
+// width longer than kWarpBackwardMaxDim (the warp kernel reads those element by element; vec takes 128-bit bodies
+// and head / tail elements, softmax_rows_edge_vectorizable), and aligned rows of any 16-bit or float dtype from
+// kVecBackwardMinAlignedDim (both kernels 128-bit there). Float rows off the width stay: at 577 the float vec
+// backward of such rows was 7% slower. Why (H100, 256 MB, us, warp / vec):
+// - 16-bit rows off the width (bench/NOTES.md thirty-first session): softmax backward bf16 D = 769 272.8 / 263.4,
+//   1023 272.9 / 265.4, f16 alike; log_softmax bf16 833 278.8 / 276.5, 1023 278.0 / 264.2 (at 769 278.5 / 283.9,
+//   the one cell vec loses); at 577 and below warp wins (276.3 / 295.8).
+// - Aligned rows (fortieth session, the report's timing, diag/s40 sweep): from 896 to 1024 vec led in all 24
+//   cells by 0.3-1.3% (rows of 1024: softmax bf16 267.6 / 266.9, f32 267.8 / 266.9; log_softmax bf16 267.4 / 264.0,
+//   f16 267.5 / 265.1), ahead of torch.compile where warp had tied; at 640-776 vec led in float and the 16-bit
+//   softmax but lost the 16-bit log_softmax by up to 7.6% (bf16: 640 267.6 / 288.0, 768 267.3 / 272.3, 776 268.4 /
+//   275.3).
+// The forwards stay: bf16 gains as much from 769 (1023: 195.1 / 181.6), but the f16 vec forward is slower there
+// (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and SoftmaxProblem does not tell the two apart.
 constexpr int kWarpBackwardMaxDim = 768;
+constexpr int kVecBackwardMinAlignedDim = 896;
 inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
-  if (!p.backward || p.dim_size <= kWarpBackwardMaxDim) return false;
-  return softmax_rows_vectorizable(p) ||
-         (p.in_bytes == 2 && p.out_bytes == 2 && softmax_rows_edge_vectorizable(p));
+  if (!p.backward) return false;
+  if (softmax_rows_vectorizable(p)) return p.dim_size >= kVecBackwardMinAlignedDim;
+  return p.dim_size > kWarpBackwardMaxDim && p.in_bytes == 2 && p.out_bytes == 2 && softmax_rows_edge_vectorizable(p);
 }
 
 // Columns (inner > 1) can move in 128-bit accesses along inner.
