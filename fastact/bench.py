@@ -601,7 +601,7 @@ class Timing:
     min_reps: int = 20
     max_reps: int = 200
     warmup: int = 3
-    rounds: int = 1
+    rounds: int = 1  # at least 1
 
     def per_round(self):
         """The share of one round (each row's warm-up repeated in every round)."""
@@ -723,20 +723,24 @@ def bench_case(case, device, compiler=None, *, variants=True, timing=None, verif
             skipped[name] = str(e)
         except Exception as e:  # noqa: BLE001 — reported (and a miss under --check), the report goes on
             errors[name] = f"{type(e).__name__}: {e}"[:4000]
-    # The rows take turns over timing.rounds rounds, each round's order rotated by one, and each row's figure is
-    # the median of all its samples: whatever drifts during a case (the GPU's clocks after make_inputs' writes,
-    # a background process) then falls on every row alike. Timed one after the other, the first row (fastact's
-    # auto dispatch) read 0.1-0.3% slower than the same kernel forced and timed next, in 80 of the 84 softmax
-    # cells of one H100 report (bench/repro/softmax_bwd_diag.py, fortieth session), enough to decide a tie. The
-    # first row is also run untimed for one round's length before any timing.
+    # The rows take turns over timing.rounds rounds, each round starting 1 / rounds of the way further along the
+    # rows, and each row's figure is the median of all its samples: a row timed first in one round is timed late
+    # in another, so whatever drifts during a case (the GPU's clocks after make_inputs' writes, a background
+    # process) falls on the rows more alike (exactly alike only with as many rounds as rows). Timed one after the
+    # other, the first row (fastact's auto dispatch) read slower than the same kernel forced and timed next in 80
+    # of the 84 softmax cells of session 38's H100 report (median 0.11%, up to 0.34%; bench/repro/
+    # softmax_bwd_diag.py found the first row's first round slow), enough to decide a tie. On CUDA the first row
+    # also runs untimed for one round's length before any timing.
     timing = timing or timing_for(device, "full")
     share = timing.per_round()
     samples = {name: [] for name in calls}
     order = list(calls)
     if order:
-        time_samples(calls[order[0]], device, share)  # untimed: settles the device
+        if torch.device(device).type == "cuda":
+            time_samples(calls[order[0]], device, share)  # untimed: settles the device
+        step = max(1, len(order) // timing.rounds)
         for r in range(timing.rounds):
-            k = r % len(order)
+            k = (r * step) % len(order)
             for name in order[k:] + order[:k]:
                 samples[name] += time_samples(calls[name], device, share)
     for name, call in calls.items():

@@ -1,5 +1,6 @@
-"""Does the bench's row order move a tie? (diagnostic; bench/NOTES.md, thirty-ninth session) fastact's row is
-always timed first in a case. Times the 16-bit elementwise bar cells with the bench's own bench_case, in its order
+"""Does the bench's row order move a tie? (diagnostic; bench/NOTES.md, thirty-ninth session) fastact's row was
+always timed first in a case until the fortieth session, whose bench_case times the rows in rotated rounds, so
+the two orders below now differ only in each round's start. Times the 16-bit elementwise bar cells with the bench's own bench_case, in its order
 and reversed (torch first), rounds alternating, without verification.  python3 bench/repro/bench_order_diag.py [rounds]"""
 import re
 import statistics

@@ -15,7 +15,7 @@ For each cell:
   1. the bench's own bench_case (every row of the report: fastact, its forced variants, torch, torch.compile
      compiled as the report compiles it), timed as the report times it, outputs not verified: the report's
      figures reproduced in this process, and with them the order effect (the fastact row, timed first, against
-     the same plan forced, timed second);
+     the same plan forced, timed second; since the fortieth session bench_case rotates the rows over rounds);
   2. every row checked against fastact's own op: the diag's variants bitwise where they give each thread the
      library's elements in the library's order ("exact"), within float rounding where they sum in another order
      (no larger than fastact's own difference from torch's result);

@@ -148,13 +148,14 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 // exp an element, the backward plain arithmetic (log_softmax: one exp). Measured with the moves inlined (this 2-core
 // Zen 4 VM, AVX512, 8 MB rows, three interleaved rounds; bench/NOTES.md, fortieth session): a padded tail of one
 // element lost against the element in every op (f32 rows of 33: softmax forward 1.18 against 1.00 ms, backward 0.51
-// against 0.38); tails of four won in the forwards (rows of 36: 1.09 against 1.38 ms; log_softmax 1.20 against
-// 1.56) and were level to worse in the backwards (softmax 0.53 against 0.39).
+// against 0.38); tails of four won in the forwards (rows of 36: 1.09 against 1.32 ms; log_softmax 1.20 against
+// 1.56) and were mixed in the backwards (softmax f32 0.53 against 0.39; log_softmax f32 0.72 against 0.79, bf16 2.38
+// against 2.03). Tails of 2-3 (forward) and 5 and more (backward) follow from those two points, unmeasured.
 constexpr int64_t kPaddedTailFwd = 1;
 constexpr int64_t kPaddedTailBwd = 4;
-// v with its lanes from n on replaced by `fill` (0 <= n <= kV). ATen's Vectorized::set does the same through
-// an out-of-line switch over n; a call from the row loops spills every live vector register around it (the
-// System V ABI has no callee-saved vector registers), which cost rows of 33-95 floats 35-40 ns each
+// v with its lanes from n on replaced by `fill` (0 <= n <= kV). ATen's Vectorized::set does the same through a
+// switch over n that gcc did not inline; a call from the row loops spills every live vector register around it
+// (the System V ABI has no callee-saved vector registers), which cost rows of 33-95 floats 35-40 ns each
 // (bench/NOTES.md, fortieth session). This and the tails below are always inlined for that reason.
 template <typename A>
 C10_ALWAYS_INLINE Vectorized<A> fill_from(const Vectorized<A>& v, int64_t n, A fill) {

@@ -874,11 +874,14 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 // - 16-bit rows off the width (bench/NOTES.md thirty-first session): softmax backward bf16 D = 769 272.8 / 263.4,
 //   1023 272.9 / 265.4, f16 alike; log_softmax bf16 833 278.8 / 276.5, 1023 278.0 / 264.2 (at 769 278.5 / 283.9,
 //   the one cell vec loses); at 577 and below warp wins (276.3 / 295.8).
-// - Aligned rows (fortieth session, the report's timing, diag/s40 sweep): from 896 to 1024 vec led in all 24
-//   cells by 0.3-1.3% (rows of 1024: softmax bf16 267.6 / 266.9, f32 267.8 / 266.9; log_softmax bf16 267.4 / 264.0,
-//   f16 267.5 / 265.1), ahead of torch.compile where warp had tied; at 640-776 vec led in float and the 16-bit
-//   softmax but lost the 16-bit log_softmax by up to 7.6% (bf16: 640 267.6 / 288.0, 768 267.3 / 272.3, 776 268.4 /
-//   275.3).
+// - Aligned rows (fortieth session, the report's timing, two runs of bench/repro/softmax_bwd_line_sweep.py,
+//   bench/results/h100-2026-11-27-s40-bwd-sweep-*): from 888 to 1024 vec led in every cell, 0.2-1.4% (rows of 1024: softmax bf16
+//   267.6 / 266.9, f32 267.8 / 266.9; log_softmax bf16 267.6 / 263.9, f16 267.4 / 265.2; rows of 888 log_softmax
+//   bf16 268.7 / 268.2), and the bar report had it ahead of torch.compile at 1024 where warp had tied; at 640-776
+//   vec led in float (up to 1.4%) and the 16-bit softmax, but lost the bf16 log_softmax (640 267.6 / 288.0, 768
+//   267.3 / 272.3, 776 268.4 / 275.3) and the f16 one at 640 (267.3 / 276.7). The line sits at 896, on the safe
+//   side of a crossover between 777 and 888; float alone could leave from 640. Backwards of mixed widths (a 16-bit
+//   y and dy into a float dx, or the reverse) follow the same line: vec takes them, their timing is unmeasured.
 // The forwards stay: bf16 gains as much from 769 (1023: 195.1 / 181.6), but the f16 vec forward is slower there
 // (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and SoftmaxProblem does not tell the two apart.
 constexpr int kWarpBackwardMaxDim = 768;
