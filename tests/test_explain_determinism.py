@@ -102,8 +102,9 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
     has a task: csrc/cpu/kernels.cpp strided_run_width); each column's arithmetic is the same in the same order
     whatever the width, so outputs and gradients are bit for bit the same. Dim 0 of [4000, 300]: whole slabs at one
     thread, vector pairs (their last columns in the runs' lanes) at more, forward and backward. Inner 7, 37, 3 and 20
-    (D under 16, or inner under 128): the forward's and the backward's columns past a slab's last vector in lanes
-    across slabs, in groups whose width and split follow the thread count (turned_group_width)."""
+    (D under 16, or inner under 128): the columns past a slab's last vector in lanes across slabs, in groups whose
+    width and split follow the thread count (turned_group_width), or for float backwards of slabs wider than a
+    vector in the slab's own task's padded lanes."""
     old = torch.get_num_threads()
     x = make_tensor(shape, dtype, "cpu")
     g = make_tensor(shape, dtype, "cpu")
@@ -129,8 +130,8 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
 def test_explain_cpu_strided_runs(op, dtype):
     """explain names the CPU strided kernels' task width (at two threads): whole slabs for dim 1 of [8, 64, 300], a
     vector pair's columns for D under 16 (never more than inner), the columns past a slab's last vector in lanes across
-    slabs where the runs do not apply (inner 3: all of them; inner 20: past the vectors), forward and backward, and
-    answers for an integral input."""
+    slabs where the runs do not apply (inner 3: all of them; inner 20: past the vectors, but for float backwards,
+    which keep them in the slab's own task's padded lanes), forward and backward, and answers for an integral input."""
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -152,9 +153,20 @@ def test_explain_cpu_strided_runs(op, dtype):
     assert f"; each slab's 3 columns in vector lanes across slabs (tasks of {min(6, lanes)} such columns of " \
         "consecutive slabs, turned through buffers, a lane a column), split across threads" in turned, turned
     assert "a vector pair" not in turned and "no transposing copy" not in turned and "scalar" not in turned, turned
-    # Inner 20 (16 lanes: a vector and 4 columns; 8: two vectors and 4; 4: none left), 40 slabs: groups of all lanes.
+    # Inner 20 (16 lanes: a vector and 4 columns; 8: two vectors and 4; 4: none left), 40 slabs. Float backwards (an
+    # integral input computes in float) keep the columns past the last vector pair in the slab's own task, in padded
+    # lanes (16 lanes: all 20; 8: a pair, then 4); the rest take them in groups of all lanes across slabs.
     body = 20 - 20 % lanes
-    assert f"tasks of (outer index, {min(2 * lanes, body)} columns), a vector pair at a time in registers" in both, both
-    if body < 20:
+    padded = "backward" in op and dtype in (torch.float32, torch.int64) and body < 20 and body > 0
+    if padded and 20 < 2 * lanes:
+        assert "tasks of (outer index, 20 columns: whole slabs) in padded lanes" in both, both
+    elif padded:
+        assert (f"tasks of (outer index, {2 * lanes} columns), a vector pair at a time in registers, each slab's last "
+                f"{20 % (2 * lanes)} columns in padded lanes") in both, both
+    else:
+        assert f"tasks of (outer index, {min(2 * lanes, body)} columns), a vector pair at a time in registers" in both, both
+    if body < 20 and not padded:
         assert f", then each slab's last {20 - body} columns in vector lanes across slabs (tasks of {lanes} such " \
             "columns" in both, both
+    else:
+        assert "across slabs" not in both, both

@@ -1261,10 +1261,19 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
 // any thread count, and inner is no multiple of kV): the columns a lane group takes, kV, or fewer where kV would leave
 // a thread without a group (few columns, long ones: dim 1 of [2, 131072, 7]); else 0. A column's arithmetic is the
 // same in any lane of any group. The forward's and the backward's, and explain's.
+// Float backwards of slabs wider than a vector (inner > kV) keep their last columns in their own tasks instead, in
+// the runs' padded lanes (softmax_cols_bwd_wide): in lanes across slabs each such column re-read its rows' last lines
+// after the slabs' vector tasks had moved them out of L2, and one leftover column doubled the time of the vector
+// columns (dim 1 of [N, 1000, inner], 8 MB, us: inner 48 652-852, 49 1107-1572, torch 1043-1963). Measured (three
+// interleaved rounds, ms, lanes across slabs -> padded lanes (torch); bench/NOTES.md, fortieth session): f32 softmax
+// backward inner 49 1.27 -> 0.95 (1.20), 33 1.39 -> 1.14 (1.26), 20 1.34 -> 0.93 (1.12); log_softmax 49 1.48 -> 0.88
+// (1.24), 33 1.23 -> 1.30 (1.33). The forwards lost (f32 softmax inner 33 0.76 -> 1.23, bf16 1.13 -> 2.78 against
+// torch's 2.43) and so did the bf16 log_softmax backward (33: 1.58 -> 2.69), so only float backwards leave.
 template <typename In>
-int64_t turned_group_width(int64_t outer, int64_t D, int64_t inner, int64_t threads) {
+int64_t turned_group_width(int64_t outer, int64_t D, int64_t inner, int64_t threads, bool backward) {
   constexpr int64_t kV = Io<In>::kV;
   if (strided_runs_apply(D, inner) || inner % kV == 0) return 0;
+  if (backward && std::is_same_v<In, float> && inner > kV) return 0;
   return std::clamp<int64_t>(ceil_div(outer * (inner % kV), threads), 1, kV);
 }
 
@@ -1457,8 +1466,9 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   constexpr bool kScratch = !kLog && !std::is_same_v<Out, A>;
   const int64_t outer = shape.outer, D = shape.dim_size, inner = shape.inner;
-  const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover in the runs' lanes
-  if (const int64_t w = turned_group_width<In>(outer, D, inner, parallel_threads())) {
+  // The runs (wide implies them), or a slab's columns past its last vector in the runs' padded lanes.
+  const bool lanes = strided_runs_apply(D, inner) || inner % kV != 0;
+  if (const int64_t w = turned_group_width<In>(outer, D, inner, parallel_threads(), /*backward=*/false)) {
     const TurnedTasks<In> tasks(shape, w);
     parallel_for(tasks.count(), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
       std::unique_ptr<A[]> scratch(kScratch && inner >= kV ? new A[D * kBlock] : nullptr);
@@ -1768,7 +1778,7 @@ template <typename In, typename Out, bool kLog>
 void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   constexpr int64_t kV = Io<In>::kV, kBlock = 2 * kV;
   const int64_t D = shape.dim_size, inner = shape.inner;
-  if (const int64_t w = turned_group_width<In>(shape.outer, D, inner, parallel_threads())) {
+  if (const int64_t w = turned_group_width<In>(shape.outer, D, inner, parallel_threads(), /*backward=*/true)) {
     const TurnedTasks<In> tasks(shape, w);
     parallel_for(tasks.count(), std::max<int64_t>(1, kGrain / (D * kV)), [&](int64_t t0, int64_t t1) {
       const TurnedColumns<In, Out, 2> buf(D);
@@ -1791,7 +1801,8 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const int64_t chunks = ceil_div(inner, width);
   parallel_for(shape.outer * chunks, std::max<int64_t>(1, kGrain / (D * std::min(inner, width))),
                [&](int64_t t0, int64_t t1) {
-                 const bool lanes = strided_runs_apply(D, inner);  // runs (wide implies it), or a pair's leftover
+                 // The runs (wide implies them), or a slab's columns past its last vector in the runs' lanes.
+                 const bool lanes = strided_runs_apply(D, inner) || inner % kV != 0;
                  const RunState<typename Io<In>::A> state(lanes ? width : 0);
                  for (int64_t t = t0; t < t1; ++t) {
                    const int64_t o = t / chunks, c0 = (t % chunks) * width, c1 = std::min(inner, c0 + width);
@@ -1847,8 +1858,8 @@ int64_t softmax_strided_columns(const SoftmaxShape& shape, bool backward) {
 }
 
 template <typename T>
-int64_t softmax_strided_lane_group(const SoftmaxShape& shape) {
-  return turned_group_width<T>(shape.outer, shape.dim_size, shape.inner, parallel_threads());
+int64_t softmax_strided_lane_group(const SoftmaxShape& shape, bool backward) {
+  return turned_group_width<T>(shape.outer, shape.dim_size, shape.inner, parallel_threads(), backward);
 }
 
 template <typename T>

@@ -52,10 +52,10 @@ struct TypedKernels {
   // For explain: the columns a task of the strided softmax (inner > 1) of T takes at the current thread count,
   // the forward's or the backward's: a run of adjacent columns, or where runs do not apply a vector pair's.
   int64_t (*softmax_strided_columns)(const SoftmaxShape& shape, bool backward);
-  // For explain: where the strided softmax of T (forward and backward) takes each slab's last inner % lanes columns
-  // in vector lanes across consecutive slabs (the runs do not apply), the columns a lane group takes at the current
-  // thread count (1 to lanes); else 0.
-  int64_t (*softmax_strided_lane_group)(const SoftmaxShape& shape);
+  // For explain: where the strided softmax of T (the forward's or the backward's) takes each slab's last inner % lanes
+  // columns in vector lanes across consecutive slabs (the runs do not apply), the columns a lane group takes at the
+  // current thread count (1 to lanes); else 0.
+  int64_t (*softmax_strided_lane_group)(const SoftmaxShape& shape, bool backward);
 
   // Elementwise, the operands laid out as g (fastact/element_rows.h: ElementRows::flat(n) for n
   // consecutive elements of any dense memory order; else inputs as strided rows, the output dense).

@@ -336,7 +336,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       const at::ScalarType compute = is_supported_dtype(self.scalar_type()) ? self.scalar_type() : at::kFloat;
       const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
         const TypedKernels<scalar_t>& k = table.of<scalar_t>();
-        return std::pair(k.softmax_strided_columns(shape, backward), k.softmax_strided_lane_group(shape));
+        return std::pair(k.softmax_strided_columns(shape, backward), k.softmax_strided_lane_group(shape, backward));
       });
       const int64_t body = group > 0 ? g.inner - g.inner % lanes : g.inner;  // the columns of whole vectors
       s << (group > 0 ? "; " : ", no transposing copy; ");
@@ -344,8 +344,16 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
         s << "tasks of (outer index, " << std::min(columns, g.inner) << " adjacent columns"
           << (columns >= g.inner ? ": whole slabs" : "") << "), the columns' state in buffers, each row a run";
       } else if (body > 0) {
-        s << "tasks of (outer index, " << std::min(columns, body) << " columns), a vector pair at a time in "
-          << "registers";
+        // Float backwards of slabs wider than a vector keep the columns past their last vector pair in their own
+        // tasks, in padded lanes (kernels.cpp turned_group_width).
+        const int64_t padded = group == 0 && g.inner % lanes != 0 ? g.inner % (2 * lanes) : 0;
+        if (padded == g.inner) {
+          s << "tasks of (outer index, " << g.inner << " columns: whole slabs) in padded lanes";
+        } else {
+          s << "tasks of (outer index, " << std::min(columns, body) << " columns), a vector pair at a time in "
+            << "registers";
+          if (padded > 0) s << ", each slab's last " << padded << " columns in padded lanes";
+        }
       }
       if (group > 0) {
         s << (body > 0 ? ", then each slab's last " : "each slab's ") << g.inner % lanes << " columns in vector lanes "
