@@ -125,17 +125,12 @@ class Lib:
         return None if rc else tuple(out)  # regs, local bytes, threads, CTAs an SM
 
 
-def time_row(torch, call, reps, warmup=3):
-    """Median us of `reps` back-to-back calls, each between two CUDA events, after `warmup` calls."""
-    for _ in range(warmup):
-        call()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in events:
-        s.record()
-        call()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+def time_row(call, reps, warmup=3):
+    """Median us of `reps` back-to-back calls, each between two CUDA events, after `warmup` calls: the report's own
+    timer (fastact.bench.time_call) with the count fixed."""
+    import fastact.bench as fb
+
+    return fb.time_call(call, "cuda", fb.Timing(0.0, reps, reps, warmup)) * 1e6
 
 
 def forced_rows(lib):
@@ -236,7 +231,7 @@ def run_cell(torch, fb, fastact, lib, op, args, compiler, summary):
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            times[n].append(time_row(torch, calls[n], args.reps))
+            times[n].append(time_row(calls[n], args.reps))
     base_name = "torch.compile" if "torch.compile" in times else "torch"
     base = times[base_name]
     print(f"  {args.rounds} rounds x {args.reps} calls, us (median of round medians); ratios per round; "
