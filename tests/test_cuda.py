@@ -55,7 +55,8 @@ DTYPE_CONFIGS = [
 ]
 # Row lengths: the suite's boundaries, the 128-bit vector widths +-1 (4 floats, 8 halves, 2
 # doubles), each dispatcher threshold of include/fastact/dispatch.h +-1 (the warp kernel's 512 for
-# float64 and 1024; backwards leaving it past 768 or from 896, kWarpBackwardMaxDim and kVecBackwardMinAlignedDim;
+# float64 and 1024; backwards leaving it past 768, from 896 or (float) from 512: kWarpBackwardMaxDim,
+# kVecBackwardMinAlignedDim and kVecBackwardMinAlignedFloatDim;
 # one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements = 4096 ... 32768), and a row far beyond
 # what one SM holds.
 THRESHOLDS = (512, 768, 896, 1024, 4096, 8192, 16384, 32768)
@@ -469,11 +470,12 @@ def test_warp_element_rows(op, dtype, d):
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
-@pytest.mark.parametrize("d", [512, 768, 776, 888, 896, 904, 1000, 1024])
+@pytest.mark.parametrize("d", [256, 504, 512, 520, 768, 776, 888, 896, 904, 1000, 1024])
 def test_backward_rows_leave_warp(op, dtype, d):
     """Aligned rows (D a multiple of the vector width): the forward stays on the warp kernel up to 1024, the
-    backward leaves it for vec from 896 (dispatch.h kVecBackwardMinAlignedDim); both 128-bit. The backward that auto
-    runs is bitwise the forced vec (or warp) one and matches float64, outputs poisoned; rows of 13 blocks of 13."""
+    backward leaves it for vec from 896 (dispatch.h kVecBackwardMinAlignedDim), float rows from 512
+    (kVecBackwardMinAlignedFloatDim); both 128-bit. The backward that auto runs is bitwise the forced vec (or warp)
+    one and matches float64, outputs poisoned; rows of 13 blocks of 13."""
     log = op.name == "log_softmax"
     bwd = getattr(ops, f"{op.name}_backward").default
     torch_fn = torch.log_softmax if log else torch.softmax
@@ -481,7 +483,7 @@ def test_backward_rows_leave_warp(op, dtype, d):
     assert _variant(fastact.explain(op.name, x, -1)) == "warp"
     y = torch_fn(x, -1)
     s = fastact.explain(op.name + "_backward", y, -1)
-    want = "vec" if d >= 896 else "warp"
+    want = "vec" if d >= (512 if dtype == torch.float32 else 896) else "warp"
     assert _variant(s) == want and "128-bit" in s and "head and tail" not in s, s
     g = make_tensor((169, d), dtype, "cuda")
     poison_allocator("cuda", g.numel() * dtype.itemsize)

@@ -869,7 +869,7 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 // Backwards that leave the warp kernel for vec, which moves them in 128-bit accesses: 16-bit rows off the vector
 // width longer than kWarpBackwardMaxDim (the warp kernel reads those element by element; vec takes 128-bit bodies
 // and head / tail elements, softmax_rows_edge_vectorizable), and aligned rows of any 16-bit or float dtype from
-// kVecBackwardMinAlignedDim (both kernels 128-bit there). Float rows off the width stay: at 577 the float vec
+// kVecBackwardMinAlignedDim, of float alone from kVecBackwardMinAlignedFloatDim (both kernels 128-bit there). Float rows off the width stay: at 577 the float vec
 // backward of such rows was 7% slower. Why (H100, 256 MB, us, warp / vec):
 // - 16-bit rows off the width (bench/NOTES.md thirty-first session): softmax backward bf16 D = 769 272.8 / 263.4,
 //   1023 272.9 / 265.4, f16 alike; log_softmax bf16 833 278.8 / 276.5, 1023 278.0 / 264.2 (at 769 278.5 / 283.9,
@@ -880,15 +880,22 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 //   bf16 268.7 / 268.2), and the bar report had it ahead of torch.compile at 1024 where warp had tied; at 640-776
 //   vec led in float (up to 1.4%) and the 16-bit softmax, but lost the bf16 log_softmax (640 267.6 / 288.0, 768
 //   267.3 / 272.3, 776 268.4 / 275.3) and the f16 one at 640 (267.3 / 276.7). The line sits at 896, on the safe
-//   side of a crossover between 777 and 888; float alone could leave from 640. Backwards of mixed widths (a 16-bit
-//   y and dy into a float dx, or the reverse) follow the same line: vec takes them, their timing is unmeasured.
+//   side of a crossover between 777 and 888. Backwards of mixed widths (a 16-bit y and dy into a float dx, or the
+//   reverse) follow the same line: vec takes them, their timing is unmeasured.
+// - Float rows (float y, dy and dx) leave from kVecBackwardMinAlignedFloatDim = 512 (forty-first session, the same
+//   sweep, bench/results/h100-2026-11-27-s41-bwd-sweep.txt): vec led softmax / log_softmax at 512 (267.4 / 267.1,
+//   267.3 / 266.6), 640 (267.8 / 266.4, 267.4 / 265.5), 768 and 776 (up to 1.1%); at 256 they tied (267.1 / 267.2).
 // The forwards stay: bf16 gains as much from 769 (1023: 195.1 / 181.6), but the f16 vec forward is slower there
 // (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and SoftmaxProblem does not tell the two apart.
 constexpr int kWarpBackwardMaxDim = 768;
 constexpr int kVecBackwardMinAlignedDim = 896;
+constexpr int kVecBackwardMinAlignedFloatDim = 512;
 inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
   if (!p.backward) return false;
-  if (softmax_rows_vectorizable(p)) return p.dim_size >= kVecBackwardMinAlignedDim;
+  if (softmax_rows_vectorizable(p)) {
+    const bool is_float = p.in_bytes == 4 && p.out_bytes == 4 && p.acc_bytes == 4;
+    return p.dim_size >= (is_float ? kVecBackwardMinAlignedFloatDim : kVecBackwardMinAlignedDim);
+  }
   return p.dim_size > kWarpBackwardMaxDim && p.in_bytes == 2 && p.out_bytes == 2 && softmax_rows_edge_vectorizable(p);
 }
 
