@@ -67,7 +67,9 @@ constexpr int kPlanDiffers = 1001;   // the dispatcher's plan is not the one thi
 // are ld.global.cg where a lane reads several units, WarpShape::kLoadL2). The others as inline PTX, 16- or
 // 8-byte units: .cg (L2 only), .cs (evict-first, streaming), .nc.L1::no_allocate, .nc.L2::256B (a 256-byte L2
 // fetch a miss); stores .cs, or an L2 evict_first cache policy (createpolicy, st.global.L2::cache_hint).
-enum Ld : int { kLdLib, kLdCg, kLdCs, kLdNoL1, kLdL2_256 };
+enum Ld : int { kLdLib, kLdCg, kLdCs, kLdNoL1, kLdL2_256, kLdEvictLast, kLdEvictFirst };
+// kLdEvictLast / kLdEvictFirst: what Triton emits for tl.load(..., eviction_policy='evict_last' / 'evict_first') on
+// sm_90: ld.global.L1::evict_*.L2::cache_hint with a createpolicy.fractional.L2::evict_* policy (16-byte units only).
 enum St : int { kStLib, kStCs, kStEvictFirst };
 
 template <int kLd, typename E, int N>
@@ -75,6 +77,24 @@ __device__ __forceinline__ AlignedVector<E, N> ld(const E* p) {
   constexpr int kBytes = int(sizeof(E)) * N;
   if constexpr (kLd == kLdLib) {
     return load_vector<E, N>(p);
+  } else if constexpr (kLd == kLdEvictLast || kLd == kLdEvictFirst) {
+    static_assert(kBytes == 16, "policy loads: 16-byte units");
+    uint64_t policy = 0;
+    uint4 u;
+    if constexpr (kLd == kLdEvictLast) {
+      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+      asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "l"(p), "l"(policy));
+    } else {
+      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "l"(p), "l"(policy));
+    }
+    AlignedVector<E, N> v;
+    memcpy(&v, &u, 16);
+    return v;
   } else {
     static_assert(kBytes == 16 || kBytes == 8, "hinted loads: 8- or 16-byte units");
     AlignedVector<E, N> v;
@@ -309,6 +329,61 @@ __global__ __launch_bounds__(kBound, kMinBlocks) void block_bwd_kernel_min(const
                                                                            int cluster, Epi epi, int64_t first_row) {
   block_bwd_body<in_t, out_t, Epi, kVec, kVecs, kLd, kSt, kGrouped>(grad_output, output, grad_input, dim, cluster, epi,
                                                                     first_row);
+}
+
+// Backward in two passes over the row, as torch.compile's Triton kernel for these cells (inductor's looped
+// reduction, read from TORCH_LOGS=output_code in the forty-first session: pass 1 loads dy and y with
+// eviction_policy='evict_last' and sums dy * y; pass 2 loads them again with 'evict_first' and writes dx; XBLOCK 1,
+// 16 warps at D = 4096, 32 at 16384). Here: pass 1 loads the thread's units of dy (and of y where the term reads
+// it) with kLd1 and sums the term; the row all-reduce; pass 2 loads dy and y again with kLd2 (from L1 or L2) and
+// writes dx. Nothing the thread loaded is live across the all-reduce. Sums in the library's order: exact.
+template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs, int kLd1, int kLd2, int kSt>
+__device__ __forceinline__ void reload_bwd_body(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
+                                                in_t* __restrict__ grad_input, int64_t dim, Epi epi, int64_t first_row) {
+  using A = acc_t<out_t>;
+  __shared__ RowScratch<A> scratch;
+  exchange_init(scratch.bar, 1);
+  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, 1);
+  const int64_t offset = (first_row + blockIdx.x) * dim + s.first;
+  const out_t* dyr = grad_output + offset;
+  const out_t* yr = output + offset;
+  int round = 0;
+  A dot = A(0);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(ld<kLd1, out_t, kVec>(dyr + j * s.step), g);
+      if constexpr (Epi::kTermUsesOutput) {
+        to_acc(ld<kLd1, out_t, kVec>(yr + j * s.step), o);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = A(0);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    }
+  }
+  dot = row_allreduce(dot, SumOp<A>(), scratch, round, 1);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(ld<kLd2, out_t, kVec>(dyr + j * s.step), g);
+      to_acc(ld<kLd2, out_t, kVec>(yr + j * s.step), o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
+      st<kSt, in_t, kVec>(grad_input + offset + j * s.step, from_acc<in_t>(g));
+    }
+  }
+}
+template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt>
+__global__ __launch_bounds__(kBound) void reload_bwd_kernel(const out_t* __restrict__ grad_output,
+                                                            const out_t* __restrict__ output,
+                                                            in_t* __restrict__ grad_input, int64_t dim, int /*cluster*/,
+                                                            Epi epi, int64_t first_row) {
+  reload_bwd_body<in_t, out_t, Epi, kVec, kVecs, kLd1, kLd2, kSt>(grad_output, output, grad_input, dim, epi,
+                                                                  first_row);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -556,6 +631,29 @@ struct BlockV {
   }
 };
 
+// The two-pass backward (reload_bwd_kernel): a CTA of dim / (kVecs * kVec) threads a row, __launch_bounds__(kBound).
+template <int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt = kStLib>
+struct ReloadV {
+  template <typename Epi>
+  static constexpr auto kernel() {
+    return &reload_bwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
+  }
+  static int threads(int64_t dim) { return BlockV<true, kVec, kVecs, kVecs, kBound, 0, kLdLib, kStLib>::threads(dim); }
+  template <typename Epi>
+  static int launch(const void* a, const void* b, void* o, int64_t rows, int64_t dim, cudaStream_t s) {
+    const int t = threads(dim);
+    if (t < 0) return kBadShape;
+    return static_cast<int>(launch_items<kernel<Epi>()>(rows, t, 0, 1, s, static_cast<const T*>(a),
+                                                        static_cast<const T*>(b), static_cast<T*>(o), dim, 1, Epi{}));
+  }
+  template <typename Epi>
+  static int info(int64_t /*rows*/, int64_t dim, int* out) {
+    const int t = threads(dim);
+    if (t < 0) return kBadShape;
+    return kernel_info<kernel<Epi>()>(t, out);
+  }
+};
+
 // The library's launcher for the plan its dispatcher picks on this problem, as the torch op builds it
 // (csrc/cuda/softmax_ops.cpp: a workspace offered, the backward's two-CTA probe); only the plan this shape is
 // known to take (kWarp at log2 10, or vec without edges), else kPlanDiffers. The launchers are called directly
@@ -699,6 +797,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 4, 2, 1024, 1, kLdNoL1, kStLib>>("block 256, ld.nc.L1::no_allocate", true),
         V<BlockV<B, kW8, 2, 2, 1024, 1, kLdLib, kStLib>>("block 512 x 2 units of 8 bytes", false),
         V<BlockV<B, kW, 2, 2, 256, 0, kLdCs, kStCs>>("block 256, sized 2, bounds 256, ld.cs+st.cs", true),
+        V<ReloadV<kW, 1, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 1, evict_last / evict_first", false),
+        V<ReloadV<kW, 1, 512, kLdLib, kLdLib>>("two passes 512 x 1, plain loads", false),
+        V<ReloadV<kW, 2, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 2, evict_last / evict_first", true),
+        V<ReloadV<kW, 2, 256, kLdLib, kLdLib>>("two passes 256 x 2, plain loads", true),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
@@ -719,6 +821,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 4, 4, 1024, 1, kLdNoL1, kStLib>>("block 512, ld.nc.L1::no_allocate", true),
         V<BlockV<B, kW, 4, 4, 1024, 1, kLdL2_256, kStLib>>("block 512, ld.nc.L2::256B", true),
         V<BlockV<B, kW8, 4, 4, 1024, 1, kLdLib, kStLib>>("block 1024 x 4 units of 8 bytes", false),
+        V<ReloadV<kW, 2, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 2, evict_last / evict_first", false),
+        V<ReloadV<kW, 2, 1024, kLdLib, kLdLib>>("two passes 1024 x 2, plain loads", false),
+        V<ReloadV<kW, 4, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 4, evict_last / evict_first", true),
+        V<ReloadV<kW, 4, 512, kLdLib, kLdLib>>("two passes 512 x 4, plain loads", true),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
