@@ -386,6 +386,59 @@ __global__ __launch_bounds__(kBound) void reload_bwd_kernel(const out_t* __restr
                                                                   first_row);
 }
 
+// Forward in two passes over the row, as torch.compile's Triton kernel for f32 rows of 4096 (an online max / sum
+// over x loaded with eviction_policy='evict_last', then x again with 'evict_first' and the outputs;
+// bench/results/h100-2026-11-27-s41-inductor-kernels.txt): pass 1 loads the thread's units with kLd1, its max and
+// its sum of exp(x - max); the row's (max, sum) all-reduce; pass 2 loads them again with kLd2 and writes
+// epi.forward through KeepInput (exp computed in both passes, as the library's shared-memory units).
+template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs, int kLd1, int kLd2, int kSt>
+__device__ __forceinline__ void reload_fwd_body(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim,
+                                                Epi epi, int64_t first_row) {
+  using A = acc_t<out_t>;
+  using Raw = KeepInput<Epi>;
+  __shared__ RowScratch<MaxSum<A>> scratch;
+  exchange_init(scratch.bar, 1);
+  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, 1);
+  const int64_t offset = (first_row + blockIdx.x) * dim + s.first;
+  int round = 0;
+  A v[kVecs][kVec];
+  A m = neg_inf<A>();
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      to_acc(ld<kLd1, in_t, kVec>(x + offset + j * s.step), v[j]);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) m = MaxOp<A>()(m, v[j][k]);
+    }
+  }
+  const A base = max_base(m);
+  A sum = A(0);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum += Raw::term(v[j][k], base);
+    }
+  }
+  const MaxSum<A> stats = row_allreduce(MaxSum<A>{m, sum}, OnlineOp<A>(), scratch, round, 1);
+  const A c = epi.row_constant(stats.sum);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A w[kVec], o[kVec];
+      to_acc(ld<kLd2, in_t, kVec>(x + offset + j * s.step), w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], stats.max, c);
+      st<kSt, out_t, kVec>(y + offset + j * s.step, from_acc<out_t>(o));
+    }
+  }
+}
+template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt>
+__global__ __launch_bounds__(kBound) void reload_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y,
+                                                            int64_t dim, Epi epi, int64_t first_row) {
+  reload_fwd_body<in_t, out_t, Epi, kVec, kVecs, kLd1, kLd2, kSt>(x, y, dim, epi, first_row);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Forward, warp kernel (softmax_warp_fwd_kernel): the library's WarpShape (kTpr, kVecs, raw or converted cache),
 // kThreads a CTA; loads as the library's (kLdLib: .cg where a lane reads several units) or hinted.
@@ -654,6 +707,29 @@ struct ReloadV {
   }
 };
 
+// The two-pass forward (reload_fwd_kernel): a CTA of dim / (kVecs * kVec) threads a row, __launch_bounds__(kBound).
+template <int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt = kStLib>
+struct ReloadFwdV {
+  template <typename Epi>
+  static constexpr auto kernel() {
+    return &reload_fwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
+  }
+  static int threads(int64_t dim) { return BlockV<false, kVec, kVecs, kVecs, kBound, 0, kLdLib, kStLib>::threads(dim); }
+  template <typename Epi>
+  static int launch(const void* a, const void* /*b*/, void* o, int64_t rows, int64_t dim, cudaStream_t s) {
+    const int t = threads(dim);
+    if (t < 0) return kBadShape;
+    return static_cast<int>(launch_items<kernel<Epi>()>(rows, t, 0, 1, s, static_cast<const T*>(a), static_cast<T*>(o),
+                                                        dim, Epi{}));
+  }
+  template <typename Epi>
+  static int info(int64_t /*rows*/, int64_t dim, int* out) {
+    const int t = threads(dim);
+    if (t < 0) return kBadShape;
+    return kernel_info<kernel<Epi>()>(t, out);
+  }
+};
+
 // The library's launcher for the plan its dispatcher picks on this problem, as the torch op builds it
 // (csrc/cuda/softmax_ops.cpp: a workspace offered, the backward's two-CTA probe); only the plan this shape is
 // known to take (kWarp at log2 10, or vec without edges), else kPlanDiffers. The launchers are called directly
@@ -879,6 +955,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdNoL1, kStLib>>("block 256, ld.nc.L1::no_allocate x", true),
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdLib, kStCs>>("block 256, st.cs y", true),
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdLib, kStEvictFirst>>("block 256, st L2::evict_first y", true),
+        V<ReloadFwdV<kW, 2, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 2, evict_last / evict_first", false),
+        V<ReloadFwdV<kW, 2, 512, kLdLib, kLdLib>>("two passes 512 x 2, plain loads", false),
+        V<ReloadFwdV<kW, 4, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 4, evict_last / evict_first", false),
+        V<ReloadFwdV<kW, 1, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 1, evict_last / evict_first", false),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
@@ -894,6 +974,9 @@ const Variant* variants(int* n) {
         V<WarpV<B, 10, kW, 128, 0, kLdCs, kStLib>>("warp 128, ld.cs x", true),
         V<WarpV<B, 10, kW, 128, 0, kLdLib, kStCs>>("warp 128, st.cs y", true),
         V<WarpV<B, 10, kW, 128, 0, kLdLib, kStEvictFirst>>("warp 128, st L2::evict_first y", true),
+        V<ReloadFwdV<kW, 1, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 1, evict_last / evict_first", false),
+        V<ReloadFwdV<kW, 2, 128, kLdEvictLast, kLdEvictFirst>>("two passes 128 x 2, evict_last / evict_first", false),
+        V<ReloadFwdV<kW, 1, 256, kLdLib, kLdLib>>("two passes 256 x 1, plain loads", false),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
