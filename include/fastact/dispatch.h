@@ -869,8 +869,9 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 // Backwards that leave the warp kernel for vec, which moves them in 128-bit accesses: 16-bit rows off the vector
 // width longer than kWarpBackwardMaxDim (the warp kernel reads those element by element; vec takes 128-bit bodies
 // and head / tail elements, softmax_rows_edge_vectorizable), and aligned rows of any 16-bit or float dtype from
-// kVecBackwardMinAlignedDim, of float alone from kVecBackwardMinAlignedFloatDim (both kernels 128-bit there). Float rows off the width stay: at 577 the float vec
-// backward of such rows was 7% slower. Why (H100, 256 MB, us, warp / vec):
+// kVecBackwardMinAlignedDim, of float alone from kVecBackwardMinAlignedFloatDim (both kernels 128-bit there). Float
+// rows off the width stay: at 577 the float vec backward of such rows was 7% slower. Why (H100, 256 MB, us, warp /
+// vec):
 // - 16-bit rows off the width (bench/NOTES.md thirty-first session): softmax backward bf16 D = 769 272.8 / 263.4,
 //   1023 272.9 / 265.4, f16 alike; log_softmax bf16 833 278.8 / 276.5, 1023 278.0 / 264.2 (at 769 278.5 / 283.9,
 //   the one cell vec loses); at 577 and below warp wins (276.3 / 295.8).
