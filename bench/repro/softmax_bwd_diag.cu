@@ -339,7 +339,8 @@ __global__ __launch_bounds__(kBound, kMinBlocks) void block_bwd_kernel_min(const
 // writes dx. Nothing the thread loaded is live across the all-reduce. Sums in the library's order: exact.
 template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs, int kLd1, int kLd2, int kSt>
 __device__ __forceinline__ void reload_bwd_body(const out_t* __restrict__ grad_output, const out_t* __restrict__ output,
-                                                in_t* __restrict__ grad_input, int64_t dim, Epi epi, int64_t first_row) {
+                                                in_t* __restrict__ grad_input, int64_t dim, Epi epi,
+                                                int64_t first_row) {
   using A = acc_t<out_t>;
   __shared__ RowScratch<A> scratch;
   exchange_init(scratch.bar, 1);
@@ -684,43 +685,29 @@ struct BlockV {
   }
 };
 
-// The two-pass backward (reload_bwd_kernel): a CTA of dim / (kVecs * kVec) threads a row, __launch_bounds__(kBound).
-template <int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt = kStLib>
+// The two-pass kernels (reload_bwd_kernel, reload_fwd_kernel): a CTA of dim / (kVecs * kVec) threads a row,
+// __launch_bounds__(kBound).
+template <bool kBwd, int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt = kStLib>
 struct ReloadV {
   template <typename Epi>
   static constexpr auto kernel() {
-    return &reload_bwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
+    if constexpr (kBwd) return &reload_bwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
+    else return &reload_fwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
   }
-  static int threads(int64_t dim) { return BlockV<true, kVec, kVecs, kVecs, kBound, 0, kLdLib, kStLib>::threads(dim); }
+  static int threads(int64_t dim) { return BlockV<kBwd, kVec, kVecs, kVecs, kBound, 0, kLdLib, kStLib>::threads(dim); }
   template <typename Epi>
   static int launch(const void* a, const void* b, void* o, int64_t rows, int64_t dim, cudaStream_t s) {
     const int t = threads(dim);
     if (t < 0) return kBadShape;
-    return static_cast<int>(launch_items<kernel<Epi>()>(rows, t, 0, 1, s, static_cast<const T*>(a),
-                                                        static_cast<const T*>(b), static_cast<T*>(o), dim, 1, Epi{}));
-  }
-  template <typename Epi>
-  static int info(int64_t /*rows*/, int64_t dim, int* out) {
-    const int t = threads(dim);
-    if (t < 0) return kBadShape;
-    return kernel_info<kernel<Epi>()>(t, out);
-  }
-};
-
-// The two-pass forward (reload_fwd_kernel): a CTA of dim / (kVecs * kVec) threads a row, __launch_bounds__(kBound).
-template <int kVec, int kVecs, int kBound, int kLd1, int kLd2, int kSt = kStLib>
-struct ReloadFwdV {
-  template <typename Epi>
-  static constexpr auto kernel() {
-    return &reload_fwd_kernel<T, T, Epi, kVec, kVecs, kBound, kLd1, kLd2, kSt>;
-  }
-  static int threads(int64_t dim) { return BlockV<false, kVec, kVecs, kVecs, kBound, 0, kLdLib, kStLib>::threads(dim); }
-  template <typename Epi>
-  static int launch(const void* a, const void* /*b*/, void* o, int64_t rows, int64_t dim, cudaStream_t s) {
-    const int t = threads(dim);
-    if (t < 0) return kBadShape;
-    return static_cast<int>(launch_items<kernel<Epi>()>(rows, t, 0, 1, s, static_cast<const T*>(a), static_cast<T*>(o),
-                                                        dim, Epi{}));
+    constexpr auto kKernel = kernel<Epi>();
+    if constexpr (kBwd) {
+      return static_cast<int>(launch_items<kKernel>(rows, t, 0, 1, s, static_cast<const T*>(a),
+                                                    static_cast<const T*>(b), static_cast<T*>(o), dim, 1, Epi{}));
+    } else {
+      (void)b;
+      return static_cast<int>(
+          launch_items<kKernel>(rows, t, 0, 1, s, static_cast<const T*>(a), static_cast<T*>(o), dim, Epi{}));
+    }
   }
   template <typename Epi>
   static int info(int64_t /*rows*/, int64_t dim, int* out) {
@@ -873,10 +860,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 4, 2, 1024, 1, kLdNoL1, kStLib>>("block 256, ld.nc.L1::no_allocate", true),
         V<BlockV<B, kW8, 2, 2, 1024, 1, kLdLib, kStLib>>("block 512 x 2 units of 8 bytes", false),
         V<BlockV<B, kW, 2, 2, 256, 0, kLdCs, kStCs>>("block 256, sized 2, bounds 256, ld.cs+st.cs", true),
-        V<ReloadV<kW, 1, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 1, evict_last / evict_first", false),
-        V<ReloadV<kW, 1, 512, kLdLib, kLdLib>>("two passes 512 x 1, plain loads", false),
-        V<ReloadV<kW, 2, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 2, evict_last / evict_first", true),
-        V<ReloadV<kW, 2, 256, kLdLib, kLdLib>>("two passes 256 x 2, plain loads", true),
+        V<ReloadV<B, kW, 1, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 1, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 1, 512, kLdLib, kLdLib>>("two passes 512 x 1, plain loads", false),
+        V<ReloadV<B, kW, 2, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 2, evict_last / evict_first", true),
+        V<ReloadV<B, kW, 2, 256, kLdLib, kLdLib>>("two passes 256 x 2, plain loads", true),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
@@ -897,10 +884,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 4, 4, 1024, 1, kLdNoL1, kStLib>>("block 512, ld.nc.L1::no_allocate", true),
         V<BlockV<B, kW, 4, 4, 1024, 1, kLdL2_256, kStLib>>("block 512, ld.nc.L2::256B", true),
         V<BlockV<B, kW8, 4, 4, 1024, 1, kLdLib, kStLib>>("block 1024 x 4 units of 8 bytes", false),
-        V<ReloadV<kW, 2, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 2, evict_last / evict_first", false),
-        V<ReloadV<kW, 2, 1024, kLdLib, kLdLib>>("two passes 1024 x 2, plain loads", false),
-        V<ReloadV<kW, 4, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 4, evict_last / evict_first", true),
-        V<ReloadV<kW, 4, 512, kLdLib, kLdLib>>("two passes 512 x 4, plain loads", true),
+        V<ReloadV<B, kW, 2, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 2, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 2, 1024, kLdLib, kLdLib>>("two passes 1024 x 2, plain loads", false),
+        V<ReloadV<B, kW, 4, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 4, evict_last / evict_first", true),
+        V<ReloadV<B, kW, 4, 512, kLdLib, kLdLib>>("two passes 512 x 4, plain loads", true),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
@@ -955,10 +942,10 @@ const Variant* variants(int* n) {
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdNoL1, kStLib>>("block 256, ld.nc.L1::no_allocate x", true),
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdLib, kStCs>>("block 256, st.cs y", true),
         V<BlockV<B, kW, 8, 4, 1024, 1, kLdLib, kStEvictFirst>>("block 256, st L2::evict_first y", true),
-        V<ReloadFwdV<kW, 2, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 2, evict_last / evict_first", false),
-        V<ReloadFwdV<kW, 2, 512, kLdLib, kLdLib>>("two passes 512 x 2, plain loads", false),
-        V<ReloadFwdV<kW, 4, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 4, evict_last / evict_first", false),
-        V<ReloadFwdV<kW, 1, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 1, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 2, 512, kLdEvictLast, kLdEvictFirst>>("two passes 512 x 2, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 2, 512, kLdLib, kLdLib>>("two passes 512 x 2, plain loads", false),
+        V<ReloadV<B, kW, 4, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 4, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 1, 1024, kLdEvictLast, kLdEvictFirst>>("two passes 1024 x 1, evict_last / evict_first", false),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
@@ -974,9 +961,9 @@ const Variant* variants(int* n) {
         V<WarpV<B, 10, kW, 128, 0, kLdCs, kStLib>>("warp 128, ld.cs x", true),
         V<WarpV<B, 10, kW, 128, 0, kLdLib, kStCs>>("warp 128, st.cs y", true),
         V<WarpV<B, 10, kW, 128, 0, kLdLib, kStEvictFirst>>("warp 128, st L2::evict_first y", true),
-        V<ReloadFwdV<kW, 1, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 1, evict_last / evict_first", false),
-        V<ReloadFwdV<kW, 2, 128, kLdEvictLast, kLdEvictFirst>>("two passes 128 x 2, evict_last / evict_first", false),
-        V<ReloadFwdV<kW, 1, 256, kLdLib, kLdLib>>("two passes 256 x 1, plain loads", false),
+        V<ReloadV<B, kW, 1, 256, kLdEvictLast, kLdEvictFirst>>("two passes 256 x 1, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 2, 128, kLdEvictLast, kLdEvictFirst>>("two passes 128 x 2, evict_last / evict_first", false),
+        V<ReloadV<B, kW, 1, 256, kLdLib, kLdLib>>("two passes 256 x 1, plain loads", false),
     };
     *n = int(sizeof(v) / sizeof(v[0]));
     return v;
