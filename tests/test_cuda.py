@@ -493,6 +493,39 @@ def test_backward_rows_leave_warp(op, dtype, d):
                  msg=f"{op.name} backward {dtype} D={d}")
 
 
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("d", [2048, 4088, 4096, 4104, 8192, 12288, 16384, 16392])
+def test_backward_two_pass(op, dtype, d):
+    """Softmax backwards of aligned 16-bit rows of 4096-16384 run vec in two passes (dispatch.h softmax_rows_two_pass:
+    dy and y loaded again after the row's all-reduce), a unit of each a thread up to 1024 threads, then two (4104: 513
+    units, threads past the row; 12288: 768 threads of two); log_softmax, float and rows outside the range keep the
+    row in registers. The backward auto runs is bitwise forced vec's (which plans the same), matches float64 with
+    poisoned outputs, and (two passes) agrees with the resident kernel's result within float rounding."""
+    log = op.name == "log_softmax"
+    bwd = getattr(ops, f"{op.name}_backward").default
+    torch_fn = torch.log_softmax if log else torch.softmax
+    rows = 67
+    x = make_tensor((rows, d), dtype, "cuda")
+    y = torch_fn(x, -1)
+    s = fastact.explain(op.name + "_backward", y, -1)
+    two_pass = not log and dtype != torch.float32 and 4096 <= d <= 16384
+    assert ("two passes" in s) == two_pass, s
+    if two_pass:
+        units = 1 if d <= 1024 * 8 else 2
+        threads = -(-(-(-d // (8 * units))) // 32) * 32
+        assert _variant(s) == "vec" and f"x {threads} threads x {8 * units} elements" in s, s
+    g = make_tensor((rows, d), dtype, "cuda")
+    poison_allocator("cuda", g.numel() * dtype.itemsize)
+    auto = bwd(g, y, -1, dtype)
+    assert torch.equal(auto, bwd(g, y, -1, dtype, variant="vec"))
+    msg = f"{op.name} backward {dtype} D={d}"
+    assert_close(auto, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
+                 msg=msg)
+    if two_pass:  # the split plan keeps the row in registers
+        assert_close(auto, bwd(g, y, -1, dtype, variant="split"), msg=msg + " against split")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("d", [1025, 4097, 30522, 50257])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

@@ -736,6 +736,7 @@ struct LibraryV {
                                  : softmax_forward_problem<T, T>(static_cast<const T*>(a), static_cast<const T*>(o),
                                                                  rows, dim, 1, dim, dev);
     p.workspace = true;
+    p.term_uses_output = Epi::kTermUsesOutput;
     if (kBackward) p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<T, T, Epi>();
     return choose_softmax(p);
   }
@@ -1033,6 +1034,7 @@ extern "C" const char* diag_plan(int log, int64_t rows) {
   SoftmaxProblem p = kBackward ? softmax_backward_problem<T, T>(nullptr, nullptr, nullptr, rows, kDim, 1, dev)
                                : softmax_forward_problem<T, T>(nullptr, nullptr, rows, kDim, 1, kDim, dev);
   p.workspace = true;
+  p.term_uses_output = log == 0;
   if (kBackward)
     p.bwd_two_cta_threads =
         log ? softmax_impl::detail::block_backward_two_cta_threads<T, T, math::LogSoftmaxEpilogue>()

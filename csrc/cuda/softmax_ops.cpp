@@ -90,6 +90,7 @@ void launch_backward(bool log, const SoftmaxBackwardPlan& plan, SoftmaxVariant v
                                               acc_bytes_of(plan.output.scalar_type()), g.outer, g.dim_size, g.inner,
                                               dev);
   p.workspace = true;
+  p.term_uses_output = !log;  // math.h kTermUsesOutput
   if (g.inner == 1) p.bwd_two_cta_threads = cuda::softmax_backward_two_cta_threads(log, dy, dx);  // long_row's rule
   const SoftmaxPlan sp = plan_for(v, p, op);
   const at::Tensor ws = workspace_for(sp, g.outer, plan.output);
@@ -208,6 +209,7 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
                : softmax_forward_problem(ptr, elem, nullptr, elem, acc, g.outer, g.dim_size, g.inner, g.row_stride,
                                          dev);
   p.workspace = true;  // as the ops (workspace_for)
+  p.term_uses_output = !log;  // as launch_backward
   if (backward && g.inner == 1) {  // as launch_backward, for grad_input of x's dtype
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "explain", [&] {
       const cuda::cuda_type<scalar_t>* none = nullptr;

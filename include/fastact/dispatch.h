@@ -781,6 +781,9 @@ struct SoftmaxProblem {
   // for grid plans (the torch ops do: csrc/cuda/softmax_ops.cpp). Without one, no plan needs it (no
   // grid mode, no strided split mode).
   bool workspace = false;
+  // Backward: whether the epilogue's summed term reads the output (math.h kTermUsesOutput: softmax yes, log_softmax
+  // no); softmax_rows_two_pass takes only the former.
+  bool term_uses_output = true;
 };
 
 // What the dispatcher needs of the device (read once per device: softmax_device_props in
@@ -819,6 +822,7 @@ struct SoftmaxPlan {
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   bool shifted = false;    // vec forward: the input's rows staged and realigned (softmax_rows_shift_vectorizable)
+  bool two_pass = false;   // vec backward: dy and y read again after the row's all-reduce (softmax_rows_two_pass)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -898,6 +902,33 @@ inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
     return p.dim_size >= (is_float ? kVecBackwardMinAlignedFloatDim : kVecBackwardMinAlignedDim);
   }
   return p.dim_size > kWarpBackwardMaxDim && p.in_bytes == 2 && p.out_bytes == 2 && softmax_rows_edge_vectorizable(p);
+}
+
+// Softmax backwards of aligned 16-bit rows of kTwoPassMinDim to kTwoPassMaxDim elements run vec in two passes over the
+// row (block.cuh softmax_block_bwd_two_pass_kernel): the thread's units of dy and y loaded and summed with an L1 / L2
+// evict_last policy, the row's all-reduce, then loaded again with evict_first (from L1 or L2) and written, nothing
+// held across the all-reduce; one unit a thread up to kResidentMaxThreads threads, then two (softmax_two_pass_units).
+// That is torch.compile's kernel for these rows (inductor's looped reduction with Triton's eviction policies, XBLOCK
+// 1: 16 warps at D = 4096, 32 at 16384; bench/results/h100-2026-11-27-s41-inductor-kernels.txt). Why (H100, 256 MB,
+// bf16, us, seven interleaved rounds of bench/repro/softmax_bwd_diag.py, bench/NOTES.md forty-first session): softmax
+// backward D = 4096 library 266.08 (256 threads x 2 units in registers), two passes at 512 x 1 265.04, torch.compile
+// 264.99; D = 16384 267.71 (512 x 4) against 265.47 at 1024 x 2, torch.compile 265.62. The same passes with plain
+// loads lost 3.7% / 2.6%, and at the library's shapes (256 x 2, 512 x 4: eight CTAs an SM) 6% / 9%. Not log_softmax,
+// whose term reads only dy: its two passes lost there (4096: 267.3 against the library's 265.0; 16384: 268.5 against
+// 266.7). D = 8192 and float16 follow the rule unmeasured; float rows stay (the library's float backward already led
+// torch.compile's two passes: f32 [16384, 4096] 265.7 against 275.0 us).
+constexpr int kTwoPassMinDim = 4096;
+constexpr int kTwoPassMaxDim = 16384;
+inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
+  return p.backward && p.term_uses_output && p.inner == 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
+         softmax_rows_vectorizable(p) && p.dim_size >= kTwoPassMinDim && p.dim_size <= kTwoPassMaxDim;
+}
+// Units of dy (and of y) a thread of that kernel moves in each pass: 1 while a CTA of kResidentMaxThreads threads holds
+// the row that way, else 2; 0 where the row is longer than that (no two-pass plan).
+inline int softmax_two_pass_units(int64_t dim, int vec) {
+  for (int u = 1; u <= 2; ++u)
+    if (dim <= int64_t(kResidentMaxThreads) * u * vec) return u;
+  return 0;
 }
 
 // Columns (inner > 1) can move in 128-bit accesses along inner.
@@ -1003,6 +1034,12 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
     if (e < s.elems_per_thread && t <= kVecMaxThreadsWithClusters) {
       s.elems_per_thread = e;
       s.threads = int(t);
+    }
+    const int u = vec > 1 && !edges && softmax_rows_two_pass(p) ? softmax_two_pass_units(p.dim_size, vec) : 0;
+    if (u > 0) {
+      s.two_pass = true;
+      s.elems_per_thread = u * vec;
+      s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
     }
   }
   return s;
@@ -1720,8 +1757,11 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                           s.threads, s.elems_per_thread, s.smem_elems, access,
                           s.prefetch ? ", the rows ahead prefetched into L2" : "");
       } else {
-        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s]", s.cluster,
+        n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s%s]", s.cluster,
                           s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access,
+                          s.two_pass ? ", two passes: dy and y loaded again after the all-reduce (L1 / L2 evict_last, "
+                                       "then evict_first)"
+                                     : "",
                           resident_backward_occupancy(p, s));
       }
       break;

@@ -628,6 +628,56 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   }
 }
 
+// The backward of a row in two passes (plan.two_pass; dispatch.h softmax_rows_two_pass says why): pass 1 loads the
+// thread's units of grad_output (and of output where the epilogue's term reads it) with an evict_last policy and sums
+// the term; the row's all-reduce; pass 2 loads grad_output and output again with evict_first (from L1 or L2) and
+// writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row, aligned rows of whole units, the
+// units j * T + t of the resident kernels, summed in their order (at the same threads, bitwise
+// softmax_block_bwd_kernel's result). Compiled for two units a thread (softmax_two_pass_units).
+template <typename in_t, typename out_t, typename Epi, int kVec>
+__global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_pass_kernel(
+    const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
+    int64_t dim, Epi epi, int64_t first_row) {
+  using A = acc_t<out_t>;
+  constexpr int kVecs = 2;
+  static_assert(kVec > 1, "128-bit units");
+  __shared__ RowScratch<A> scratch;
+  exchange_init(scratch.bar, 1);
+  const ResidentSlice s = resident_slice<kVec, kVecs>(dim, 1);
+  const int64_t offset = (first_row + blockIdx.x) * dim + s.first;
+  const out_t* dyr = grad_output + offset;
+  const out_t* yr = output + offset;
+  int round = 0;
+  A dot = A(0);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(dyr + j * s.step), g);
+      if constexpr (Epi::kTermUsesOutput) {
+        to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(yr + j * s.step), o);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) o[k] = A(0);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
+    }
+  }
+  dot = row_allreduce(dot, SumOp<A>(), scratch, round, 1);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
+      A g[kVec], o[kVec];
+      to_acc(load_vector_evict<Evict::kFirst, out_t, kVec>(dyr + j * s.step), g);
+      to_acc(load_vector_evict<Evict::kFirst, out_t, kVec>(yr + j * s.step), o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
+      store_vector<in_t, kVec>(grad_input + offset + j * s.step, from_acc<in_t>(g));
+    }
+  }
+}
+
 namespace detail {
 
 // One row per CTA (cluster == 1) or per cluster; `threads` and `cluster` from the plan.
@@ -683,12 +733,23 @@ cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, in
                                                                           cluster, stream);
 }
 
+// `two_pass`: softmax_block_bwd_two_pass_kernel (plan.two_pass): one CTA a row, aligned rows of whole units, at most
+// two a thread.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim, int threads,
-                           int cluster, bool edges, cudaStream_t stream) {
+                           int cluster, bool edges, cudaStream_t stream, bool two_pass = false) {
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_bwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
+  if (two_pass) {
+    if constexpr (kVec > 1) {
+      if (cluster != 1 || edges || dim % kVec != 0 || int64_t(threads) * 2 * kVec < dim)
+        return cudaErrorInvalidConfiguration;
+      return launch_items<softmax_block_bwd_two_pass_kernel<in_t, out_t, Epi, kVec>>(rows, threads, 0, 1, stream, dy,
+                                                                                     y, dx, dim, Epi{});
+    }
+    return cudaErrorInvalidConfiguration;
+  }
   if (edges) {
     if constexpr (kVec > 1) {
       return launch_items<softmax_block_bwd_kernel<in_t, out_t, Epi, kVec, true>>(rows, threads, 0, cluster, stream,

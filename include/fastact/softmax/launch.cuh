@@ -199,6 +199,7 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
+  if (plan.two_pass) return cudaErrorInvalidValue;  // a backward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
   if (plan.shifted) {  // vec, 16-bit rows: x anywhere (element-aligned), y aligned, D a whole number of units
@@ -376,6 +377,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   if (err == cudaSuccess) err = softmax_device_props(device, &dev);
   if (err != cudaSuccess) return err;
   SoftmaxProblem p = softmax_backward_problem(grad_output, output, grad_input, outer, dim, inner, dev);
+  p.term_uses_output = Epilogue::kTermUsesOutput;
   if (inner == 1) p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<in_t, out_t, Epilogue>();
   if (softmax_variant_rejects(variant, p) != nullptr) return cudaErrorInvalidValue;
   const SoftmaxPlan plan = variant == SoftmaxVariant::kAuto ? choose_softmax(p) : plan_softmax(variant, p);

@@ -24,7 +24,8 @@ template <typename in_t, typename out_t, typename Epi>
 cudaError_t vec_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim, const SoftmaxPlan& plan,
                          cudaStream_t stream) {
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
-  return block_backward<in_t, out_t, Epi, kW>(dy, y, dx, rows, dim, plan.threads, 1, plan.edges, stream);
+  return block_backward<in_t, out_t, Epi, kW>(dy, y, dx, rows, dim, plan.threads, 1, plan.edges, stream,
+                                              plan.two_pass);
 }
 
 }  // namespace fastact::softmax_impl::detail
