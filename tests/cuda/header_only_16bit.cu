@@ -176,7 +176,12 @@ void run_shape(const char* tname, const Shape& s, Counts& counts) {
     report(counts, bad, worst, tname, op, "fwd", s, vname, n);
     // Backward: dx against the reference from the y just checked and dy.
     SoftmaxProblem bp = fastact::softmax_backward_problem(dy, y, dx, s.outer, s.dim, s.inner, dev);
+    bp.term_uses_output = Epi::kTermUsesOutput;  // as the launcher sets it
     if (s.inner == 1) bp.bwd_two_cta_threads = fastact::softmax_impl::detail::block_backward_two_cta_threads<T, T, Epi>();
+    if (v == fastact::SoftmaxVariant::kAuto)
+      std::printf("%s %s bwd [%lld, %lld, %lld]: %s\n", tname, op, static_cast<long long>(s.outer),
+                  static_cast<long long>(s.dim), static_cast<long long>(s.inner),
+                  fastact::softmax_explain(bp, fastact::choose_softmax(bp)).c_str());
     const bool bwd_refused = fastact::softmax_variant_rejects(v, bp) != nullptr;
     CHECK_CUDA(cudaMemset(dx, 0xff, n * sizeof(T)));
     e = fastact::softmax_backward<T, T, Epi>(dy, y, dx, s.outer, s.dim, s.inner, v, nullptr);
@@ -221,7 +226,9 @@ void run_type(const char* tname, Counts& counts) {
   const Shape shapes[] = {
       {3000, 128, 1},    // warp rows (128-bit)
       {1000, 33, 1},     // warp rows, element accesses
-      {257, 4096, 1},    // block rows
+      {257, 4096, 1},    // block rows (16-bit softmax backward: two passes, a unit a thread)
+      {67, 4104, 1},     // the same, 544 threads for the row's 513 units
+      {9, 12288, 1},     // the same, two units a thread
       {5, 40000, 1},     // long rows over a cluster; forced split: rows in two launches
       {2, 4, 400000},    // short D over a long inner
       {1, 8192, 512},    // dim 0: strided cached tiles over a cluster
