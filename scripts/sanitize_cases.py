@@ -47,7 +47,7 @@ def softmax_cases(dtype, synccheck=False):
               ((2, 64, 64), 1), ((2, 1024, 64), 1), ((2, 2048, 64), 1), ((3, 100, 40), 1), ((2, 257, 33), 1),
               ((2, 513, 33), 1), ((2, 1000, 33), 1), ((16385, 16), 0), ((65536, 16), 0), ((16384, 33), 0),
               ((65536, 100), 0), ((16384, 64), 0), ((2, 100, 65), 1), ((2, 513, 65), 1),
-              ((265, 65, 131), 1), ((3, 2, 2056), 1), ((7, 1001), -1), ((2, 12288), -1)]
+              ((265, 65, 131), 1), ((3, 2, 2056), 1), ((7, 1001), -1), ((2, 12288), -1), ((2, 8200), -1)]
     # rows: odd D (aligned: 128-bit bodies with head and tail elements; misaligned: element accesses);
     # strided: element accesses (257 x 33: lines narrowed to one CTA forward, streamed backward; 513 x 33:
     # the backward streamed in CTAs of 1024 threads in float and float64, 512 in 16-bit; 1000 x 33: the
@@ -63,8 +63,9 @@ def softmax_cases(dtype, synccheck=False):
     # adds misaligned grad_output, output and x); [3, 2, 2056]: tiles of one D-group a column, no scratch
     # (16-bit forward: 128 columns x 128 threads; the last tile partial); [7, 1001]: the warp kernel's element
     # rows at 2^10 with slots past the row filled, the last block of rows partial (16-bit auto backward: vec's
-    # head and tail); [2, 4104] aligned and [2, 12288]: the 16-bit softmax backward in two passes (a unit a
-    # thread, 544 threads past the row's 513 units; two units in 768 threads)
+    # head and tail); [2, 4104] aligned, [2, 12288] and [2, 8200]: the 16-bit softmax backward in two passes (a unit
+    # a thread, 544 threads past the row's 513 units; two units in 768 threads; 1025 units in 544 threads, some
+    # holding one)
     for shape, dim in shapes:
         if synccheck and (shape, dim) in SYNCCHECK_SKIPS:
             continue

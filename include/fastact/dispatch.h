@@ -18,7 +18,8 @@
 //             before its first and after its last aligned vector move one at a time, "edges"),
 //             D <= one block's register cache (1024 threads x softmax_resident_elems: 32 forward
 //             (16 float64); backward 16 float32, 32 16-bit, 8 float64). A block per row, 128-bit
-//             loads/stores, the row in registers. One HBM read.
+//             loads/stores, the row in registers. One HBM read. The softmax backward of 16-bit rows of
+//             4096-16384 instead reads dy and y twice, the second time from L1 / L2 (softmax_rows_two_pass).
 //   scalar    inner == 1, anything: any alignment, any D, any row stride. A block per row with
 //             element loads (coalesced across the block), the row in registers when it fits one
 //             block (same capacity; 16 per thread for 16-bit backward); longer rows stream twice
@@ -782,8 +783,9 @@ struct SoftmaxProblem {
   // grid mode, no strided split mode).
   bool workspace = false;
   // Backward: whether the epilogue's summed term reads the output (math.h kTermUsesOutput: softmax yes, log_softmax
-  // no); softmax_rows_two_pass takes only the former.
-  bool term_uses_output = true;
+  // no); softmax_rows_two_pass takes only the former. The launchers set it from the epilogue; a problem built
+  // without it plans as log_softmax's (no two passes), as before the field existed.
+  bool term_uses_output = false;
 };
 
 // What the dispatcher needs of the device (read once per device: softmax_device_props in
@@ -916,11 +918,12 @@ inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
 // loads lost 3.7% / 2.6%, and at the library's shapes (256 x 2, 512 x 4: eight CTAs an SM) 6% / 9%. Not log_softmax,
 // whose term reads only dy: its two passes lost there (4096: 267.3 against the library's 265.0; 16384: 268.5 against
 // 266.7). D = 8192 and float16 follow the rule unmeasured; float rows stay (the library's float backward already led
-// torch.compile's two passes: f32 [16384, 4096] 265.7 against 275.0 us).
+// torch.compile's two passes: f32 [16384, 4096] 265.7 against 275.0 us); so do devices before sm_80, where the
+// policies are plain loads (load_vector_evict), which lost.
 constexpr int kTwoPassMinDim = 4096;
 constexpr int kTwoPassMaxDim = 16384;
 inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
-  return p.backward && p.term_uses_output && p.inner == 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
+  return p.backward && p.term_uses_output && p.cc_major >= 8 && p.inner == 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
          softmax_rows_vectorizable(p) && p.dim_size >= kTwoPassMinDim && p.dim_size <= kTwoPassMaxDim;
 }
 // Units of dy (and of y) a thread of that kernel moves in each pass: 1 while a CTA of kResidentMaxThreads threads holds

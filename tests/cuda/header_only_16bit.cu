@@ -229,6 +229,7 @@ void run_type(const char* tname, Counts& counts) {
       {257, 4096, 1},    // block rows (16-bit softmax backward: two passes, a unit a thread)
       {67, 4104, 1},     // the same, 544 threads for the row's 513 units
       {9, 12288, 1},     // the same, two units a thread
+      {5, 8200, 1},      // the same, two units a thread, some threads holding one
       {5, 40000, 1},     // long rows over a cluster; forced split: rows in two launches
       {2, 4, 400000},    // short D over a long inner
       {1, 8192, 512},    // dim 0: strided cached tiles over a cluster

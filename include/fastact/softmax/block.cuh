@@ -633,14 +633,14 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
 // the term; the row's all-reduce; pass 2 loads grad_output and output again with evict_first (from L1 or L2) and
 // writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row, aligned rows of whole units, the
 // units j * T + t of the resident kernels, summed in their order (at the same threads, bitwise
-// softmax_block_bwd_kernel's result). Compiled for two units a thread (softmax_two_pass_units).
-template <typename in_t, typename out_t, typename Epi, int kVec>
+// softmax_block_bwd_kernel's result). kVecs: the units a thread moves in each pass (softmax_two_pass_units: 1 or 2),
+// compiled for exactly those, as the diag's measured kernels were (24-30 registers).
+template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_pass_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
     int64_t dim, Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
-  constexpr int kVecs = 2;
-  static_assert(kVec > 1, "128-bit units");
+  static_assert(kVec > 1 && kVecs >= 1 && kVecs <= 2, "128-bit units, one or two a thread");
   __shared__ RowScratch<A> scratch;
   exchange_init(scratch.bar, 1);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, 1);
@@ -733,20 +733,23 @@ cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, in
                                                                           cluster, stream);
 }
 
-// `two_pass`: softmax_block_bwd_two_pass_kernel (plan.two_pass): one CTA a row, aligned rows of whole units, at most
-// two a thread.
+// `two_pass`: softmax_block_bwd_two_pass_kernel (plan.two_pass): one CTA a row, aligned rows of whole units, one a
+// thread where `threads` cover the row so, else two.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim, int threads,
                            int cluster, bool edges, cudaStream_t stream, bool two_pass = false) {
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_bwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
-  if (two_pass) {
-    if constexpr (kVec > 1) {
+  if (two_pass) {  // compiled only for the backwards dispatch.h softmax_rows_two_pass takes
+    if constexpr (kVec > 1 && sizeof(in_t) == 2 && sizeof(out_t) == 2 && Epi::kTermUsesOutput) {
       if (cluster != 1 || edges || dim % kVec != 0 || int64_t(threads) * 2 * kVec < dim)
         return cudaErrorInvalidConfiguration;
-      return launch_items<softmax_block_bwd_two_pass_kernel<in_t, out_t, Epi, kVec>>(rows, threads, 0, 1, stream, dy,
-                                                                                     y, dx, dim, Epi{});
+      if (int64_t(threads) * kVec >= dim)
+        return launch_items<softmax_block_bwd_two_pass_kernel<in_t, out_t, Epi, kVec, 1>>(rows, threads, 0, 1, stream,
+                                                                                          dy, y, dx, dim, Epi{});
+      return launch_items<softmax_block_bwd_two_pass_kernel<in_t, out_t, Epi, kVec, 2>>(rows, threads, 0, 1, stream, dy,
+                                                                                        y, dx, dim, Epi{});
     }
     return cudaErrorInvalidConfiguration;
   }

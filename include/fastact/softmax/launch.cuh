@@ -284,6 +284,9 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
+  if (plan.two_pass && !(plan.variant == SoftmaxVariant::kVec && plan.mode == SoftmaxMode::kResident && vec &&
+                         !plan.edges && inner == 1))
+    return cudaErrorInvalidValue;  // vec's rows only
   if (vec && !(softmax_ptr_aligned(grad_output, kW * int64_t(sizeof(out_t))) &&
                softmax_ptr_aligned(output, kW * int64_t(sizeof(out_t))) &&
                softmax_ptr_aligned(grad_input, kW * int64_t(sizeof(in_t)))))
