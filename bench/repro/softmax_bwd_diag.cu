@@ -69,7 +69,7 @@ constexpr int kPlanDiffers = 1001;   // the dispatcher's plan is not the one thi
 // fetch a miss); stores .cs, or an L2 evict_first cache policy (createpolicy, st.global.L2::cache_hint).
 enum Ld : int { kLdLib, kLdCg, kLdCs, kLdNoL1, kLdL2_256, kLdEvictLast, kLdEvictFirst };
 // kLdEvictLast / kLdEvictFirst: what Triton emits for tl.load(..., eviction_policy='evict_last' / 'evict_first') on
-// sm_90: ld.global.L1::evict_*.L2::cache_hint with a createpolicy.fractional.L2::evict_* policy (16-byte units only).
+// sm_90, the library's load_vector_evict (vec.cuh; 16-byte units only).
 enum St : int { kStLib, kStCs, kStEvictFirst };
 
 template <int kLd, typename E, int N>
@@ -79,22 +79,7 @@ __device__ __forceinline__ AlignedVector<E, N> ld(const E* p) {
     return load_vector<E, N>(p);
   } else if constexpr (kLd == kLdEvictLast || kLd == kLdEvictFirst) {
     static_assert(kBytes == 16, "policy loads: 16-byte units");
-    uint64_t policy = 0;
-    uint4 u;
-    if constexpr (kLd == kLdEvictLast) {
-      asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-      asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "l"(p), "l"(policy));
-    } else {
-      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "l"(p), "l"(policy));
-    }
-    AlignedVector<E, N> v;
-    memcpy(&v, &u, 16);
-    return v;
+    return load_vector_evict<kLd == kLdEvictLast ? Evict::kLast : Evict::kFirst, E, N>(p);
   } else {
     static_assert(kBytes == 16 || kBytes == 8, "hinted loads: 8- or 16-byte units");
     AlignedVector<E, N> v;
