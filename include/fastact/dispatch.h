@@ -19,7 +19,7 @@
 //             D <= one block's register cache (1024 threads x softmax_resident_elems: 32 forward
 //             (16 float64); backward 16 float32, 32 16-bit, 8 float64). A block per row, 128-bit
 //             loads/stores, the row in registers. One HBM read. The softmax backward of 16-bit rows of
-//             4096-16384 instead reads dy and y twice, the second time from L1 / L2 (softmax_rows_two_pass).
+//             2048-16384 instead reads dy and y twice, the second time from L1 / L2 (softmax_rows_two_pass).
 //   scalar    inner == 1, anything: any alignment, any D, any row stride. A block per row with
 //             element loads (coalesced across the block), the row in registers when it fits one
 //             block (same capacity; 16 per thread for 16-bit backward); longer rows stream twice
@@ -917,10 +917,14 @@ inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
 // 264.99; D = 16384 267.71 (512 x 4) against 265.47 at 1024 x 2, torch.compile 265.62. The same passes with plain
 // loads lost 3.7% / 2.6%, and at the library's shapes (256 x 2, 512 x 4: eight CTAs an SM) 6% / 9%. Not log_softmax,
 // whose term reads only dy: its two passes lost there (4096: 267.3 against the library's 265.0; 16384: 268.5 against
-// 266.7). D = 8192 and float16 follow the rule unmeasured; float rows stay (the library's float backward already led
+// 266.7). float16 and D = 8192 measured since (forty-second session: bf16 [16384, 8192] 265.4 -> 263.9, torch.compile
+// 268.1; f16 as bf16 at 4096 and 16384); float rows stay (the library's float backward already led
 // torch.compile's two passes: f32 [16384, 4096] 265.7 against 275.0 us); so do devices before sm_80, where the
 // policies are plain loads (load_vector_evict), which lost.
-constexpr int kTwoPassMinDim = 4096;
+// The lower end, 2048 (forty-second session): the wide grid had the resident plan 0.6% / 1.1% behind torch.compile on
+// bf16 rows of 2048 / 3072 (266.6 / 264.9, 266.0 / 263.0 us); shorter rows (warp, or vec with a unit or two a
+// thread) are within 0.2% of it at 512-1024.
+constexpr int kTwoPassMinDim = 2048;
 constexpr int kTwoPassMaxDim = 16384;
 inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
   return p.backward && p.term_uses_output && p.cc_major >= 8 && p.inner == 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
