@@ -142,6 +142,31 @@ template <>
 struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 #endif
 
+// One element as the acc type, and back (the scalar tails). c10::Half's own conversions in the AVX512 build go
+// through 512-bit instructions on a vector built from the one value (torch/headeronly/cpu/vec/vec_half.h
+// half2float_scalar / float2half_scalar); F16C's scalar forms are one instruction each, rounding to nearest even.
+// Measured (this 2-core Zen 4 VM, AVX512, 8 MB, three interleaved rounds; bench/NOTES.md, forty-second session):
+// float16 rows of 20, turned element by element, softmax forward 3.41 -> 2.66 ms, backward 4.09 -> 2.40; the
+// backward's tail of 4 in rows of 100 0.76 -> 0.66 (torch 0.69), of 36 1.40 -> 1.05 (1.09).
+template <typename T>
+C10_ALWAYS_INLINE typename Io<T>::A to_acc(T v) {
+  return typename Io<T>::A(v);
+}
+template <typename T>
+C10_ALWAYS_INLINE T from_acc(typename Io<T>::A v) {
+  return T(v);
+}
+#if defined(__F16C__)
+template <>
+C10_ALWAYS_INLINE float to_acc(c10::Half v) {
+  return _cvtsh_ss(v.x);
+}
+template <>
+C10_ALWAYS_INLINE c10::Half from_acc(float v) {
+  return c10::Half(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c10::Half::from_bits());
+}
+#endif
+
 // A row's last n (< 2 kV) elements p[0, n) as two vectors of the acc type, the lanes past n holding
 // `fill`; and n elements stored from two vectors. The last-dim row loops take tails of more than kPaddedTailFwd /
 // kPaddedTailBwd elements through them, shorter ones element by element: there the forward pays one out-of-line libm
@@ -569,7 +594,7 @@ void unary_range(const T* x, T* y, int64_t begin, int64_t end, const Op& op) {
   constexpr int64_t kStep = 2 * IO::kV;
   int64_t i = begin;
   if constexpr (kStream) {
-    for (; i < end && !stream_aligned(y + i); ++i) y[i] = T(op(A(x[i])));
+    for (; i < end && !stream_aligned(y + i); ++i) y[i] = from_acc<T>(op(to_acc(x[i])));
   }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1;
@@ -577,7 +602,7 @@ void unary_range(const T* x, T* y, int64_t begin, int64_t end, const Op& op) {
     if constexpr (kStream) stream2(y + i, op(a0), op(a1));
     else IO::store2(y + i, op(a0), op(a1));
   }
-  for (; i < end; ++i) y[i] = T(op(A(x[i])));
+  for (; i < end; ++i) y[i] = from_acc<T>(op(to_acc(x[i])));
   if constexpr (kStream) stream_fence();
 }
 
@@ -590,7 +615,7 @@ void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, cons
   constexpr int64_t kStep = 2 * IO::kV;
   int64_t i = begin;
   if constexpr (kStream) {
-    for (; i < end && !stream_aligned(z + i); ++i) z[i] = T(op(A(a[i]), A(b[i])));
+    for (; i < end && !stream_aligned(z + i); ++i) z[i] = from_acc<T>(op(to_acc(a[i]), to_acc(b[i])));
   }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1, b0, b1;
@@ -599,7 +624,7 @@ void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, cons
     if constexpr (kStream) stream2(z + i, op(a0, b0), op(a1, b1));
     else IO::store2(z + i, op(a0, b0), op(a1, b1));
   }
-  for (; i < end; ++i) z[i] = T(op(A(a[i]), A(b[i])));
+  for (; i < end; ++i) z[i] = from_acc<T>(op(to_acc(a[i]), to_acc(b[i])));
   if constexpr (kStream) stream_fence();
 }
 
@@ -700,7 +725,7 @@ void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) 
     IO::load2(bias + c, b0, b1);
     IO::store2(y + c, gelu(x0 + b0), gelu(x1 + b1));
   }
-  for (; c < c1; ++c) y[c] = T(gelu(A(x[c]) + A(bias[c])));
+  for (; c < c1; ++c) y[c] = from_acc<T>(gelu(to_acc(x[c]) + to_acc(bias[c])));
 }
 
 template <typename T, bool kTanh>
@@ -766,8 +791,8 @@ void bias_gelu_bwd_segment(const T* dy, const T* x, const T* bias, T* dx, typena
     (V::loadu(a + IO::kV) + d1).store(a + IO::kV);
   }
   for (; c < c1; ++c) {
-    const A d = grad(A(dy[c]), A(x[c]) + A(bias[c]));
-    dx[c] = T(d);
+    const A d = grad(to_acc(dy[c]), to_acc(x[c]) + to_acc(bias[c]));
+    dx[c] = from_acc<T>(d);
     acc[c - c0] += d;
   }
 }
@@ -806,7 +831,7 @@ void bias_gelu_bwd_impl(const T* dy, const T* x, int64_t x_stride, const T* bias
     for (int64_t c = c0; c < c1; ++c) {
       A s = partial[c];
       for (int64_t rc = 1; rc < part.row_chunks; ++rc) s += partial[rc * cols + c];
-      dbias[c] = T(s);
+      dbias[c] = from_acc<T>(s);
     }
   });
 }
@@ -847,12 +872,12 @@ void for_row_blocks(int64_t rows, int64_t D, int64_t kV, const F& f) {
 template <typename A, typename T>
 void turn_rows_in(const T* p, int64_t stride, int64_t nr, int64_t D, int64_t kV, A* buf) {
   for (int64_t l = 0; l < kV; ++l)
-    for (int64_t d = 0; d < D; ++d) buf[d * kV + l] = l < nr ? A(p[l * stride + d]) : A(0);
+    for (int64_t d = 0; d < D; ++d) buf[d * kV + l] = l < nr ? A(to_acc(p[l * stride + d])) : A(0);
 }
 template <typename A, typename T>
 void turn_rows_out(const A* buf, int64_t nr, int64_t D, int64_t kV, T* p) {
   for (int64_t l = 0; l < nr; ++l)
-    for (int64_t d = 0; d < D; ++d) p[l * D + d] = T(buf[d * kV + l]);
+    for (int64_t d = 0; d < D; ++d) p[l * D + d] = from_acc<T>(buf[d * kV + l]);
 }
 
 // The forward of those rows.
@@ -921,7 +946,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         i = D;
       }
       A m = hmax(at::vec::maximum(vm0, vm1));
-      for (; i < D; ++i) m = max_nan(m, A(xr[i]));
+      for (; i < D; ++i) m = max_nan(m, to_acc(xr[i]));
       if (!std::isfinite(m)) {
         std::fill(yr, yr + D, Out(std::numeric_limits<A>::quiet_NaN()));
         continue;
@@ -962,7 +987,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
       } else {
         s = hsum(total);
         for (i = vec_end; i < D; ++i) {
-          const A t = math::exp_(A(xr[i]) - m);
+          const A t = math::exp_(to_acc(xr[i]) - m);
           s += t;
           if constexpr (!kLog) e[i] = t;
         }
@@ -992,8 +1017,8 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         i = D;
       }
       for (; i < D; ++i) {  // the tail: softmax from its kept exps, as the body
-        if constexpr (kLog) yr[i] = Out(epi.forward(A(xr[i]), m, c));
-        else yr[i] = Out(e[i] * c);
+        if constexpr (kLog) yr[i] = from_acc<Out>(epi.forward(to_acc(xr[i]), m, c));
+        else yr[i] = from_acc<Out>(e[i] * c);
       }
     }
   });
@@ -1599,12 +1624,12 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       }
       A s = hsum(total);
       if (tail <= kPaddedTailBwd) {
-        for (i = vec_end; i < D; ++i) s += epi.backward_term(A(dyr[i]), A(yr[i]));
+        for (i = vec_end; i < D; ++i) s += epi.backward_term(to_acc(dyr[i]), to_acc(yr[i]));
       }
       const V vs(s);
       i = 0;
       if (stream) {
-        for (; i < D && !stream_aligned(dxr + i); ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+        for (; i < D && !stream_aligned(dxr + i); ++i) dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
       }
       for (; i + kStep <= D; i += kStep) {
         V g0, g1, y0, y1;
@@ -1620,7 +1645,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         load2_tail(yr + i, D - i, A(0), y0, y1);
         store2_tail(dxr + i, D - i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
       } else {
-        for (; i < D; ++i) dxr[i] = Out(epi.backward(A(dyr[i]), A(yr[i]), s));
+        for (; i < D; ++i) dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
       }
     }
     if (stream) stream_fence();
