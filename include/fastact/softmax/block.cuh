@@ -629,18 +629,19 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
 }
 
 // The backward of a row in two passes (plan.two_pass; dispatch.h softmax_rows_two_pass says why): pass 1 loads the
-// thread's units of grad_output (and of output where the epilogue's term reads it) with an evict_last policy and sums
-// the term; the row's all-reduce; pass 2 loads grad_output and output again with evict_first (from L1 or L2) and
-// writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row, aligned rows of whole units, the
-// units j * T + t of the resident kernels, summed in their order (at the same threads, bitwise
-// softmax_block_bwd_kernel's result). kVecs: the units a thread moves in each pass (softmax_two_pass_units: 1 or 2),
-// compiled for exactly those, as the diag's measured kernels were (24-30 registers).
+// thread's units of grad_output and output with an evict_last policy and sums the term (softmax's, which reads both:
+// the only epilogue the rule takes); the row's all-reduce; pass 2 loads grad_output and output again with
+// evict_first (from L1 or L2) and writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row,
+// aligned rows of whole units, the units j * T + t of the resident kernels, summed in their order (at the same
+// threads, bitwise softmax_block_bwd_kernel's result). kVecs: the units a thread moves in each pass
+// (softmax_two_pass_units: 1 or 2), compiled for exactly those, as the diag's measured kernels were (24-30 registers).
 template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_pass_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
     int64_t dim, Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
   static_assert(kVec > 1 && kVecs >= 1 && kVecs <= 2, "128-bit units, one or two a thread");
+  static_assert(Epi::kTermUsesOutput, "softmax's backward (log_softmax's stays resident)");
   __shared__ RowScratch<A> scratch;
   exchange_init(scratch.bar, 1);
   const ResidentSlice s = resident_slice<kVec, kVecs>(dim, 1);
@@ -654,12 +655,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_
     if (j < s.nvalid) {
       A g[kVec], o[kVec];
       to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(dyr + j * s.step), g);
-      if constexpr (Epi::kTermUsesOutput) {
-        to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(yr + j * s.step), o);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) o[k] = A(0);
-      }
+      to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(yr + j * s.step), o);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
     }
