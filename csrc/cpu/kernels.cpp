@@ -854,9 +854,9 @@ void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* 
 template <bool kLog>
 using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::SoftmaxEpilogue>;
 
-// Rows shorter than a vector pair (D < 2 kV): kV rows at a time, turned through a buffer [D][kV] so that
-// a lane holds a row. The max, the exps, the sum and the outputs are then lane-wise vector ops over D
-// (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
+// Rows shorter than a vector pair (D < 2 kV; the forward's: softmax_fwd_turned): kV rows at a time, turned through a
+// buffer [D][kV] so that a lane holds a row. The max, the exps, the sum and the outputs are then lane-wise vector ops
+// over D (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
 // Why (this 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
 // 9.7 (4.7) with a padded vector pair a row; bench/NOTES.md thirtieth session has the figures after.
 
@@ -1533,9 +1533,30 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
                });
 }
 
+// Which forward rows softmax_short_rows_fwd turns: those shorter than a vector pair, but in the AVX512 build (kV = 16
+// float lanes, 16-bit inputs too) those of kFwdRowLoopMinDimAvx512 and more, which the row loop runs faster as two
+// padded vectors (mask blends), except float log_softmax's, whose row loop pays an out-of-line logf a row.
+// Why (this 2-core Zen 4 VM, 8 MB, ms, three interleaved rounds, turned -> row loop, torch in brackets; bench/NOTES.md
+// forty-third session): rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16 3.560 ->
+// 2.821 / 3.631 -> 2.465, f16 2.671 -> 2.461 / 2.661 -> 2.154; log_softmax bf16 3.632 -> 3.164 / 3.624 -> 2.792, f16
+// 2.765 -> 2.783 / 2.720 -> 2.467, f32 1.192 -> 1.226 / 1.134 -> 1.077 (1.10 / 1.05); at 24 turned still led
+// (softmax f32 1.182 against 1.226, f16 2.689 against 2.798), and at 18-21 by 10-50%. The AVX2 build (kV = 8) turns
+// every row under 16: its row loop ran them 1.5-3.6x slower (rows of 10-15).
+constexpr int64_t kFwdRowLoopMinDimAvx512 = 27;
+template <typename In>
+bool softmax_fwd_turned(int64_t D, bool log) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (Io<In>::kV == 16) {
+    if (!(log && std::is_same_v<In, float>)) return D < kFwdRowLoopMinDimAvx512;
+  }
+#endif
+  (void)log;
+  return D < 2 * Io<In>::kV;
+}
+
 template <typename In, typename Out>
 void softmax_fwd_any(const In* x, Out* y, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1 && shape.dim_size < 2 * Io<In>::kV) {
+  if (shape.inner == 1 && softmax_fwd_turned<In>(shape.dim_size, log)) {
     if (log) softmax_short_rows_fwd<In, Out, true>(x, y, shape);
     else softmax_short_rows_fwd<In, Out, false>(x, y, shape);
   } else if (shape.inner == 1) {
