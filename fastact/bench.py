@@ -729,15 +729,17 @@ def bench_case(case, device, compiler=None, *, variants=True, timing=None, verif
     # process) falls on the rows more alike (exactly alike only with as many rounds as rows). Timed one after the
     # other, the first row (fastact's auto dispatch) read slower than the same kernel forced and timed next in 80
     # of the 84 softmax cells of session 38's H100 report (median 0.11%, up to 0.34%; bench/repro/
-    # softmax_bwd_diag.py found the first row's first round slow), enough to decide a tie. On CUDA the first row
-    # also runs untimed for one round's length before any timing.
+    # softmax_bwd_diag.py found the first row's first round slow), enough to decide a tie. The first row also runs
+    # untimed for one round's length before any timing: on CUDA it settles the clocks; on the CPU a case's fresh
+    # tensors ran their first calls slow on the 2-core dev VM (gelu backward bf16 [8192, 4096]: 5-20 calls at 25-31
+    # ms, then 10; torch's first calls 29-39 ms, then 16), and with the CPU's single round that window fell on the
+    # first row alone (the quick report's cell read 0.75x torch; bench/NOTES.md, forty-third session).
     timing = timing or timing_for(device, "full")
     share = timing.per_round()
     samples = {name: [] for name in calls}
     order = list(calls)
     if order:
-        if torch.device(device).type == "cuda":
-            time_samples(calls[order[0]], device, share)  # untimed: settles the device
+        time_samples(calls[order[0]], device, share)  # untimed: settles the device
         step = max(1, len(order) // timing.rounds)
         for r in range(timing.rounds):
             k = (r * step) % len(order)
