@@ -1864,9 +1864,26 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                });
 }
 
+// Which backward rows softmax_short_rows_bwd turns: those shorter than a vector pair, but in the AVX512 build (kV = 16
+// float lanes, 16-bit inputs too) only those under kBwdRowLoopMinDimAvx512: the row loop (two padded vectors from
+// tails of 5, element by element under) runs the rest 1.4-3.9x faster. Why (this 2-core Zen 4 VM, 8 MB, ms, turned
+// -> row loop, torch in brackets; bench/NOTES.md forty-third session): softmax f32 rows of 16 1.087 -> 0.429 (0.389),
+// 24 1.172 -> 0.462 (0.447), 31 1.124 -> 0.387 (0.417); log_softmax f32 16 1.365 -> 0.646 (0.620), 31 1.307 -> 0.581
+// (0.621); bf16 softmax 10 4.468 -> 2.861, 31 3.689 -> 1.107; log_softmax bf16 10 4.857 -> 4.601, 31 4.060 -> 1.752. At
+// 3-6 log_softmax's turned path led (f32 rows of 6 1.773 against 2.112: the row loop's element tail pays an exp an
+// element). The AVX2 build is unchanged: its 16-bit row loop ran rows of 9-15 1.8-2.9x slower.
+constexpr int64_t kBwdRowLoopMinDimAvx512 = 10;
+template <typename In>
+bool softmax_bwd_turned(int64_t D) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (Io<In>::kV == 16) return D < kBwdRowLoopMinDimAvx512;
+#endif
+  return D < 2 * Io<In>::kV;
+}
+
 template <typename In, typename Out>
 void softmax_bwd_any(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1 && shape.dim_size < 2 * Io<In>::kV) {
+  if (shape.inner == 1 && softmax_bwd_turned<In>(shape.dim_size)) {
     if (log) softmax_short_rows_bwd<In, Out, true>(dy, y, dx, shape);
     else softmax_short_rows_bwd<In, Out, false>(dy, y, dx, shape);
   } else if (shape.inner == 1) {
