@@ -511,8 +511,7 @@ def test_softmax_special_values(device, dtype, op, n, dim):
 def test_softmax_short_rows(device, dtype, op, layout):
     """Every row length from 1 to 65 (the CPU kernels turn rows shorter than two SIMD vectors so that a lane
     holds a row, kV rows at a time: in float D < 16 on AVX2 and < 32 on AVX512 (on AVX512 forwards < 27, but float
-    log_softmax's, and backwards < 10: csrc/cpu/kernels.cpp softmax_fwd_turned, softmax_bwd_turned), in double < 8
-    and < 16; longer
+    log_softmax's, and backwards < 10: csrc/cpu/kernels.cpp softmax_rows_turned), in double < 8 and < 16; longer
     rows end in a tail of every length 0 to 2 kV - 1, element by element or through padded vectors), 19 rows (a
     partial block of lanes): an all -inf row, a +inf and a NaN (the row's last element) forward; masked
     elements and a fully masked row forward and backward, against float64."""

@@ -854,7 +854,7 @@ void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* 
 template <bool kLog>
 using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::SoftmaxEpilogue>;
 
-// Rows shorter than a vector pair (D < 2 kV; the forward's: softmax_fwd_turned): kV rows at a time, turned through a
+// Rows shorter than a vector pair (D < 2 kV; which of them: softmax_rows_turned): kV rows at a time, turned through a
 // buffer [D][kV] so that a lane holds a row. The max, the exps, the sum and the outputs are then lane-wise vector ops
 // over D (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
 // Why (this 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
@@ -1533,30 +1533,38 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
                });
 }
 
-// Which forward rows softmax_short_rows_fwd turns: those shorter than a vector pair, but in the AVX512 build (kV = 16
-// float lanes, 16-bit inputs too) those of kFwdRowLoopMinDimAvx512 and more, which the row loop runs faster as two
-// padded vectors (mask blends), except float log_softmax's, whose row loop pays an out-of-line logf a row.
-// Why (this 2-core Zen 4 VM, 8 MB, ms, three interleaved rounds, turned -> row loop, torch in brackets; bench/NOTES.md
-// forty-third session): rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16 3.560 ->
-// 2.821 / 3.631 -> 2.465, f16 2.671 -> 2.461 / 2.661 -> 2.154; log_softmax bf16 3.632 -> 3.164 / 3.624 -> 2.792, f16
-// 2.765 -> 2.783 / 2.720 -> 2.467, f32 1.192 -> 1.226 / 1.134 -> 1.077 (1.10 / 1.05); at 24 turned still led
-// (softmax f32 1.182 against 1.226, f16 2.689 against 2.798), and at 18-21 by 10-50%. The AVX2 build (kV = 8) turns
-// every row under 16: its row loop ran them 1.5-3.6x slower (rows of 10-15).
+// Which rows softmax_short_rows_fwd / softmax_short_rows_bwd turn: those shorter than a vector pair, but in the AVX512
+// build (kV = 16 float lanes, 16-bit inputs too) only forward rows under kFwdRowLoopMinDimAvx512 (float log_softmax's
+// all of them: its row loop pays an out-of-line logf a row) and backward rows under kBwdRowLoopMinDimAvx512; the row
+// loop runs the longer ones as two padded vectors (mask blends). The AVX2 build (kV = 8) turns every row under 16: its
+// row loop ran them 1.5-3.6x slower forward (rows of 10-15), its 16-bit backward 1.8-2.9x (rows of 9-15).
+// Why (this 2-core Zen 4 VM, 8 MB, ms, interleaved rounds, turned -> row loop, torch in brackets; bench/NOTES.md
+// forty-third session). Forward: rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16
+// 3.560 -> 2.821 / 3.631 -> 2.465, f16 2.671 -> 2.461 / 2.661 -> 2.154; log_softmax bf16 3.632 -> 3.164 / 3.624 ->
+// 2.792, f16 2.765 -> 2.783 / 2.720 -> 2.467, f32 1.192 -> 1.226 / 1.134 -> 1.077 (1.10 / 1.05); at 24 turned still
+// led (softmax f32 1.182 against 1.226, f16 2.689 against 2.798), and at 18-21 by 10-50%. Backward, 1.4-3.9x from 10
+// on: softmax f32 rows of 16 1.087 -> 0.429 (0.389), 24 1.172 -> 0.462 (0.447), 31 1.124 -> 0.387 (0.417);
+// log_softmax f32 16 1.365 -> 0.646 (0.620), 31 1.307 -> 0.581 (0.621); bf16 softmax 10 4.468 -> 2.861, 31 3.689 ->
+// 1.107; log_softmax bf16 10 4.857 -> 4.601, 31 4.060 -> 1.752. At 3-6 log_softmax's turned backward led (f32 rows of
+// 6 1.773 against 2.112: the row loop's element tail pays an exp an element).
 constexpr int64_t kFwdRowLoopMinDimAvx512 = 27;
+constexpr int64_t kBwdRowLoopMinDimAvx512 = 10;
 template <typename In>
-bool softmax_fwd_turned(int64_t D, bool log) {
+bool softmax_rows_turned(int64_t D, bool backward, bool log) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (Io<In>::kV == 16) {
+    if (backward) return D < kBwdRowLoopMinDimAvx512;
     if (!(log && std::is_same_v<In, float>)) return D < kFwdRowLoopMinDimAvx512;
   }
 #endif
+  (void)backward;
   (void)log;
   return D < 2 * Io<In>::kV;
 }
 
 template <typename In, typename Out>
 void softmax_fwd_any(const In* x, Out* y, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1 && softmax_fwd_turned<In>(shape.dim_size, log)) {
+  if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/false, log)) {
     if (log) softmax_short_rows_fwd<In, Out, true>(x, y, shape);
     else softmax_short_rows_fwd<In, Out, false>(x, y, shape);
   } else if (shape.inner == 1) {
@@ -1650,7 +1658,8 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       const V vs(s);
       i = 0;
       if (stream) {
-        for (; i < D && !stream_aligned(dxr + i); ++i) dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
+        for (; i < D && !stream_aligned(dxr + i); ++i)
+          dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
       }
       for (; i + kStep <= D; i += kStep) {
         V g0, g1, y0, y1;
@@ -1864,26 +1873,9 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
                });
 }
 
-// Which backward rows softmax_short_rows_bwd turns: those shorter than a vector pair, but in the AVX512 build (kV = 16
-// float lanes, 16-bit inputs too) only those under kBwdRowLoopMinDimAvx512: the row loop (two padded vectors from
-// tails of 5, element by element under) runs the rest 1.4-3.9x faster. Why (this 2-core Zen 4 VM, 8 MB, ms, turned
-// -> row loop, torch in brackets; bench/NOTES.md forty-third session): softmax f32 rows of 16 1.087 -> 0.429 (0.389),
-// 24 1.172 -> 0.462 (0.447), 31 1.124 -> 0.387 (0.417); log_softmax f32 16 1.365 -> 0.646 (0.620), 31 1.307 -> 0.581
-// (0.621); bf16 softmax 10 4.468 -> 2.861, 31 3.689 -> 1.107; log_softmax bf16 10 4.857 -> 4.601, 31 4.060 -> 1.752. At
-// 3-6 log_softmax's turned path led (f32 rows of 6 1.773 against 2.112: the row loop's element tail pays an exp an
-// element). The AVX2 build is unchanged: its 16-bit row loop ran rows of 9-15 1.8-2.9x slower.
-constexpr int64_t kBwdRowLoopMinDimAvx512 = 10;
-template <typename In>
-bool softmax_bwd_turned(int64_t D) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (Io<In>::kV == 16) return D < kBwdRowLoopMinDimAvx512;
-#endif
-  return D < 2 * Io<In>::kV;
-}
-
 template <typename In, typename Out>
 void softmax_bwd_any(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1 && softmax_bwd_turned<In>(shape.dim_size)) {
+  if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/true, log)) {
     if (log) softmax_short_rows_bwd<In, Out, true>(dy, y, dx, shape);
     else softmax_short_rows_bwd<In, Out, false>(dy, y, dx, shape);
   } else if (shape.inner == 1) {
