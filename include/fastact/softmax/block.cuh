@@ -634,7 +634,8 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
 // evict_first (from L1 or L2) and writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row,
 // aligned rows of whole units, the units j * T + t of the resident kernels, summed in their order (at the same
 // threads, bitwise softmax_block_bwd_kernel's result). kVecs: the units a thread moves in each pass
-// (softmax_two_pass_units: 1 or 2), compiled for exactly those, as the diag's measured kernels were (24-30 registers).
+// (softmax_two_pass_units: 1 or 2), compiled for exactly those (ptxas, sm_90: 24 and 32 registers, two 1024-thread
+// CTAs an SM).
 template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_pass_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
@@ -648,14 +649,25 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_
   const int64_t offset = (first_row + blockIdx.x) * dim + s.first;
   const out_t* dyr = grad_output + offset;
   const out_t* yr = output + offset;
+  // Each pass issues all of its loads before it uses any. With each unit's loads next to their uses, ptxas kept
+  // one unit's loads in flight at a time: at 1024 threads x 4 units (bf16 [4096, 32768]; the branch
+  // s43-two-pass-32k's two_pass_l1_diag.cu) 293.2 us, 270.8 in one wave (bench/NOTES.md, session 44).
+  AlignedVector<out_t, kVec> gv[kVecs], ov[kVecs];
   int round = 0;
   A dot = A(0);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
+      gv[j] = load_vector_evict<Evict::kLast, out_t, kVec>(dyr + j * s.step);
+      ov[j] = load_vector_evict<Evict::kLast, out_t, kVec>(yr + j * s.step);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
       A g[kVec], o[kVec];
-      to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(dyr + j * s.step), g);
-      to_acc(load_vector_evict<Evict::kLast, out_t, kVec>(yr + j * s.step), o);
+      to_acc(gv[j], g);
+      to_acc(ov[j], o);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) dot += epi.backward_term(g[k], o[k]);
     }
@@ -664,9 +676,16 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
+      gv[j] = load_vector_evict<Evict::kFirst, out_t, kVec>(dyr + j * s.step);
+      ov[j] = load_vector_evict<Evict::kFirst, out_t, kVec>(yr + j * s.step);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < s.nvalid) {
       A g[kVec], o[kVec];
-      to_acc(load_vector_evict<Evict::kFirst, out_t, kVec>(dyr + j * s.step), g);
-      to_acc(load_vector_evict<Evict::kFirst, out_t, kVec>(yr + j * s.step), o);
+      to_acc(gv[j], g);
+      to_acc(ov[j], o);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) g[k] = epi.backward(g[k], o[k], dot);
       store_vector<in_t, kVec>(grad_input + offset + j * s.step, from_acc<in_t>(g));

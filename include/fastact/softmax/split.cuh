@@ -45,12 +45,17 @@ FASTACT_DEVICE MaxSum<A> split_stats(const in_t* __restrict__ xr, int64_t u0, in
   const int nthreads = blockDim.x;
   MaxSum<A> st = OnlineOp<A>::identity();
   for (int64_t u = u0 + threadIdx.x; u < u1; u += int64_t(nthreads) * kU) {
+    // Loads first, then conversions: converted as loaded, 16-bit inputs went out one load at a time (SASS).
+    AlignedVector<in_t, kVec> in[kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (u + int64_t(q) * nthreads < u1) in[q] = load_vector<in_t, kVec>(xr + (u + int64_t(q) * nthreads) * kVec);
+    }
     A v[kU][kVec];
 #pragma unroll
     for (int q = 0; q < kU; ++q) {
-      const int64_t uu = u + int64_t(q) * nthreads;
-      if (uu < u1) {
-        to_acc(load_vector<in_t, kVec>(xr + uu * kVec), v[q]);
+      if (u + int64_t(q) * nthreads < u1) {
+        to_acc(in[q], v[q]);
       } else {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) v[q][k] = neg_inf<A>();

@@ -283,12 +283,18 @@ FASTACT_DEVICE void strided_stream_stats(const in_t* __restrict__ xc, int64_t lo
   const int64_t step = int64_t(t.G) * inner;
   for (int64_t d = lo + t.g; d < hi; d += int64_t(t.G) * kU) {
     const in_t* xp = xc + d * inner;
+    // Loads first, then conversions (as in split_stats).
+    AlignedVector<in_t, kVec> in[kU];
+#pragma unroll
+    for (int q = 0; q < kU; ++q) {
+      if (d + int64_t(q) * t.G < hi) in[q] = load_vector<in_t, kVec>(xp + q * step);
+    }
     A v[kVec][kU];
 #pragma unroll
     for (int q = 0; q < kU; ++q) {
       A w[kVec];
       if (d + int64_t(q) * t.G < hi) {
-        to_acc(load_vector<in_t, kVec>(xp + q * step), w);
+        to_acc(in[q], w);
       } else {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) w[k] = neg_inf<A>();
