@@ -924,6 +924,10 @@ inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
 // The lower end, 2048 (forty-second session): the wide grid had the resident plan 0.6% / 1.1% behind torch.compile on
 // bf16 rows of 2048 / 3072 (266.6 / 264.9, 266.0 / 263.0 us); shorter rows (warp, or vec with a unit or two a
 // thread) are within 0.2% of it at 512-1024.
+// The upper end, 16384 (sessions 43-44, branch s43-two-pass-32k, bench/repro/two_pass_l1_diag.cu there): at bf16
+// [4096, 32768] long_row took 271.2 us in the diag (267.8 in the report, torch.compile 266.7); 1024 threads x 4
+// units, each pass's loads in one wave (54 registers: a CTA an SM, the row in L1, as torch.compile's kernel), 270.8;
+// two units over a 2-CTA cluster a row 283.0 (report 280.1). Nothing past 16384 beats long_row by more than noise.
 constexpr int kTwoPassMinDim = 2048;
 constexpr int kTwoPassMaxDim = 16384;
 inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
