@@ -41,7 +41,11 @@ using Op = OpOf<DIAG_OP>::type;
 // library's __restrict__ const loads compile, LDG.E.128.CONSTANT), that with an L2 prefetch size or without
 // allocating in L1, or with the last-use / evict-first hints (the first runs measured them all; no_allocate and
 // last-use lost 1-3% everywhere and stay only to be compared). 8-byte accesses take plain or non-coherent only.
-enum Load { kPlain, kNc, kNcL2_128, kNcL2_256, kNcNoL1, kLastUse, kStreaming };
+enum Load { kPlain, kNc, kNcL2_128, kNcL2_256, kNcNoL1, kLastUse, kStreaming, kNcTied };
+// kNcTied (session 44): non-coherent loads, and every loaded word made to depend on every load of the tile (bits
+// ANDed with a run-time zero and ORed into each, as the library's LoadDependence), so that ptxas cannot sink the
+// other loads under the first unit's math: under the 32-register cap it issued the 16-bit erf gelu's second load
+// (dy, or the forward's second access) only after the first one's math (SASS).
 // How it stores: plainly, or evict-first (st.global.cs).
 enum Store { kStorePlain, kStoreStreaming };
 
@@ -52,7 +56,7 @@ __device__ __forceinline__ AlignedVector<T, kVec> load(const T* p) {
     uint32_t w[4];
 #define DIAG_LD(q) asm volatile("ld.global" q ".v4.u32 {%0, %1, %2, %3}, [%4];" \
                                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p))
-    if constexpr (kLoad == kNc) DIAG_LD(".nc");
+    if constexpr (kLoad == kNc || kLoad == kNcTied) DIAG_LD(".nc");
     else if constexpr (kLoad == kNcL2_128) DIAG_LD(".nc.L2::128B");
     else if constexpr (kLoad == kNcL2_256) DIAG_LD(".nc.L2::256B");
     else if constexpr (kLoad == kNcNoL1) DIAG_LD(".nc.L1::no_allocate");
@@ -97,6 +101,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       a[u] = load<kLoad, T, kVec>(in0 + i);
       if constexpr (Op::kArity == 2) b[u] = load<kLoad, T, kVec>(in1 + i);
     }
+    if constexpr (kLoad == kNcTied && sizeof(T) * kVec == 16) {
+      const unsigned zero = static_cast<unsigned>(static_cast<uint64_t>(n) >> 63);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          bits |= reinterpret_cast<const uint32_t*>(&a[u])[w] & zero;
+          if constexpr (Op::kArity == 2) bits |= reinterpret_cast<const uint32_t*>(&b[u])[w] & zero;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          reinterpret_cast<uint32_t*>(&a[u])[w] |= bits;
+          if constexpr (Op::kArity == 2) reinterpret_cast<uint32_t*>(&b[u])[w] |= bits;
+        }
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const Index i = start + (Index(threadIdx.x) + u * kThreads) * kVec;
@@ -135,7 +159,10 @@ int launch(const T* in0, const T* in1, T* out, int64_t n, cudaStream_t s) {
   X("256 x 16B, no cap, i32, plain", 256, 16, 1, 0, true, kPlain, kStorePlain)         \
   X("256 x 8B, cap 8, i64, nc", 256, 8, 1, 8, false, kNc, kStorePlain)                 \
   X("512 x 16B, cap 4, i64, nc", 512, 16, 1, 4, false, kNc, kStorePlain)               \
-  X("512 x 8B, cap 4, i64, nc", 512, 8, 1, 4, false, kNc, kStorePlain)
+  X("512 x 8B, cap 4, i64, nc", 512, 8, 1, 4, false, kNc, kStorePlain)                 \
+  X("128 x 16B, cap 16, i64, nc, tied", 128, 16, 1, 16, false, kNcTied, kStorePlain)   \
+  X("128 x 16B x 2, cap 16, i64, nc", 128, 16, 2, 16, false, kNc, kStorePlain)         \
+  X("128 x 16B x 2, cap 16, i64, nc, tied", 128, 16, 2, 16, false, kNcTied, kStorePlain)
 
 #define DIAG_NAME(name, ...) name,
 const char* const kNames[] = {"library launcher", DIAG_VARIANTS(DIAG_NAME)};

@@ -74,6 +74,7 @@ struct EltShape {
   int access_bytes;
   int unroll;
   int min_blocks;
+  bool tie_loads = false;  // every load of a full tile made to wait for all of them (elementwise_tile)
 };
 
 // The transcendental an op evaluates per element, which sets its instruction cost and so, near the memory
@@ -91,7 +92,11 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 //       dtype-runs of bench/repro/elementwise16_diag, 1.001 in one, where 128 threads took 1.000-1.004;
 //       sigmoid at 256 threads: 1.004-1.012)
 //   16-bit erf forward: 2 accesses (1.012-1.015x torch, 1 access 0.997-1.001x; ptxas spills 8-12
-//       bytes to L1 here, and it is still the fastest)
+//       bytes to L1 here, and it is still the fastest), tied (tie_loads): under the 32-register cap ptxas
+//       issued the second access's load only after the first one's erf (SASS); tied, both go out together:
+//       bf16 187.5 -> 182.7 us, f16 184.9 -> 182.6 (torch 190.9 / 187.4; elementwise16_diag, two runs,
+//       bench/NOTES.md forty-fourth session). The erf backward tied lost (266.3-267.3 -> 268.4-270.5).
+//       Tying costs an AND and an OR a 32-bit word, worth it only where a load would otherwise wait.
 //   two operands (backwards), float and 16-bit sigmoid: 512 threads, one 8-byte access, 32 registers:
 //       262.7-263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
 //       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
@@ -109,7 +114,9 @@ constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised,
     return {kEltThreads, elem_bytes, loads / arity < 1 ? 1 : loads / arity, 0};
   }
   if (elem_bytes == 8) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 0};
-  if (elem_bytes == 2 && math == EltMath::kErf) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 16};
+  if (elem_bytes == 2 && math == EltMath::kErf) {
+    return arity == 1 ? EltShape{kEltThreads, kVecBytes, 2, 16, true} : EltShape{kEltThreads, kVecBytes, 1, 16};
+  }
   if (elem_bytes == 2 && math == EltMath::kTanh) {
     return arity == 1 ? EltShape{256, kVecBytes, 1, 8} : EltShape{512, kVecBytes, 1, 4};
   }
@@ -243,9 +250,12 @@ FASTACT_DEVICE AlignedVector<T, kVec> apply_vec(const Op& op, const AlignedVecto
 // access u at `offset + u * kThreads_ * kVec` (the block's accesses are consecutive, so every warp
 // access is coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses
 // whose index within the tile, threadIdx.x + u * kThreads_, is below `valid` exist (the last tile).
-template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op>
+// kTie (EltShape::tie_loads; full tiles only, whose every access is loaded): each loaded 32-bit word ORed with
+// the bits of all of them ANDed with `zero` (0 at run time, opaque_zero), so no arithmetic starts before every
+// load of the tile has arrived and ptxas cannot sink a load below another access's math.
+template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op, bool kTie = false>
 FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
-                                     int64_t offset, int64_t valid, const Op& op) {
+                                     int64_t offset, int64_t valid, const Op& op, unsigned zero = 0) {
   using Vec = AlignedVector<T, kVec>;
   constexpr int64_t kStride = int64_t{kThreads_} * kVec;  // elements from access u to u + 1
   Vec a[kUnroll_];
@@ -255,6 +265,27 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
     if (!kGuard || threadIdx.x + u * kThreads_ < valid) {
       a[u] = load_vector<T, kVec>(in0 + offset + u * kStride);
       if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + offset + u * kStride);
+    }
+  }
+  if constexpr (kTie) {
+    static_assert(!kGuard && sizeof(Vec) % 4 == 0, "full tiles of whole 32-bit words");
+    constexpr int kWords = static_cast<int>(sizeof(Vec) / 4);
+    unsigned bits = 0;
+#pragma unroll
+    for (int u = 0; u < kUnroll_; ++u) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        bits |= reinterpret_cast<const unsigned*>(&a[u])[w] & zero;
+        if constexpr (Op::kArity == 2) bits |= reinterpret_cast<const unsigned*>(&b[u])[w] & zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll_; ++u) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        reinterpret_cast<unsigned*>(&a[u])[w] |= bits;
+        if constexpr (Op::kArity == 2) reinterpret_cast<unsigned*>(&b[u])[w] |= bits;
+      }
     }
   }
 #pragma unroll
@@ -271,7 +302,7 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
 // is: offsets are multiples of kVec). The last block takes what is left, fewer than kTile elements:
 // first as whole accesses, then the last n % kVec elements one each (the scalar tail starts exactly
 // where the vector body ends). blockDim.x == kThreads_.
-template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op, bool kTie = false>
 __global__ void __launch_bounds__(kThreads_, kMinBlocks)
     elementwise_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t n,
                        Op op) {
@@ -279,7 +310,7 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
   const int64_t start = int64_t{blockIdx.x} * kTile;
   const int64_t first = start + int64_t{threadIdx.x} * kVec;  // this thread's first element
   if (n - start >= kTile) {
-    elementwise_tile<kThreads_, kVec, kUnroll_, false>(in0, in1, out, first, 0, op);
+    elementwise_tile<kThreads_, kVec, kUnroll_, false, T, Op, kTie>(in0, in1, out, first, 0, op, opaque_zero(n));
     return;
   }
   const int64_t rest_vecs = (n - start) / kVec;  // whole accesses in the last tile, < kThreads_ * kUnroll_
@@ -297,12 +328,12 @@ inline bool all_vec_aligned(const void* a, const void* b, const void* c, const v
   return is_vec_aligned(a) && is_vec_aligned(b) && is_vec_aligned(c) && is_vec_aligned(d);
 }
 
-template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op, bool kTie = false>
 cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   // gridDim.x may reach 2^31 - 1: with tiles of >= 1024 elements, n would have to pass 2^41.
   const int64_t grid = elementwise_grid(n, kThreads_, kVec, kUnroll_);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
-  elementwise_kernel<kThreads_, kVec, kUnroll_, kMinBlocks>
+  elementwise_kernel<kThreads_, kVec, kUnroll_, kMinBlocks, T, Op, kTie>
       <<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(in0, in1, out, n, op);
   return cudaGetLastError();
 }
@@ -330,8 +361,8 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
     constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>);
-    return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll,
-                                 kS.min_blocks>(in0, in1, out, n, op, stream);
+    return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll, kS.min_blocks,
+                                 T, Op, kS.tie_loads>(in0, in1, out, n, op, stream);
   }
   constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kMathOf<Op>);
   return launch_elementwise_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);

@@ -116,6 +116,12 @@ FASTACT_DEVICE void store_vector(T* p, const AlignedVector<T, N>& v) {  // p ali
   *reinterpret_cast<AlignedVector<T, N>*>(p) = v;
 }
 
+// 0 at run time, from a kernel argument known to be >= 0 (a length), so that the compiler cannot fold it: for
+// tying loads together (softmax's LoadDependence, elementwise's tie_loads).
+FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
+  return static_cast<unsigned>(static_cast<uint64_t>(nonneg) >> 63);
+}
+
 // Host side: may `p` be read with AlignedVector<T, vec_width<T>()>? (nullptr counts as aligned.)
 inline bool is_vec_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kVecBytes == 0; }
 

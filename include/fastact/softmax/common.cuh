@@ -242,12 +242,6 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
   return ElementConvert<T>::template from_acc<A, N>(in);
 }
 
-// 0 at run time, from a kernel argument known to be >= 0 (a row length), so that the compiler cannot
-// fold it: for LoadDependence.
-FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
-  return static_cast<unsigned>(static_cast<uint64_t>(nonneg) >> 63);
-}
-
 // A value reduced over a row, made to depend on loads whose values it does not use, unchanged: the
 // bits of each loaded value ANDed with `zero` (opaque_zero) are ORed into `bits` (take), and `bits`
 // into the value (apply). Why: log_softmax's backward reduces grad_output alone and reads the output
