@@ -511,7 +511,8 @@ def test_softmax_special_values(device, dtype, op, n, dim):
 def test_softmax_short_rows(device, dtype, op, layout):
     """Every row length from 1 to 65 (the CPU kernels turn rows shorter than two SIMD vectors so that a lane
     holds a row, kV rows at a time: in float D < 16 on AVX2 and < 32 on AVX512 (on AVX512 forwards < 27, but float
-    log_softmax's, and backwards < 10: csrc/cpu/kernels.cpp softmax_rows_turned), in double < 8 and < 16; longer
+    log_softmax's, which takes rows of 24-128 in blocks, and backwards < 10: csrc/cpu/kernels.cpp
+    softmax_rows_turned, log_softmax_rows_blocked), in double < 8 and < 16; longer
     rows end in a tail of every length 0 to 2 kV - 1, element by element or through padded vectors), 19 rows (a
     partial block of lanes): an all -inf row, a +inf and a NaN (the row's last element) forward; masked
     elements and a fully masked row forward and backward, against float64."""
@@ -527,6 +528,28 @@ def test_softmax_short_rows(device, dtype, op, layout):
         if d > 1:
             m[7, 0] = ninf
             m[18, d // 2] = ninf
+        check_op(op, m, dim=-1)
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "sliced_last"])
+def test_softmax_row_blocks(device, dtype, op, layout):
+    """Rows of 24-129 over many rows: the AVX512 float log_softmax forward takes rows of 24-128 in blocks of 16-85
+    rows, a pass over the block at a time (csrc/cpu/kernels.cpp log_softmax_blocked_fwd), so 300 rows give whole
+    blocks, a partial last block and several tasks; all -inf, NaN and +inf rows land in the first, a middle and the
+    last block, against float64 (backward too, through masked rows)."""
+    ninf = float("-inf")
+    for d in (24, 31, 32, 33, 47, 64, 65, 100, 127, 128, 129):
+        x = make_tensor((300, d), dtype, device, layout=layout)
+        x[0] = ninf
+        x[150, d // 3] = float("nan")
+        x[17, d - 1] = float("inf")
+        x[299] = ninf
+        x[200, :] = 3.0
+        check_op(op, x, dim=-1, backward=False)
+        m = make_tensor((300, d), dtype, device, layout=layout)
+        m[1] = ninf
+        m[160, ::2] = ninf
         check_op(op, m, dim=-1)
 
 
