@@ -250,9 +250,9 @@ FASTACT_DEVICE AlignedVector<T, kVec> apply_vec(const Op& op, const AlignedVecto
 // access u at `offset + u * kThreads_ * kVec` (the block's accesses are consecutive, so every warp
 // access is coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses
 // whose index within the tile, threadIdx.x + u * kThreads_, is below `valid` exist (the last tile).
-// kTie (EltShape::tie_loads; full tiles only, whose every access is loaded): each loaded 32-bit word ORed with
-// the bits of all of them ANDed with `zero` (0 at run time, opaque_zero), so no arithmetic starts before every
-// load of the tile has arrived and ptxas cannot sink a load below another access's math.
+// kTie (EltShape::tie_loads; full tiles only, whose every access is loaded): every loaded value tied to all of the
+// tile's loads (LoadDependence, `zero` from opaque_zero), so no arithmetic starts before every load of the tile
+// has arrived and ptxas cannot sink a load below another access's math.
 template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op, bool kTie = false>
 FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
                                      int64_t offset, int64_t valid, const Op& op, unsigned zero = 0) {
@@ -268,24 +268,17 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
     }
   }
   if constexpr (kTie) {
-    static_assert(!kGuard && sizeof(Vec) % 4 == 0, "full tiles of whole 32-bit words");
-    constexpr int kWords = static_cast<int>(sizeof(Vec) / 4);
-    unsigned bits = 0;
+    static_assert(!kGuard, "full tiles: every access loaded");
+    LoadDependence dep{zero};
 #pragma unroll
     for (int u = 0; u < kUnroll_; ++u) {
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) {
-        bits |= reinterpret_cast<const unsigned*>(&a[u])[w] & zero;
-        if constexpr (Op::kArity == 2) bits |= reinterpret_cast<const unsigned*>(&b[u])[w] & zero;
-      }
+      dep.take(a[u]);
+      if constexpr (Op::kArity == 2) dep.take(b[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll_; ++u) {
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) {
-        reinterpret_cast<unsigned*>(&a[u])[w] |= bits;
-        if constexpr (Op::kArity == 2) reinterpret_cast<unsigned*>(&b[u])[w] |= bits;
-      }
+      dep.tie(a[u]);
+      if constexpr (Op::kArity == 2) dep.tie(b[u]);
     }
   }
 #pragma unroll

@@ -117,10 +117,51 @@ FASTACT_DEVICE void store_vector(T* p, const AlignedVector<T, N>& v) {  // p ali
 }
 
 // 0 at run time, from a kernel argument known to be >= 0 (a length), so that the compiler cannot fold it: for
-// tying loads together (softmax's LoadDependence, elementwise's tie_loads).
+// LoadDependence.
 FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
   return static_cast<unsigned>(static_cast<uint64_t>(nonneg) >> 63);
 }
+
+// Makes values depend on loads whose bits they do not use, unchanged: the bits of each loaded value ANDed with
+// `zero` (opaque_zero) are ORed into `bits` (take), and `bits` into a float or double (apply) or into every word of
+// a loaded value (tie). Nothing computed from the result can start before every taken load has arrived, so ptxas
+// cannot sink a load below the arithmetic of another: softmax's backwards (softmax/common.cuh
+// output_loads_with_reduction) and the elementwise tiles (elementwise.cuh EltShape::tie_loads).
+struct LoadDependence {
+  unsigned zero;
+  unsigned bits = 0;
+  template <typename U>
+  FASTACT_DEVICE void take(const U& v) {
+    static_assert(sizeof(U) % 4 == 0 || sizeof(U) == 2, "whole 32-bit words, or one 16-bit element");
+    if constexpr (sizeof(U) % 4 == 0) {
+      const auto* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+      for (int i = 0; i < int(sizeof(U) / 4); ++i) bits |= w[i] & zero;
+    } else {
+      bits |= *reinterpret_cast<const unsigned short*>(&v) & zero;
+    }
+  }
+  template <typename A>
+  FASTACT_DEVICE A apply(A acc) const {
+    static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
+#ifdef __CUDA_ARCH__
+    if constexpr (sizeof(A) == 4) {
+      return __uint_as_float(__float_as_uint(acc) | bits);
+    } else {
+      return __longlong_as_double(__double_as_longlong(acc) | static_cast<long long>(bits));
+    }
+#else
+    return acc;
+#endif
+  }
+  template <typename U>
+  FASTACT_DEVICE void tie(U& v) const {
+    static_assert(sizeof(U) % 4 == 0, "whole 32-bit words");
+    auto* w = reinterpret_cast<unsigned*>(&v);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(U) / 4); ++i) w[i] |= bits;
+  }
+};
 
 // Host side: may `p` be read with AlignedVector<T, vec_width<T>()>? (nullptr counts as aligned.)
 inline bool is_vec_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kVecBytes == 0; }

@@ -242,43 +242,13 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
   return ElementConvert<T>::template from_acc<A, N>(in);
 }
 
-// A value reduced over a row, made to depend on loads whose values it does not use, unchanged: the
-// bits of each loaded value ANDed with `zero` (opaque_zero) are ORed into `bits` (take), and `bits`
-// into the value (apply). Why: log_softmax's backward reduces grad_output alone and reads the output
-// only after the reduction, and ptxas issued the output's loads after the reduction's first shuffle,
-// once grad_output had arrived: a row waited on two memory latencies where softmax's backward, which
-// reduces both, waits on one. Folded into the reduced value, the output's loads go out with
-// grad_output's. take() belongs in the loop that adds the row's terms, under its guard: a loop of its
-// own, guarded again, cost ptxas's predicates registers (P2R). Where: output_loads_with_reduction.
-struct LoadDependence {
-  unsigned zero;
-  unsigned bits = 0;
-  template <typename U>
-  FASTACT_DEVICE void take(const U& v) {
-    static_assert(sizeof(U) % 4 == 0 || sizeof(U) == 2, "whole 32-bit words, or one 16-bit element");
-    if constexpr (sizeof(U) % 4 == 0) {
-      const auto* w = reinterpret_cast<const unsigned*>(&v);
-#pragma unroll
-      for (int i = 0; i < int(sizeof(U) / 4); ++i) bits |= w[i] & zero;
-    } else {
-      bits |= *reinterpret_cast<const unsigned short*>(&v) & zero;
-    }
-  }
-  template <typename A>
-  FASTACT_DEVICE A apply(A acc) const {
-    static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
-#ifdef __CUDA_ARCH__
-    if constexpr (sizeof(A) == 4) {
-      return __uint_as_float(__float_as_uint(acc) | bits);
-    } else {
-      return __longlong_as_double(__double_as_longlong(acc) | static_cast<long long>(bits));
-    }
-#else
-    return acc;
-#endif
-  }
-};
-
+// LoadDependence (vec.cuh) in the softmax backwards: a value reduced over a row, made to depend on loads whose
+// values it does not use, unchanged. Why: log_softmax's backward reduces grad_output alone and reads the output
+// only after the reduction, and ptxas issued the output's loads after the reduction's first shuffle, once
+// grad_output had arrived: a row waited on two memory latencies where softmax's backward, which reduces both,
+// waits on one. Folded into the reduced value, the output's loads go out with grad_output's. take() belongs in
+// the loop that adds the row's terms, under its guard: a loop of its own, guarded again, cost ptxas's predicates
+// registers (P2R). Where: output_loads_with_reduction.
 // Whether a backward with epilogue Epi and outputs out_t takes its output's loads into its reduction
 // (LoadDependence): log_softmax with float outputs. H100, us, HEAD -> dependence (bench/NOTES.md
 // thirty-second session): 8 MB f32 [209, 10000] 6.80 -> 6.12 (torch 6.20), [419, 5000] 5.97 -> 5.70,
