@@ -908,6 +908,59 @@ void softmax_short_rows_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   });
 }
 
+// A row's max (NaN where it holds a NaN): vector pairs, then the tail as two padded vectors (the padding -inf) or
+// element by element. Pass 1 of softmax_lastdim_fwd and log_softmax_blocked_fwd.
+template <typename In>
+typename Io<In>::A row_max(const In* xr, int64_t D) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  int64_t i = 0;
+  V vm0(-std::numeric_limits<A>::infinity()), vm1 = vm0;
+  for (; i + kStep <= D; i += kStep) {
+    V a, b;
+    IO::load2(xr + i, a, b);
+    vm0 = at::vec::maximum(vm0, a);
+    vm1 = at::vec::maximum(vm1, b);
+  }
+  if (D - i > kPaddedTailFwd) {
+    V a, b;
+    load2_tail(xr + i, D - i, -std::numeric_limits<A>::infinity(), a, b);
+    vm0 = at::vec::maximum(vm0, a);
+    vm1 = at::vec::maximum(vm1, b);
+    i = D;
+  }
+  A m = hmax(at::vec::maximum(vm0, vm1));
+  for (; i < D; ++i) m = max_nan(m, to_acc(xr[i]));
+  return m;
+}
+
+// log_softmax's output row: y = x - m - c, vector pairs, then the tail as two padded vectors or element by element.
+// The last pass of softmax_lastdim_fwd<kLog> and log_softmax_blocked_fwd.
+template <typename In, typename Out>
+void log_softmax_row_out(const In* xr, Out* yr, int64_t D, typename Io<In>::A m, typename Io<In>::A c) {
+  using IO = Io<In>;
+  using OO = Io<Out>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const V vmax(m), vc(c);
+  int64_t i = 0;
+  for (; i + kStep <= D; i += kStep) {
+    V a, b;
+    IO::load2(xr + i, a, b);
+    OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
+  }
+  if (D - i > kPaddedTailFwd) {
+    V a, b;
+    load2_tail(xr + i, D - i, A(0), a, b);
+    store2_tail(yr + i, D - i, (a - vmax) - vc, (b - vmax) - vc);
+    i = D;
+  }
+  for (; i < D; ++i) yr[i] = from_acc<Out>(math::LogSoftmaxEpilogue{}.forward(to_acc(xr[i]), m, c));
+}
+
 // Softmax over dim_size for inner == 1: rows of D elements, x row r at x + r * row_stride,
 // y dense.
 template <typename In, typename Out, bool kLog>
@@ -930,23 +983,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
       Out* yr = y + r * D;
 
       // Pass 1: the max.
-      int64_t i = 0;
-      V vm0(-std::numeric_limits<A>::infinity()), vm1 = vm0;
-      for (; i + kStep <= D; i += kStep) {
-        V a, b;
-        IO::load2(xr + i, a, b);
-        vm0 = at::vec::maximum(vm0, a);
-        vm1 = at::vec::maximum(vm1, b);
-      }
-      if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors (the padding -inf)
-        V a, b;
-        load2_tail(xr + i, D - i, -std::numeric_limits<A>::infinity(), a, b);
-        vm0 = at::vec::maximum(vm0, a);
-        vm1 = at::vec::maximum(vm1, b);
-        i = D;
-      }
-      A m = hmax(at::vec::maximum(vm0, vm1));
-      for (; i < D; ++i) m = max_nan(m, to_acc(xr[i]));
+      const A m = row_max(xr, D);
       if (!std::isfinite(m)) {
         std::fill(yr, yr + D, Out(std::numeric_limits<A>::quiet_NaN()));
         continue;
@@ -957,6 +994,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
       if constexpr (!kLog) e = kExpInY ? reinterpret_cast<A*>(yr) : scratch.get();
       const V vmax(m);
       const int64_t vec_end = D - D % kStep;
+      int64_t i = 0;
       V total(A(0));
       for (int64_t blk = 0; blk < vec_end; blk += kSumBlock) {
         const int64_t blk_end = std::min(blk + kSumBlock, vec_end);
@@ -995,30 +1033,18 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
       const A c = epi.row_constant(s);
 
       // Pass 3: y.
-      const V vc(c);
-      for (i = 0; i < vec_end; i += kStep) {
-        if constexpr (kLog) {
+      if constexpr (kLog) {
+        log_softmax_row_out(xr, yr, D, m, c);
+      } else {
+        const V vc(c);
+        for (i = 0; i < vec_end; i += kStep) OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
+        if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors, as the body
           V a, b;
-          IO::load2(xr + i, a, b);
-          OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
-        } else {
-          OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
-        }
-      }
-      if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors, as the body
-        V a, b;
-        if constexpr (kLog) {
-          load2_tail(xr + i, D - i, A(0), a, b);
-          store2_tail(yr + i, D - i, (a - vmax) - vc, (b - vmax) - vc);
-        } else {
           load2_tail(e + i, D - i, A(0), a, b);
           store2_tail(yr + i, D - i, a * vc, b * vc);
+          i = D;
         }
-        i = D;
-      }
-      for (; i < D; ++i) {  // the tail: softmax from its kept exps, as the body
-        if constexpr (kLog) yr[i] = from_acc<Out>(epi.forward(to_acc(xr[i]), m, c));
-        else yr[i] = from_acc<Out>(e[i] * c);
+        for (; i < D; ++i) yr[i] = from_acc<Out>(e[i] * c);  // the tail: softmax from its kept exps, as the body
       }
     }
   });
@@ -1051,7 +1077,6 @@ bool log_softmax_rows_blocked(int64_t D) {
 template <typename In, typename Out>
 void log_softmax_blocked_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   using IO = Io<In>;
-  using OO = Io<Out>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kV = IO::kV, kStep = 2 * kV;
@@ -1067,27 +1092,7 @@ void log_softmax_blocked_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
     alignas(64) A cb[kLogBlockMaxRows + 16];  // the rows' sum, then log(sum)
     for (int64_t rb = r0; rb < r1; rb += block) {
       const int64_t nb = std::min(block, r1 - rb);
-      for (int64_t j = 0; j < nb; ++j) {  // pass 1: the max
-        const In* xr = x + (rb + j) * shape.row_stride;
-        int64_t i = 0;
-        V vm0(kNegInf), vm1 = vm0;
-        for (; i + kStep <= D; i += kStep) {
-          V a, b;
-          IO::load2(xr + i, a, b);
-          vm0 = at::vec::maximum(vm0, a);
-          vm1 = at::vec::maximum(vm1, b);
-        }
-        if (D - i > kPaddedTailFwd) {
-          V a, b;
-          load2_tail(xr + i, D - i, kNegInf, a, b);
-          vm0 = at::vec::maximum(vm0, a);
-          vm1 = at::vec::maximum(vm1, b);
-          i = D;
-        }
-        A m = hmax(at::vec::maximum(vm0, vm1));
-        for (; i < D; ++i) m = max_nan(m, to_acc(xr[i]));
-        mb[j] = m;
-      }
+      for (int64_t j = 0; j < nb; ++j) mb[j] = row_max(x + (rb + j) * shape.row_stride, D);  // pass 1: the max
       for (int64_t j = 0; j < nb; ++j) {  // pass 2: the sum (rows with a non-finite max: any value, masked below)
         const In* xr = x + (rb + j) * shape.row_stride;
         const V vmax(mb[j]);
@@ -1120,23 +1125,7 @@ void log_softmax_blocked_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         nan_unless_finite(m, m).store(mb + j);
       }
       for (int64_t j = 0; j < nb; ++j) {  // pass 3: y = x - m - c
-        const In* xr = x + (rb + j) * shape.row_stride;
-        Out* yr = y + (rb + j) * D;
-        const A m = mb[j], c = cb[j];
-        const V vmax(m), vc(c);
-        int64_t i = 0;
-        for (; i < vec_end; i += kStep) {
-          V a, b;
-          IO::load2(xr + i, a, b);
-          OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
-        }
-        if (D - i > kPaddedTailFwd) {
-          V a, b;
-          load2_tail(xr + i, D - i, A(0), a, b);
-          store2_tail(yr + i, D - i, (a - vmax) - vc, (b - vmax) - vc);
-          i = D;
-        }
-        for (; i < D; ++i) yr[i] = from_acc<Out>(to_acc(xr[i]) - m - c);
+        log_softmax_row_out(x + (rb + j) * shape.row_stride, y + (rb + j) * D, D, mb[j], cb[j]);
       }
     }
   });
@@ -1652,9 +1641,9 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
 }
 
 // Which rows softmax_short_rows_fwd / softmax_short_rows_bwd turn: those shorter than a vector pair, but in the AVX512
-// build (kV = 16 float lanes, 16-bit inputs too) only forward rows under kFwdRowLoopMinDimAvx512 (float log_softmax's
-// all of them: its row loop pays an out-of-line logf a row) and backward rows under kBwdRowLoopMinDimAvx512; the row
-// loop runs the longer ones as two padded vectors (mask blends). The AVX2 build (kV = 8) turns every row under 16: its
+// build (kV = 16 float lanes, 16-bit inputs too) only forward rows under kFwdRowLoopMinDimAvx512 and backward rows
+// under kBwdRowLoopMinDimAvx512 (float log_softmax's forward rows of kLogBlockedMinDim and more go to
+// log_softmax_blocked_fwd before this rule); the row loop runs the longer ones as two padded vectors (mask blends). The AVX2 build (kV = 8) turns every row under 16: its
 // row loop ran them 1.5-3.6x slower forward (rows of 10-15), its 16-bit backward 1.8-2.9x (rows of 9-15).
 // Why (this 2-core Zen 4 VM, 8 MB, ms, interleaved rounds, turned -> row loop, torch in brackets; bench/NOTES.md
 // forty-third session). Forward: rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16
@@ -1668,15 +1657,11 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
 constexpr int64_t kFwdRowLoopMinDimAvx512 = 27;
 constexpr int64_t kBwdRowLoopMinDimAvx512 = 10;
 template <typename In>
-bool softmax_rows_turned(int64_t D, bool backward, bool log) {
+bool softmax_rows_turned(int64_t D, bool backward) {
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (Io<In>::kV == 16) {
-    if (backward) return D < kBwdRowLoopMinDimAvx512;
-    if (!(log && std::is_same_v<In, float>)) return D < kFwdRowLoopMinDimAvx512;
-  }
+  if constexpr (Io<In>::kV == 16) return D < (backward ? kBwdRowLoopMinDimAvx512 : kFwdRowLoopMinDimAvx512);
 #endif
   (void)backward;
-  (void)log;
   return D < 2 * Io<In>::kV;
 }
 
@@ -1684,7 +1669,7 @@ template <typename In, typename Out>
 void softmax_fwd_any(const In* x, Out* y, const SoftmaxShape& shape, bool log) {
   if (shape.inner == 1 && log && log_softmax_rows_blocked<In>(shape.dim_size)) {
     log_softmax_blocked_fwd<In, Out>(x, y, shape);
-  } else if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/false, log)) {
+  } else if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/false)) {
     if (log) softmax_short_rows_fwd<In, Out, true>(x, y, shape);
     else softmax_short_rows_fwd<In, Out, false>(x, y, shape);
   } else if (shape.inner == 1) {
@@ -1995,7 +1980,7 @@ void softmax_strided_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
 
 template <typename In, typename Out>
 void softmax_bwd_any(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape, bool log) {
-  if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/true, log)) {
+  if (shape.inner == 1 && softmax_rows_turned<In>(shape.dim_size, /*backward=*/true)) {
     if (log) softmax_short_rows_bwd<In, Out, true>(dy, y, dx, shape);
     else softmax_short_rows_bwd<In, Out, false>(dy, y, dx, shape);
   } else if (shape.inner == 1) {
