@@ -49,7 +49,8 @@ FASTACT_DEVICE MaxSum<A> split_stats(const in_t* __restrict__ xr, int64_t u0, in
     AlignedVector<in_t, kVec> in[kU];
 #pragma unroll
     for (int q = 0; q < kU; ++q) {
-      if (u + int64_t(q) * nthreads < u1) in[q] = load_vector<in_t, kVec>(xr + (u + int64_t(q) * nthreads) * kVec);
+      const int64_t uu = u + int64_t(q) * nthreads;
+      if (uu < u1) in[q] = load_vector<in_t, kVec>(xr + uu * kVec);
     }
     A v[kU][kVec];
 #pragma unroll
