@@ -1630,6 +1630,82 @@ def _grid_workspace_bytes(explanation, x):
     return -(-n // 512) * 512
 
 
+_MEMORY_DEPTH_SCRIPT = """
+import sys, torch, fastact
+sys.path.insert(0, sys.argv[1])
+from fastact_testing import ELEMENTWISE_OPS, assert_close, bias_for, check_op, make_tensor, row_view
+torch.manual_seed(0)
+depth = sys.argv[2]
+# Tiles of the two classes (elementwise_shape): 128-512 threads x 1-4 accesses x 2-8 elements, 256 to 4096
+# elements; their edges, several whole tiles, and a partial last tile behind many.
+sizes = (1, 5, 255, 257, 1023, 2047, 2049, 4095, 4097, 8193, 3 * 65536 + 7)
+for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+    for op in ELEMENTWISE_OPS:
+        if op.takes_bias:  # the rows kernel with the bias as second input; its backward is bias_gelu's own
+            for view in ("chunk", "padded"):
+                for cols in (8, 256, 4096):
+                    x = row_view(67, cols, dtype, "cuda", view, scale=3.0)
+                    check_op(op, x, bias=bias_for(x), note=depth)
+            continue
+        for n in sizes:
+            check_op(op, make_tensor((n,), dtype, "cuda", scale=3.0), note=depth)
+        for view in ("chunk", "padded"):  # the rows kernel: forward, backward through autograd, and both inputs rows
+            x = row_view(67, 4096, dtype, "cuda", view, scale=3.0)
+            check_op(op, x, note=depth)
+            g = row_view(67, 4096, dtype, "cuda", view)
+            if op.name == "gelu":
+                got = torch.ops.fastact.gelu_backward(g, x, op.approximate)
+                want = [torch.ops.aten.gelu_backward(g.to(t), x.to(t), approximate=op.approximate)
+                        for t in (torch.float64, dtype)]
+            else:
+                y = row_view(67, 4096, dtype, "cuda", view, values=torch.sigmoid(x))
+                got = torch.ops.fastact.sigmoid_backward(g, y)
+                want = [torch.ops.aten.sigmoid_backward(g.to(t), y.to(t)) for t in (torch.float64, dtype)]
+            assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} rows backward [{depth}]")
+for dtype in (torch.float32, torch.bfloat16):
+    print(fastact.explain("sigmoid", torch.randn(4096, device="cuda", dtype=dtype)))
+    print(fastact.explain("gelu_backward", torch.randn(4096, device="cuda", dtype=dtype)))
+"""
+
+
+@pytest.mark.parametrize("depth", ["standard", "deep"])
+def test_elementwise_memory_depth(depth):
+    """FASTACT_MEMORY_DEPTH forces either class of elementwise vector shapes (include/fastact/memory_depth.cuh:
+    kStandard, the H100's; kDeep, the H200's, which takes more accesses a thread) on whatever GPU runs the test:
+    every op, dtype and tile edge, flat and rows kernels, forward and backward, against float64 torch, with
+    poisoned outputs; explain() names the class and the shape."""
+    env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = out.stdout.splitlines()[-4:]
+    for s in (f32_fwd, f32_bwd, bf16_fwd, bf16_bwd):
+        assert f"memory depth {depth} (FASTACT_MEMORY_DEPTH)" in s, s
+    # elementwise_shape: float forwards one 16-byte access in both classes; the two-operand backwards 8-byte
+    # accesses at 512 threads on standard devices, one 16-byte access at 128 on deep ones; the 16-bit
+    # sigmoid forward one 16-byte access (standard) or two (deep); the 16-bit erf backward one or two.
+    assert "4 x float32 per 128-bit access, 1 access per thread and operand, 128 threads" in f32_fwd, f32_fwd
+    want = "4 x float32 per 128-bit access, 1 access per thread and operand, 128 threads" if depth == "deep" else (
+        "2 x float32 per 64-bit access, 1 access per thread and operand, 512 threads")
+    assert want in f32_bwd, f32_bwd
+    accesses = "2 accesses" if depth == "deep" else "1 access"
+    assert f"8 x bfloat16 per 128-bit access, {accesses} per thread and operand, 128 threads" in bf16_fwd, bf16_fwd
+    assert f"8 x bfloat16 per 128-bit access, {accesses} per thread and operand, 128 threads" in bf16_bwd, bf16_bwd
+
+
+def test_elementwise_memory_depth_auto():
+    """Unforced, the class follows the device's DRAM bytes per SM cycle (memory_depth.cuh), which explain() shows:
+    deep from 16 (the H200's 18.8), standard below (the H100's 12.8)."""
+    s = fastact.explain("sigmoid", torch.randn(4096, device="cuda"))
+    if "FASTACT_MEMORY_DEPTH" in s:
+        pytest.skip("FASTACT_MEMORY_DEPTH is set")
+    m = re.search(r"memory depth (standard|deep) \(([0-9.]+) DRAM bytes an SM cycle; deep from 16\.0\)", s)
+    assert m, s
+    assert (m.group(1) == "deep") == (float(m.group(2)) >= 16.0), s
+    assert float(m.group(2)) > 1.0, s
+
+
 def test_bias_gelu_forward_allocates_only_its_output():
     x = make_tensor((4096, 4096), torch.float16, "cuda")
     b = bias_for(x)

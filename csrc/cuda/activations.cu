@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <iomanip>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -177,6 +178,19 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const int esize = static_cast<int>(x.element_size());
   const int width = kVecBytes / esize;  // elements per 128-bit access
   const std::string dtype = dtype_name(x.scalar_type());
+  // The vector shapes depend on the device's memory depth (memory_depth.cuh).
+  const DeviceMemory memory = device_memory(x.device().index());
+  const auto depth_note = [&memory] {
+    std::ostringstream d;
+    d << "memory depth " << (memory.depth == MemoryDepth::kDeep ? "deep" : "standard");
+    if (memory.forced) {
+      d << " (FASTACT_MEMORY_DEPTH)";
+    } else {
+      d << " (" << std::fixed << std::setprecision(1) << memory.bytes_per_sm_cycle << " DRAM bytes an SM cycle; deep from "
+        << kDeepMemoryBytesPerSmCycle << ")";
+    }
+    return d.str();
+  };
   std::ostringstream s;
 
   if (bias) {
@@ -193,14 +207,17 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       // A strided stack of rows: elementwise_rows_kernel, the bias its second input at row stride 0.
       const ElementRows g{rows, H, *row_stride, 0};
       using elementwise::EltMath;
-      const elementwise::EltShape vs = elementwise::elementwise_rows_shape(esize, 2, true, EltMath::kTanh, true);
+      const elementwise::EltShape vs =
+          elementwise::elementwise_rows_shape(esize, 2, true, EltMath::kTanh, true, memory.depth);
       const bool vec = elementwise::element_rows_vec(g, vs.access_bytes / esize, x.const_data_ptr(), nullptr, nullptr);
-      const elementwise::EltShape shape = elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kTanh, true);
+      const elementwise::EltShape shape =
+          elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kTanh, true, memory.depth);
       s << "kernel=elementwise_rows_" << (vec ? "vec" : "scalar") << ": " << op << " over [" << rows << ", " << H
         << "] " << dtype << " (input rows " << *row_stride << " elements apart read in place; output contiguous), "
         << "the bias as a second input at row stride 0; " << (vec ? vs.access_bytes / esize : 1)
         << " elements per access, " << shape.threads << " threads a block (approximate='tanh'; 'none' in 16-bit: "
-        << elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kErf, true).threads << ")";
+        << elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kErf, true, memory.depth).threads << ")";
+      if (vec) s << ", " << depth_note();
       return s.str();
     }
     // A contiguous x (or, backward, a strided stack of rows) is read in place, anything else copied into a
@@ -260,8 +277,8 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   const bool gelu = op == "gelu" || op == "gelu_backward";
   const EltMath math = gelu ? EltMath::kErf : EltMath::kSigmoid;
   const auto shape_of = [&](int eb, int ar, bool v, EltMath m) {
-    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, m, false)
-                : elementwise::elementwise_shape(eb, ar, v, m);
+    return rows ? elementwise::elementwise_rows_shape(eb, ar, v, m, false, memory.depth)
+                : elementwise::elementwise_shape(eb, ar, v, m, memory.depth);
   };
   const int vec_access = shape_of(esize, arity, true, math).access_bytes / esize;
   const void* p = x.const_data_ptr();
@@ -293,7 +310,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       s << " (approximate='none'; 'tanh': " << tanh_shape.access_bytes * 8 << "-bit, " << tanh_shape.unroll
         << " access" << (tanh_shape.unroll == 1 ? "" : "es") << ", " << tanh_shape.threads << " threads)";
     }
-    s << ", all loads issued before the arithmetic";
+    s << ", all loads issued before the arithmetic, " << depth_note();
     if (shape.min_blocks > 0) {
       s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";
     }

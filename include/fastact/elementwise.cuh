@@ -30,6 +30,7 @@
 
 #include "fastact/element_rows.h"
 #include "fastact/math.h"
+#include "fastact/memory_depth.cuh"
 #include "fastact/reduce.cuh"
 #include "fastact/vec.cuh"
 
@@ -108,12 +109,33 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 //   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
 //       twice the registers
 // Scalar path: 128 threads, 8 element accesses a thread over all operands (4 for double), no cap.
-constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math) {
+//
+// A kDeep device (memory_depth.cuh: the H200) needs more bytes in flight a thread than those H100 shapes keep.
+// There every float and 16-bit vector shape is 128 threads of 16-byte accesses at 32 registers, with more
+// accesses where the 16-bit math is heavy (bench/repro/elementwise16_diag.py with float rows, H200, 256 MB,
+// five rounds, us: the H100 shape -> this one (torch)):
+//   two operands, one access: float sigmoid / tanh / erf backward 194.1 / 201.0 / 208.1 -> 186.8 / 186.8 /
+//       186.7 (187.5), 16-bit sigmoid backward 196.5 -> 186.6 (186.7). 8-byte accesses at 512 threads leave
+//       too few bytes in flight there
+//   16-bit forwards, two accesses (erf: four): sigmoid 149.3 -> 134.0 (142.2), tanh 151.3 -> 136.3 (150.9),
+//       erf 163.2 -> 154.0 (174.7); one access: 151.7-153.2 (erf 173.0); two of erf: 161.9
+//   16-bit tanh and erf backwards, two accesses: 217.6 -> 190.1 (211.4), 241.6 -> 223.5 (245.5)
+//   float forwards: one access, as on the H100 (129.2-130.6 at one or two; torch 130.2-130.7)
+// (bf16 figures; f16 within 2%.) On the H100 the same two-access shapes lost 0.5-1% (the table above's U2
+// columns), so each class keeps its own.
+constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math,
+                                     MemoryDepth depth = MemoryDepth::kStandard) {
   if (!vectorised) {
     const int loads = kEltScalarLoadsPerThread / (elem_bytes == 8 ? 2 : 1);
     return {kEltThreads, elem_bytes, loads / arity < 1 ? 1 : loads / arity, 0};
   }
   if (elem_bytes == 8) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 0};
+  if (depth == MemoryDepth::kDeep) {
+    const int unroll = elem_bytes != 2 ? 1
+                       : arity == 1   ? (math == EltMath::kErf ? 4 : 2)
+                                      : (math == EltMath::kSigmoid ? 1 : 2);
+    return {kEltThreads, kVecBytes, unroll, 16};
+  }
   if (elem_bytes == 2 && math == EltMath::kErf) {
     return arity == 1 ? EltShape{kEltThreads, kVecBytes, 2, 16, true} : EltShape{kEltThreads, kVecBytes, 1, 16};
   }
@@ -348,14 +370,38 @@ constexpr EltMath kMathOf = std::is_same_v<Op, ForwardOp<math::GeluErf>> ||
                                 ? EltMath::kTanh
                                 : EltMath::kSigmoid;
 
-// Vector path when every pointer is 16-byte aligned, else the scalar path.
+constexpr bool operator==(const EltShape& a, const EltShape& b) {
+  return a.threads == b.threads && a.access_bytes == b.access_bytes && a.unroll == b.unroll &&
+         a.min_blocks == b.min_blocks && a.tie_loads == b.tie_loads;
+}
+
+// The vector path of Op over T in the shape of a kDepth device.
+template <typename T, typename Op, MemoryDepth kDepth>
+cudaError_t launch_elementwise_vec(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
+  constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kDepth);
+  return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll, kS.min_blocks,
+                               T, Op, kS.tie_loads>(in0, in1, out, n, op, stream);
+}
+
+// Whether a kDeep device takes another vector shape for Op over T than a kStandard one (where not, only one
+// is instantiated, and the launcher asks nothing of the device).
+template <typename T, typename Op>
+constexpr bool kDepthMatters =
+    !(elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, MemoryDepth::kDeep) ==
+      elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, MemoryDepth::kStandard));
+
+// Vector path when every pointer is 16-byte aligned, in the shape of the current device's memory depth;
+// else the scalar path.
 template <typename T, typename Op>
 cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (all_vec_aligned(in0, in1, out)) {
-    constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>);
-    return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll, kS.min_blocks,
-                                 T, Op, kS.tie_loads>(in0, in1, out, n, op, stream);
+    if constexpr (kDepthMatters<T, Op>) {
+      if (current_memory_depth() == MemoryDepth::kDeep) {
+        return launch_elementwise_vec<T, Op, MemoryDepth::kDeep>(in0, in1, out, n, op, stream);
+      }
+    }
+    return launch_elementwise_vec<T, Op, MemoryDepth::kStandard>(in0, in1, out, n, op, stream);
   }
   constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, false, kMathOf<Op>);
   return launch_elementwise_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, n, op, stream);
@@ -404,9 +450,11 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 // 8 / 16 bytes (measured when the flat 16-bit tanh backward took 8 bytes too): bf16 tanh gelu 274.8 /
 // 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7 (torch.compile
 // 264.5): float keeps 8 bytes, but where the second input is bias_gelu's bias (`bias`, read from L1 at
-// row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8.
-constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias) {
-  const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, math);
+// row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8. A kDeep device's shapes are 16 bytes
+// already (not timed on rows; the flat kernel's sweep chose them).
+constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias,
+                                          MemoryDepth depth = MemoryDepth::kStandard) {
+  const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, math, depth);
   const bool widen = vectorised && s.access_bytes == 8 && (elem_bytes == 2 || bias);
   return widen ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
 }
@@ -455,18 +503,32 @@ cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const
 // The elementwise op over operands laid out as g: the flat kernels when every operand is at the
 // output's offsets, else the rows kernel, with elementwise_rows_shape's vector accesses where
 // element_rows_vec allows them and element accesses otherwise.
-template <typename T, typename Op>
-cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
-                               cudaStream_t stream) {
-  if (g.numel() <= 0) return cudaSuccess;
-  if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
-  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kBiasOp<Op>);
+template <typename T, typename Op, MemoryDepth kDepth = MemoryDepth::kStandard>
+cudaError_t launch_elementwise_rows(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
+                                    cudaStream_t stream) {
+  constexpr EltShape kV = elementwise_rows_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kBiasOp<Op>, kDepth);
   constexpr int kVec = kV.access_bytes / static_cast<int>(sizeof(T));
   if (element_rows_vec(g, kVec, in0, Op::kArity == 2 ? in1 : nullptr, out)) {
     return launch_elementwise_rows_as<kV.threads, kVec, kV.unroll, kV.min_blocks>(in0, in1, out, g, op, stream);
   }
   constexpr EltShape kS = elementwise_rows_shape(sizeof(T), Op::kArity, false, kMathOf<Op>, kBiasOp<Op>);
   return launch_elementwise_rows_as<kS.threads, 1, kS.unroll, kS.min_blocks>(in0, in1, out, g, op, stream);
+}
+
+template <typename T, typename Op>
+cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, const ElementRows& g, Op op,
+                               cudaStream_t stream) {
+  if (g.numel() <= 0) return cudaSuccess;
+  if (g.is_flat()) return launch_elementwise(in0, in1, out, g.numel(), op, stream);
+  constexpr bool kRowsDepthMatters =
+      !(elementwise_rows_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kBiasOp<Op>, MemoryDepth::kDeep) ==
+        elementwise_rows_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kBiasOp<Op>, MemoryDepth::kStandard));
+  if constexpr (kRowsDepthMatters) {
+    if (current_memory_depth() == MemoryDepth::kDeep) {
+      return launch_elementwise_rows<T, Op, MemoryDepth::kDeep>(in0, in1, out, g, op, stream);
+    }
+  }
+  return launch_elementwise_rows<T, Op>(in0, in1, out, g, op, stream);
 }
 
 // ---- bias_gelu --------------------------------------------------------------------------------------

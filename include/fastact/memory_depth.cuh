@@ -1,0 +1,86 @@
+// How deep a device's memory pipeline is, as the elementwise launchers see it (torch-free, host side).
+//
+// A kernel near the DRAM limit must keep bandwidth x latency bytes in flight (Little's law), and the
+// arithmetic between its loads competes with fewer cycles per byte on a device whose DRAM is fast for
+// its SMs. The measure here is the DRAM bytes a device moves per SM per SM clock cycle at its peak:
+//
+//   2 x memory clock x bus width / 8  /  (SMs x SM clock)   (HBM moves data on both clock edges)
+//
+// H100 SXM (HBM3, 2619 MHz x 5120 bits, 132 SMs at 1980 MHz): 12.8; H200 (HBM3e, 3201 MHz x 6144
+// bits, the same SMs): 18.8; A100 80GB: 13.4. At or above kDeepMemoryBytesPerSmCycle a device is
+// kDeep: its elementwise kernels take more bytes a thread (elementwise.cuh elementwise_shape says
+// which, from sweeps on both machines; bench/NOTES.md, forty-fifth session). Where a CUDA attribute is
+// missing (zero, or an error) the device is kStandard, the shapes every sweep before that was tuned on.
+//
+// FASTACT_MEMORY_DEPTH=standard or =deep (read once per device) overrides the measure: the tests force
+// each class on whatever GPU runs them, and a user can pick the other shapes for a device this rule
+// places wrongly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace fastact {
+
+enum class MemoryDepth { kStandard, kDeep };
+
+// Between the H100's 12.8 and the H200's 18.8 DRAM bytes per SM cycle.
+constexpr double kDeepMemoryBytesPerSmCycle = 16.0;
+
+// What the launchers and explain() know of one device's memory.
+struct DeviceMemory {
+  double bytes_per_sm_cycle = 0;  // 0 where an attribute was missing
+  MemoryDepth depth = MemoryDepth::kStandard;
+  bool forced = false;  // depth set by FASTACT_MEMORY_DEPTH, not by bytes_per_sm_cycle
+};
+
+namespace memory_depth_detail {
+constexpr int kMaxDevices = 64;
+
+inline DeviceMemory measure(int device) {
+  DeviceMemory m;
+  int mem_khz = 0, bus_bits = 0, sms = 0, sm_khz = 0;
+  if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device) == cudaSuccess && sms > 0 && sm_khz > 0) {
+    m.bytes_per_sm_cycle = 2.0 * mem_khz * (bus_bits / 8.0) / (double(sms) * sm_khz);
+  } else {
+    (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch check
+  }
+  m.depth = m.bytes_per_sm_cycle >= kDeepMemoryBytesPerSmCycle ? MemoryDepth::kDeep : MemoryDepth::kStandard;
+  if (const char* env = std::getenv("FASTACT_MEMORY_DEPTH")) {
+    if (std::strcmp(env, "deep") == 0 || std::strcmp(env, "standard") == 0) {
+      m.depth = env[0] == 'd' ? MemoryDepth::kDeep : MemoryDepth::kStandard;
+      m.forced = true;
+    }
+  }
+  return m;
+}
+}  // namespace memory_depth_detail
+
+// `device`'s memory, measured once per device per process (a device index past the cache: measured on
+// every call).
+inline DeviceMemory device_memory(int device) {
+  using memory_depth_detail::kMaxDevices;
+  if (device < 0 || device >= kMaxDevices) return memory_depth_detail::measure(device);
+  static std::once_flag once[kMaxDevices];
+  static DeviceMemory cache[kMaxDevices];
+  std::call_once(once[device], [device] { cache[device] = memory_depth_detail::measure(device); });
+  return cache[device];
+}
+
+// The current device's depth (the torch adapter's device guard has made the tensors' device current).
+inline MemoryDepth current_memory_depth() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return MemoryDepth::kStandard;
+  }
+  return device_memory(device).depth;
+}
+
+}  // namespace fastact
