@@ -1633,7 +1633,7 @@ def _grid_workspace_bytes(explanation, x):
 _MEMORY_DEPTH_SCRIPT = """
 import sys, torch, fastact
 sys.path.insert(0, sys.argv[1])
-from fastact_testing import ELEMENTWISE_OPS, assert_close, bias_for, check_op, make_tensor, row_view
+from fastact_testing import ELEMENTWISE_OPS, SOFTMAX_OPS, assert_close, bias_for, check_op, make_tensor, row_view
 torch.manual_seed(0)
 depth = sys.argv[2]
 # Tiles of the two classes (elementwise_shape): 128-512 threads x 1-4 accesses x 2-8 elements, 256 to 4096
@@ -1662,6 +1662,16 @@ for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
                 got = torch.ops.fastact.sigmoid_backward(g, y)
                 want = [torch.ops.aten.sigmoid_backward(g.to(t), y.to(t)) for t in (torch.float64, dtype)]
             assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} rows backward [{depth}]")
+# Softmax: the 16-bit vec backward one unit a thread on deep devices (dispatch.h softmax_vec_backward_one_unit), rows
+# of 896-4096 (two units past 4096; softmax's two passes from 2048; 1028: rows off the vector width, edges).
+for dtype in (torch.float16, torch.bfloat16):
+    for op in SOFTMAX_OPS:
+        for d in (896, 1024, 1028, 2048, 4096, 4104):
+            check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
+for op in SOFTMAX_OPS:
+    for d in (1024, 4096):
+        y = getattr(fastact, op.name)(torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1)
+        print(fastact.explain(op.name + "_backward", y))
 for dtype in (torch.float32, torch.bfloat16):
     print(fastact.explain("sigmoid", torch.randn(4096, device="cuda", dtype=dtype)))
     print(fastact.explain("gelu_backward", torch.randn(4096, device="cuda", dtype=dtype)))
@@ -1670,16 +1680,25 @@ for dtype in (torch.float32, torch.bfloat16):
 
 @pytest.mark.parametrize("depth", ["standard", "deep"])
 def test_elementwise_memory_depth(depth):
-    """FASTACT_MEMORY_DEPTH forces either class of elementwise vector shapes (include/fastact/memory_depth.cuh:
-    kStandard, the H100's; kDeep, the H200's, which takes more accesses a thread) on whatever GPU runs the test:
-    every op, dtype and tile edge, flat and rows kernels, forward and backward, against float64 torch, with
-    poisoned outputs; explain() names the class and the shape."""
+    """FASTACT_MEMORY_DEPTH forces either memory-depth class (include/fastact/memory_depth.cuh: kStandard, the H100's;
+    kDeep, the H200's) on whatever GPU runs the test. Elementwise vector shapes (deep: more accesses a thread): every
+    op, dtype and tile edge, flat and rows kernels, forward and backward; the 16-bit softmax vec backward (deep: one
+    unit a thread) on rows around its bounds; against float64 torch, with poisoned outputs; explain() names the class
+    and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = out.stdout.splitlines()[-4:]
+    lines = out.stdout.splitlines()
+    sm1024, sm4096, log1024, log4096 = lines[-8:-4]
+    # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
+    assert "two passes" in sm4096 and "one unit" not in sm4096, sm4096
+    for s, threads in ((sm1024, 128), (log1024, 128), (log4096, 512)):
+        assert ("one unit a thread" in s) == (depth == "deep"), s
+        if depth == "deep":
+            assert f"[1 CTA(s) x {threads} threads x 8 elements per row" in s, s
+    f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = lines[-4:]
     for s in (f32_fwd, f32_bwd, bf16_fwd, bf16_bwd):
         assert f"memory depth {depth} (FASTACT_MEMORY_DEPTH)" in s, s
     # elementwise_shape: float forwards one 16-byte access in both classes; the two-operand backwards 8-byte

@@ -63,6 +63,8 @@
 #include <string>
 #include <string_view>
 
+#include "fastact/memory_depth.h"
+
 namespace fastact {
 
 enum class SoftmaxVariant : int { kAuto = 0, kWarp, kVec, kScalar, kLongRow, kStrided, kSplit, kGrid };
@@ -786,6 +788,9 @@ struct SoftmaxProblem {
   // no); softmax_rows_two_pass takes only the former. The launchers set it from the epilogue; a problem built
   // without it plans as log_softmax's (no two passes), as before the field existed.
   bool term_uses_output = false;
+  // The device's memory depth (memory_depth.h): a kDeep one runs the 16-bit vec backward one unit a thread
+  // (softmax_vec_backward_one_unit).
+  MemoryDepth memory_depth = MemoryDepth::kStandard;
 };
 
 // What the dispatcher needs of the device (read once per device: softmax_device_props in
@@ -800,6 +805,7 @@ struct SoftmaxDeviceProps {
   int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
   bool prefetch = true;  // the L2 prefetches of the strided and long-row forwards allowed (FASTACT_PREFETCH=0: not)
+  MemoryDepth memory_depth = MemoryDepth::kStandard;  // memory_depth.cuh device_memory
 };
 
 enum class SoftmaxMode : int { kWarp, kResident, kSplit, kStrided, kGrid };
@@ -825,6 +831,8 @@ struct SoftmaxPlan {
   bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
   bool shifted = false;    // vec forward: the input's rows staged and realigned (softmax_rows_shift_vectorizable)
   bool two_pass = false;   // vec backward: dy and y read again after the row's all-reduce (softmax_rows_two_pass)
+  bool one_unit = false;   // vec backward: one unit of dy and y a thread, the kernel sized for it
+                           // (softmax_vec_backward_one_unit)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -942,6 +950,21 @@ inline int softmax_two_pass_units(int64_t dim, int vec) {
   return 0;
 }
 
+// On a kDeep device (memory_depth.h: the H200) the aligned 16-bit vec backward runs one unit of dy and of y a thread,
+// in block.cuh's backward kernel with a register cache of one unit (26 registers where the two-unit plan's kernel,
+// sized for the longest row, takes 57: twice the CTAs an SM), wherever the row then takes at most
+// kVecMaxThreadsWithClusters threads (D <= 4096); softmax's two passes (softmax_rows_two_pass) keep rows of 2048 and
+// more. Why (H200, 256 MB, bf16, us, five rounds of bench/repro/softmax_bwd_diag.py, bench/NOTES.md forty-fifth
+// session): log_softmax backward D = 1024: library (64 threads x 2 units) 195.1, one unit (128 threads) 186.8,
+// torch.compile 187.1; D = 4096: library (256 x 2) 204.5, one unit (512) 187.2, torch 194.1, torch.compile 209.8.
+// The extra exp a term of log_softmax's backward makes its kernel issue-bound there at two units. The H100
+// (kStandard) keeps two units: one was within 0.3% either way on it (fortieth session: D = 1024 266.7 against
+// 267.3; D = 4096 265.7 against 265.3).
+inline bool softmax_vec_backward_one_unit(const SoftmaxProblem& p, int vec) {
+  return p.backward && p.memory_depth == MemoryDepth::kDeep && vec > 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
+         p.inner == 1 && softmax_rows_vectorizable(p) && (p.dim_size + vec - 1) / vec <= kVecMaxThreadsWithClusters;
+}
+
 // Columns (inner > 1) can move in 128-bit accesses along inner.
 inline bool softmax_columns_vectorizable(const SoftmaxProblem& p) {
   return p.aligned && p.inner > 1 && p.inner % softmax_vec_width(p) == 0;
@@ -983,6 +1006,7 @@ inline SoftmaxProblem softmax_forward_problem(const void* x, int in_bytes, const
   p.wide_cluster_threads = dev.wide_cluster_threads;
   p.l2_bytes = dev.l2_bytes;
   p.prefetch = dev.prefetch;
+  p.memory_depth = dev.memory_depth;
   return p;
 }
 
@@ -1051,6 +1075,10 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
       s.two_pass = true;
       s.elems_per_thread = u * vec;
       s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
+    } else if (!edges && softmax_vec_backward_one_unit(p, vec)) {
+      s.one_unit = true;
+      s.elems_per_thread = vec;
+      s.threads = int(round_up(ceil_div(p.dim_size, vec), 32));
     }
   }
   return s;
@@ -1770,9 +1798,10 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
       } else {
         n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s%s]", s.cluster,
                           s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access,
-                          s.two_pass ? ", two passes: dy and y loaded again after the all-reduce (L1 / L2 evict_last, "
-                                       "then evict_first)"
-                                     : "",
+                          s.two_pass   ? ", two passes: dy and y loaded again after the all-reduce (L1 / L2 evict_last, "
+                                         "then evict_first)"
+                          : s.one_unit ? ", one unit a thread (a deep-memory device)"
+                                       : "",
                           resident_backward_occupancy(p, s));
       }
       break;

@@ -1,4 +1,5 @@
-// How deep a device's memory pipeline is, as the elementwise launchers see it (torch-free, host side).
+// How deep a device's memory pipeline is, as the launchers see it (torch-free, host side): the CUDA query; the
+// class itself is in memory_depth.h, which the CPU-compiled dispatcher includes too.
 //
 // A kernel near the DRAM limit must keep bandwidth x latency bytes in flight (Little's law), and the
 // arithmetic between its loads competes with fewer cycles per byte on a device whose DRAM is fast for
@@ -23,12 +24,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "fastact/memory_depth.h"
+
 namespace fastact {
-
-enum class MemoryDepth { kStandard, kDeep };
-
-// Between the H100's 12.8 and the H200's 18.8 DRAM bytes per SM cycle.
-constexpr double kDeepMemoryBytesPerSmCycle = 16.0;
 
 // What the launchers and explain() know of one device's memory.
 struct DeviceMemory {

@@ -598,12 +598,13 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
 
 // grad_output, output: [rows, D] dense (out_t); grad_input: [rows, D] dense (in_t). Caches
 // grad_output and output as loaded (raw element type) and converts on use. kEdges as the forward's.
-template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false>
+// kUnits > 0: the register cache holds that many units a thread (plan.one_unit: 1), not the longest row's.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kEdges = false, int kUnits = 0>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kernel(
     const out_t* __restrict__ grad_output, const out_t* __restrict__ output, in_t* __restrict__ grad_input,
     int64_t dim, int cluster, Epi epi, int64_t first_row) {
   using A = acc_t<out_t>;
-  constexpr int kElems = block_bwd_elems<out_t, kVec>();
+  constexpr int kElems = kUnits > 0 ? kUnits * kVec : block_bwd_elems<out_t, kVec>();
   constexpr int kVecs = kElems / kVec;
   static_assert(kVecs >= 1 && kElems % kVec == 0, "whole accesses per thread");
   static_assert(!kEdges || kVec > 1, "edges only around 128-bit units");
@@ -749,10 +750,11 @@ cudaError_t block_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, in
 }
 
 // `two_pass`: softmax_block_bwd_two_pass_kernel (plan.two_pass): one CTA a row, aligned rows of whole units, one a
-// thread where `threads` cover the row so, else two.
+// thread where `threads` cover the row so, else two. `one_unit` (plan.one_unit): softmax_block_bwd_kernel sized for one
+// unit a thread, one CTA a row of at most `threads` units.
 template <typename in_t, typename out_t, typename Epi, int kVec>
 cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows, int64_t dim, int threads,
-                           int cluster, bool edges, cudaStream_t stream, bool two_pass = false) {
+                           int cluster, bool edges, cudaStream_t stream, bool two_pass = false, bool one_unit = false) {
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_bwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
@@ -765,6 +767,14 @@ cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t ro
                                                                                           dy, y, dx, dim, Epi{});
       return launch_items<softmax_block_bwd_two_pass_kernel<in_t, out_t, Epi, kVec, 2>>(rows, threads, 0, 1, stream, dy,
                                                                                         y, dx, dim, Epi{});
+    }
+    return cudaErrorInvalidConfiguration;
+  }
+  if (one_unit) {  // compiled only for the backwards dispatch.h softmax_vec_backward_one_unit takes
+    if constexpr (kVec > 1 && sizeof(in_t) == 2 && sizeof(out_t) == 2) {
+      if (cluster != 1 || edges || dim % kVec != 0 || int64_t(threads) * kVec < dim) return cudaErrorInvalidConfiguration;
+      return launch_items<softmax_block_bwd_kernel<in_t, out_t, Epi, kVec, false, 1>>(rows, threads, 0, 1, stream, dy,
+                                                                                      y, dx, dim, 1, Epi{});
     }
     return cudaErrorInvalidConfiguration;
   }

@@ -31,6 +31,7 @@
 
 #include "fastact/dispatch.h"
 #include "fastact/math.h"
+#include "fastact/memory_depth.cuh"
 #include "fastact/softmax/block.cuh"
 #include "fastact/softmax/common.cuh"
 #include "fastact/softmax/grid.cuh"
@@ -138,6 +139,7 @@ inline cudaError_t softmax_device_props(int device, SoftmaxDeviceProps* out) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
     if (err == cudaSuccess) {
       p.l2_bytes = l2;
+      p.memory_depth = device_memory(device).depth;
       softmax_impl::detail::probe_clusters(p.sm_count, p.cc_major, &p);
     }
     const char* prefetch = std::getenv("FASTACT_PREFETCH");
@@ -199,7 +201,7 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
   using namespace softmax_impl::detail;
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
   if (outer <= 0 || dim <= 0 || inner <= 0) return cudaSuccess;
-  if (plan.two_pass) return cudaErrorInvalidValue;  // a backward plan
+  if (plan.two_pass || plan.one_unit) return cudaErrorInvalidValue;  // a backward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
   if (plan.shifted) {  // vec, 16-bit rows: x anywhere (element-aligned), y aligned, D a whole number of units
@@ -284,8 +286,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
-  if (plan.two_pass && !(plan.variant == SoftmaxVariant::kVec && plan.mode == SoftmaxMode::kResident && vec &&
-                         !plan.edges && inner == 1))
+  if ((plan.two_pass || plan.one_unit) && !(plan.variant == SoftmaxVariant::kVec &&
+                                             plan.mode == SoftmaxMode::kResident && vec && !plan.edges && inner == 1))
     return cudaErrorInvalidValue;  // vec's rows only
   if (vec && !(softmax_ptr_aligned(grad_output, kW * int64_t(sizeof(out_t))) &&
                softmax_ptr_aligned(output, kW * int64_t(sizeof(out_t))) &&

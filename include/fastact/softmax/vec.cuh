@@ -25,7 +25,7 @@ cudaError_t vec_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t rows
                          cudaStream_t stream) {
   constexpr int kW = softmax_vec_width(sizeof(in_t), sizeof(out_t));
   return block_backward<in_t, out_t, Epi, kW>(dy, y, dx, rows, dim, plan.threads, 1, plan.edges, stream,
-                                              plan.two_pass);
+                                              plan.two_pass, plan.one_unit);
 }
 
 }  // namespace fastact::softmax_impl::detail
