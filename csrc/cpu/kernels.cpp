@@ -1716,6 +1716,24 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
   });
 }
 
+// The 16-bit log_softmax backward takes exp(y) in its summing pass, which then reads dy and y as softmax's does, into a
+// scratch row of acc_t (a task's, from the heap: at most kLogBwdExpFirstMaxDim elements, 4 MB of float); the second
+// pass reads dy again and that row from cache: dx = dy - e s. Before, the summing pass read dy alone and the second
+// read y too, converted it and took its exp, which left the load-convert-exp chain in the pass that writes.
+// Measured (this 2-core VM, two threads, AVX512, separate processes alternating, fastact / torch ratios of the
+// medians, before -> after; the VM's absolute times drifted 30% between runs): bf16 [32768, 1024] 1.06 / 1.12 ->
+// 1.45 / 1.42; f16 [16384, 2048] 1.07 / 1.06 -> 1.28 / 1.37; bf16 [8192, 4096] 1.13 / 1.18 -> 1.51 / 1.31, f16
+// 1.08 / 1.03 -> 1.29 / 1.27; bf16 [1024, 16384] 1.16 / 1.19 -> 1.39 / 1.33; bf16 [512, 65536] 1.17 / 1.22 ->
+// 1.31 / 1.34; bf16 [131072, 256] 1.19 / 1.26 -> 1.32 / 1.28; f16 [524288, 64] 1.01 / 1.10 -> 1.11 / 1.08. Float
+// rows lost (f32 [4096, 4096] 1.27 / 1.23 -> 1.19 / 1.21, [1024, 16384] 1.24 / 1.33 -> 1.13 / 1.11; [256, 65536]
+// level, 1.08-1.33 -> 1.10-1.15): there y needs no conversion, and the scratch row's store and load cost more than
+// the exp they move. bench/NOTES.md, forty-fifth session.
+constexpr int64_t kLogBwdExpFirstMaxDim = int64_t{1} << 20;
+template <bool kLog, typename In>
+bool log_softmax_bwd_exp_first(int64_t D) {
+  return kLog && sizeof(In) == 2 && D <= kLogBwdExpFirstMaxDim;
+}
+
 template <typename In, typename Out, bool kLog>
 void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
   using IO = Io<In>;
@@ -1729,7 +1747,11 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   // past the head that reaches the alignment element by element.
   const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes &&
                       D >= int64_t(kStreamAlign / sizeof(Out)) + kStep;
+  // 16-bit log_softmax: exp(y) of the summing pass into a row of scratch (log_softmax_bwd_exp_first says why).
+  const bool exp_first = log_softmax_bwd_exp_first<kLog, In>(D);
   parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
+    std::unique_ptr<A[]> exp_row(exp_first ? new A[D] : nullptr);
+    A* e = exp_row.get();
     for (int64_t r = r0; r < r1; ++r) {
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
@@ -1746,8 +1768,15 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
           IO::load2(yr + i, y0, y1);
           s0 = s0 + VecBackward<kLog>::term(g0, y0);
           s1 = s1 + VecBackward<kLog>::term(g1, y1);
+          if (exp_first) {
+            exp_any(y0).store(e + i);
+            exp_any(y1).store(e + i + IO::kV);
+          }
         }
         total = total + (s0 + s1);
+      }
+      if (exp_first) {
+        for (int64_t k = vec_end; k < D; ++k) e[k] = std::exp(to_acc(yr[k]));
       }
       const int64_t tail = D - vec_end;
       if (tail > kPaddedTailBwd) {  // the tail as two padded vectors (the padding's terms are 0)
@@ -1765,6 +1794,17 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       if (stream) {
         for (; i < D && !stream_aligned(dxr + i); ++i)
           dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
+      }
+      if (exp_first) {  // dx = dy - e s, dy again (from cache) and e from the scratch row
+        for (; i + kStep <= D; i += kStep) {
+          V g0, g1;
+          IO::load2(dyr + i, g0, g1);
+          const V d0 = g0 - V::loadu(e + i) * vs, d1 = g1 - V::loadu(e + i + IO::kV) * vs;
+          if (stream) stream2(dxr + i, d0, d1);
+          else OO::store2(dxr + i, d0, d1);
+        }
+        for (; i < D; ++i) dxr[i] = from_acc<Out>(to_acc(dyr[i]) - e[i] * s);
+        continue;
       }
       for (; i + kStep <= D; i += kStep) {
         V g0, g1, y0, y1;
