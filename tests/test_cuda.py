@@ -1713,6 +1713,56 @@ def test_elementwise_memory_depth(depth):
     assert f"8 x bfloat16 per 128-bit access, {accesses} per thread and operand, 128 threads" in bf16_bwd, bf16_bwd
 
 
+_MEMORY_DEPTH_KERNELS_SCRIPT = """
+import torch, fastact
+from torch.profiler import ProfilerActivity, profile
+torch.manual_seed(0)
+xb = torch.randn(65536, device="cuda", dtype=torch.bfloat16)
+xf, xd = xb.float(), xb.double()
+rows = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)[:, 1024:]
+yb = torch.log_softmax(torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16), -1)
+yf = yb.float()
+cases = {
+    "sigmoid bf16": lambda: fastact.sigmoid(xb),
+    "sigmoid bf16 rows": lambda: fastact.sigmoid(rows),
+    "gelu_backward f32": lambda: torch.ops.fastact.gelu_backward(xf, xf, "none"),
+    "log_softmax_backward bf16": lambda: torch.ops.fastact.log_softmax_backward(yb, yb, -1, torch.bfloat16),
+    "sigmoid f32": lambda: fastact.sigmoid(xf),
+    "gelu_backward f64": lambda: torch.ops.fastact.gelu_backward(xd, xd, "none"),
+    "log_softmax_backward f32": lambda: torch.ops.fastact.log_softmax_backward(yf, yf, -1, torch.float32),
+}
+for name, call in cases.items():
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    print(name + "\t" + "|".join(kernels))
+"""
+
+
+def test_memory_depth_kernels():
+    """The kernels that run (torch.profiler's names) under each forced class: another instantiation where the class
+    changes the shape (16-bit elementwise, flat and rows; float backwards; the 16-bit softmax vec backward's one unit),
+    the same one where it does not (float forwards, double, float softmax), so the launchers' wiring is checked, not
+    only explain()'s report of the plan."""
+    runs = {}
+    for depth in ("standard", "deep"):
+        env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
+        out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_KERNELS_SCRIPT], env=env, capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[depth] = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
+    if not any(runs["standard"].values()):
+        pytest.skip("the profiler recorded no CUDA kernels here")
+    for name, standard in runs["standard"].items():
+        deep = runs["deep"][name]
+        assert standard and deep, (name, standard, deep)
+        differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32", "log_softmax_backward bf16")
+        assert (standard != deep) == differs, (name, standard, deep)
+
+
 def test_elementwise_memory_depth_auto():
     """Unforced, the class follows the device's DRAM bytes per SM cycle (memory_depth.cuh), which explain() shows:
     deep from 16 (the H200's 18.8), standard below (the H100's 12.8)."""

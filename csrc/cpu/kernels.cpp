@@ -1775,19 +1775,20 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         }
         total = total + (s0 + s1);
       }
-      if (exp_first) {
-        for (int64_t k = vec_end; k < D; ++k) e[k] = std::exp(to_acc(yr[k]));
-      }
       const int64_t tail = D - vec_end;
       if (tail > kPaddedTailBwd) {  // the tail as two padded vectors (the padding's terms are 0)
         V g0, g1, y0, y1;
         load2_tail(dyr + vec_end, tail, A(0), g0, g1);
         load2_tail(yr + vec_end, tail, A(0), y0, y1);
         total = total + (VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1));
+        if (exp_first) store2_tail(e + vec_end, tail, exp_any(y0), exp_any(y1));
       }
       A s = hsum(total);
       if (tail <= kPaddedTailBwd) {
-        for (i = vec_end; i < D; ++i) s += epi.backward_term(to_acc(dyr[i]), to_acc(yr[i]));
+        for (i = vec_end; i < D; ++i) {
+          s += epi.backward_term(to_acc(dyr[i]), to_acc(yr[i]));
+          if (exp_first) e[i] = std::exp(to_acc(yr[i]));
+        }
       }
       const V vs(s);
       i = 0;
@@ -1803,7 +1804,14 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
           if (stream) stream2(dxr + i, d0, d1);
           else OO::store2(dxr + i, d0, d1);
         }
-        for (; i < D; ++i) dxr[i] = from_acc<Out>(to_acc(dyr[i]) - e[i] * s);
+        if (D - i > kPaddedTailBwd) {  // the tail as two padded vectors, as the body
+          V g0, g1, e0, e1;
+          load2_tail(dyr + i, D - i, A(0), g0, g1);
+          load2_tail(e + i, D - i, A(0), e0, e1);
+          store2_tail(dxr + i, D - i, g0 - e0 * vs, g1 - e1 * vs);
+        } else {
+          for (; i < D; ++i) dxr[i] = from_acc<Out>(to_acc(dyr[i]) - e[i] * s);
+        }
         continue;
       }
       for (; i + kStep <= D; i += kStep) {

@@ -952,14 +952,14 @@ inline int softmax_two_pass_units(int64_t dim, int vec) {
 
 // On a kDeep device (memory_depth.h: the H200) the aligned 16-bit vec backward runs one unit of dy and of y a thread,
 // in block.cuh's backward kernel with a register cache of one unit (26 registers where the two-unit plan's kernel,
-// sized for the longest row, takes 57: twice the CTAs an SM), wherever the row then takes at most
+// sized for the longest row, takes 57: twice the resident threads an SM, 2048 against 1024), wherever the row then takes at most
 // kVecMaxThreadsWithClusters threads (D <= 4096); softmax's two passes (softmax_rows_two_pass) keep rows of 2048 and
 // more. Why (H200, 256 MB, bf16, us, five rounds of bench/repro/softmax_bwd_diag.py, bench/NOTES.md forty-fifth
 // session): log_softmax backward D = 1024: library (64 threads x 2 units) 195.1, one unit (128 threads) 186.8,
 // torch.compile 187.1; D = 4096: library (256 x 2) 204.5, one unit (512) 187.2, torch 194.1, torch.compile 209.8.
-// The extra exp a term of log_softmax's backward makes its kernel issue-bound there at two units. The H100
-// (kStandard) keeps two units: one was within 0.3% either way on it (fortieth session: D = 1024 266.7 against
-// 267.3; D = 4096 265.7 against 265.3).
+// softmax's backward at D = 1024 (186.8 on the H200 with two units) takes the same plan, not timed apart there. The
+// H100 (kStandard) keeps two units: one lost 0.3-1% on it (forty-fifth session, the report's cells with each class
+// forced: log_softmax bf16 D = 1024 264.1 -> 266.6-266.8, D = 4096 265.1 -> 265.8-266.0; softmax level).
 inline bool softmax_vec_backward_one_unit(const SoftmaxProblem& p, int vec) {
   return p.backward && p.memory_depth == MemoryDepth::kDeep && vec > 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
          p.inner == 1 && softmax_rows_vectorizable(p) && (p.dim_size + vec - 1) / vec <= kVecMaxThreadsWithClusters;

@@ -122,7 +122,10 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 //   16-bit tanh and erf backwards, two accesses: 217.6 -> 190.1 (211.4), 241.6 -> 223.5 (245.5)
 //   float forwards: one access, as on the H100 (129.2-130.6 at one or two; torch 130.2-130.7)
 // (bf16 figures; f16 within 2%.) On the H100 the same two-access shapes lost 0.5-1% (the table above's U2
-// columns), so each class keeps its own.
+// columns), so each class keeps its own. Under the 32-register cap ptxas spills a little in three deep 16-bit
+// kernels (bytes stored / loaded, bf16: tanh backward 20 / 44, erf backward 12 / 24, erf forward 16 / 16); the
+// diag's twins of them, which spill alike, gave the figures above. The deep erf forward is untied, as the
+// diag's four-access twin that measured 154.0 us (a tied one was not built; tie_loads is the standard shape's).
 constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math,
                                      MemoryDepth depth = MemoryDepth::kStandard) {
   if (!vectorised) {

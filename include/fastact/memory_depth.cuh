@@ -10,12 +10,14 @@
 // H100 SXM (HBM3, 2619 MHz x 5120 bits, 132 SMs at 1980 MHz): 12.8; H200 (HBM3e, 3201 MHz x 6144
 // bits, the same SMs): 18.8; A100 80GB: 13.4. At or above kDeepMemoryBytesPerSmCycle a device is
 // kDeep: its elementwise kernels take more bytes a thread (elementwise.cuh elementwise_shape says
-// which, from sweeps on both machines; bench/NOTES.md, forty-fifth session). Where a CUDA attribute is
+// which) and the 16-bit softmax vec backward one unit a thread (dispatch.h softmax_vec_backward_one_unit),
+// from diags on both machines (bench/NOTES.md, forty-fifth session). Where a CUDA attribute is
 // missing (zero, or an error) the device is kStandard, the shapes every sweep before that was tuned on.
 //
-// FASTACT_MEMORY_DEPTH=standard or =deep (read once per device) overrides the measure: the tests force
-// each class on whatever GPU runs them, and a user can pick the other shapes for a device this rule
-// places wrongly.
+// FASTACT_MEMORY_DEPTH=standard or =deep (read once per device; other values are ignored) overrides the
+// measure: the tests force each class on whatever GPU runs them, and a user can pick the other shapes for a
+// device this rule places wrongly. By public specifications the rule also calls the H100 NVL (~16.5), the H20
+// and the B200 deep; only the H100 SXM and the H200 were measured.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,13 +43,14 @@ constexpr int kMaxDevices = 64;
 inline DeviceMemory measure(int device) {
   DeviceMemory m;
   int mem_khz = 0, bus_bits = 0, sms = 0, sm_khz = 0;
-  if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device) == cudaSuccess && sms > 0 && sm_khz > 0) {
-    m.bytes_per_sm_cycle = 2.0 * mem_khz * (bus_bits / 8.0) / (double(sms) * sm_khz);
-  } else {
+  const bool queried = cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device) == cudaSuccess;
+  if (!queried) {
     (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch check
+  } else if (sms > 0 && sm_khz > 0) {
+    m.bytes_per_sm_cycle = 2.0 * mem_khz * (bus_bits / 8.0) / (double(sms) * sm_khz);
   }
   m.depth = m.bytes_per_sm_cycle >= kDeepMemoryBytesPerSmCycle ? MemoryDepth::kDeep : MemoryDepth::kStandard;
   if (const char* env = std::getenv("FASTACT_MEMORY_DEPTH")) {

@@ -286,6 +286,7 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   if (plan.shifted) return cudaErrorInvalidValue;  // a forward plan
   if (plan.vec != 1 && plan.vec != kW) return cudaErrorInvalidValue;
   const bool vec = plan.vec == kW;
+  if (plan.two_pass && plan.one_unit) return cudaErrorInvalidValue;  // one kernel or the other
   if ((plan.two_pass || plan.one_unit) && !(plan.variant == SoftmaxVariant::kVec &&
                                              plan.mode == SoftmaxMode::kResident && vec && !plan.edges && inner == 1))
     return cudaErrorInvalidValue;  // vec's rows only
