@@ -1731,7 +1731,37 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
 constexpr int64_t kLogBwdExpFirstMaxDim = int64_t{1} << 20;
 template <bool kLog, typename In>
 bool log_softmax_bwd_exp_first(int64_t D) {
-  return kLog && sizeof(In) == 2 && D <= kLogBwdExpFirstMaxDim;
+  return kLog && sizeof(In) == 2 && D > 4 * Io<In>::kV && D <= kLogBwdExpFirstMaxDim;  // past the in-register rows
+}
+
+// A backward row of at most two vector pairs (D <= 4 kV) held in registers: dy and y loaded once, padded past D (the
+// padding's terms are 0 and its outputs dropped), summed, mapped and stored; the row loop below loads every element
+// twice and pays its loop and tail logic a row. Why (this 2-core VM, AVX512, 8 MB f32, three rounds in one process,
+// fastact / torch; bench/NOTES.md forty-fifth session): softmax rows of 16 and 24 had fallen to 0.56-0.85 of torch's
+// speed through the row loop.
+template <bool kLog, typename In, typename Out>
+C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr, Out* dxr, int64_t D) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const auto load_pair = [](const In* p, int64_t n, V& a, V& b) {
+    if (n == kStep) IO::load2(p, a, b);
+    else load2_tail(p, n, A(0), a, b);
+  };
+  const int64_t n0 = std::min(D, kStep), n1 = D - n0;
+  V g0, g1, y0, y1, g2(A(0)), g3(A(0)), y2(A(0)), y3(A(0));
+  load_pair(dyr, n0, g0, g1);
+  load_pair(yr, n0, y0, y1);
+  V t = VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1);
+  if (n1 > 0) {
+    load_pair(dyr + kStep, n1, g2, g3);
+    load_pair(yr + kStep, n1, y2, y3);
+    t = t + (VecBackward<kLog>::term(g2, y2) + VecBackward<kLog>::term(g3, y3));
+  }
+  const V vs(hsum(t));
+  store2_tail(dxr, n0, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+  if (n1 > 0) store2_tail(dxr + kStep, n1, VecBackward<kLog>::map(g2, y2, vs), VecBackward<kLog>::map(g3, y3, vs));
 }
 
 template <typename In, typename Out, bool kLog>
@@ -1756,6 +1786,10 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
       Out* dxr = dx + r * D;
+      if (D <= 2 * kStep) {  // softmax_bwd_row_in_registers
+        softmax_bwd_row_in_registers<kLog, In, Out>(dyr, yr, dxr, D);
+        continue;
+      }
       int64_t i = 0;
       const int64_t vec_end = D - D % kStep;
       V total(A(0));
