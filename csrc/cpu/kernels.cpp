@@ -1830,39 +1830,32 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         for (; i < D && !stream_aligned(dxr + i); ++i)
           dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
       }
-      if (exp_first) {  // dx = dy - e s, dy again (from cache) and e from the scratch row
+      // The writing pass from i on, dx = map(dy, z) for z = y, or (exp_first) z = exp(y) from the scratch row: vector
+      // pairs, then the tail as two padded vectors, as the summing pass, or element by element.
+      const auto write = [&](const auto* z, const auto& vmap, const auto& smap) {
+        using ZO = Io<std::remove_const_t<std::remove_pointer_t<decltype(z)>>>;
         for (; i + kStep <= D; i += kStep) {
-          V g0, g1;
+          V g0, g1, z0, z1;
           IO::load2(dyr + i, g0, g1);
-          const V d0 = g0 - V::loadu(e + i) * vs, d1 = g1 - V::loadu(e + i + IO::kV) * vs;
+          ZO::load2(z + i, z0, z1);
+          const V d0 = vmap(g0, z0), d1 = vmap(g1, z1);
           if (stream) stream2(dxr + i, d0, d1);
           else OO::store2(dxr + i, d0, d1);
         }
-        if (D - i > kPaddedTailBwd) {  // the tail as two padded vectors, as the body
-          V g0, g1, e0, e1;
+        if (D - i > kPaddedTailBwd) {
+          V g0, g1, z0, z1;
           load2_tail(dyr + i, D - i, A(0), g0, g1);
-          load2_tail(e + i, D - i, A(0), e0, e1);
-          store2_tail(dxr + i, D - i, g0 - e0 * vs, g1 - e1 * vs);
+          load2_tail(z + i, D - i, A(0), z0, z1);
+          store2_tail(dxr + i, D - i, vmap(g0, z0), vmap(g1, z1));
         } else {
-          for (; i < D; ++i) dxr[i] = from_acc<Out>(to_acc(dyr[i]) - e[i] * s);
+          for (; i < D; ++i) dxr[i] = from_acc<Out>(smap(to_acc(dyr[i]), to_acc(z[i])));
         }
-        continue;
-      }
-      for (; i + kStep <= D; i += kStep) {
-        V g0, g1, y0, y1;
-        IO::load2(dyr + i, g0, g1);
-        IO::load2(yr + i, y0, y1);
-        const V d0 = VecBackward<kLog>::map(g0, y0, vs), d1 = VecBackward<kLog>::map(g1, y1, vs);
-        if (stream) stream2(dxr + i, d0, d1);
-        else OO::store2(dxr + i, d0, d1);
-      }
-      if (D - i > kPaddedTailBwd) {  // the tail as two padded vectors, as the body
-        V g0, g1, y0, y1;
-        load2_tail(dyr + i, D - i, A(0), g0, g1);
-        load2_tail(yr + i, D - i, A(0), y0, y1);
-        store2_tail(dxr + i, D - i, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+      };
+      if (exp_first) {
+        write(e, [&](const V& g, const V& ez) { return g - ez * vs; }, [&](A g, A ez) { return g - ez * s; });
       } else {
-        for (; i < D; ++i) dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
+        write(yr, [&](const V& g, const V& yv) { return VecBackward<kLog>::map(g, yv, vs); },
+              [&](A g, A yv) { return epi.backward(g, yv, s); });
       }
     }
     if (stream) stream_fence();
