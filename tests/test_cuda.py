@@ -1775,6 +1775,43 @@ def test_elementwise_memory_depth_auto():
     assert float(m.group(2)) > 1.0, s
 
 
+def _ordered_bits(t):
+    """A 16-bit tensor's bit patterns as integers in the order of the values (+0 and -0 both 0), so that the
+    difference of two is their distance in units in the last place."""
+    i = t.view(torch.int16).to(torch.int32)
+    return torch.where(i < 0, -(i & 0x7FFF), i)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_elementwise_16bit_math_every_input(dtype):
+    """The 16-bit forms of the erf GELU and the sigmoid (math.h GeluErf16, Sigmoid16, which the launchers take for
+    16-bit tensors) on every one of the 65536 inputs, against the float64 formulas rounded once: the forwards within
+    one unit in the last place (faithful), the erf GELU's derivative (dy = 1) within two; NaN and infinities where
+    the float64 formulas have them. The float64 GELU is x * ndtr(x), accurate in the negative tail where
+    0.5 x (1 + erf(x / sqrt 2)) cancels to 0, and subnormal results count like the others."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    x64 = x.double()
+    ndtr = torch.special.ndtr(x64)
+    density = torch.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi)
+    cases = {
+        "gelu": (lambda: fastact.gelu(x), x64 * ndtr, 1),
+        "sigmoid": (lambda: fastact.sigmoid(x), torch.sigmoid(x64), 1),
+        "gelu_backward": (lambda: ops.gelu_backward(torch.ones_like(x), x, "none"), ndtr + x64 * density, 2),
+    }
+    for name, (call, ref64, max_ulp) in cases.items():
+        poison_allocator("cuda", x.numel() * x.element_size())
+        got = call()
+        want = ref64.to(dtype)
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), f"{name}: NaN at {got.isnan().sum()} inputs, want {nan.sum()}"
+        ulp = (_ordered_bits(got) - _ordered_bits(want)).abs()[~nan]
+        worst = int(ulp.argmax())
+        assert int(ulp.max()) <= max_ulp, (
+            f"{name} {dtype}: {int((ulp > max_ulp).sum())} input(s) over {max_ulp} ulp; worst at x = "
+            f"{x[~nan][worst].item()!r}: {got[~nan][worst].item()!r}, want {want[~nan][worst].item()!r} "
+            f"({int(ulp.max())} ulp)")
+
+
 def test_bias_gelu_forward_allocates_only_its_output():
     x = make_tensor((4096, 4096), torch.float16, "cuda")
     b = bias_for(x)

@@ -358,20 +358,23 @@ cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n,
 
 // Whether Op is bias_gelu's forward (elementwise_rows_shape's bias).
 template <typename Op>
-constexpr bool kBiasOp =
-    std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>> || std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>;
+constexpr bool kBiasOp = false;
+template <typename Gelu>
+constexpr bool kBiasOp<BiasGeluForwardOp<Gelu>> = true;
 
-// The math Op evaluates (elementwise_shape's math).
+// The math a math.h functor evaluates, and that of an Op over one (elementwise_shape's math).
+template <typename F>
+constexpr EltMath kMathOfFunctor = std::is_same_v<F, math::GeluErf> || std::is_same_v<F, math::GeluErf16> ? EltMath::kErf
+                                   : std::is_same_v<F, math::GeluTanh>                                     ? EltMath::kTanh
+                                                                                                            : EltMath::kSigmoid;
 template <typename Op>
-constexpr EltMath kMathOf = std::is_same_v<Op, ForwardOp<math::GeluErf>> ||
-                                    std::is_same_v<Op, DerivativeOp<math::GeluErf>> ||
-                                    std::is_same_v<Op, BiasGeluForwardOp<math::GeluErf>>
-                                ? EltMath::kErf
-                            : std::is_same_v<Op, ForwardOp<math::GeluTanh>> ||
-                                    std::is_same_v<Op, DerivativeOp<math::GeluTanh>> ||
-                                    std::is_same_v<Op, BiasGeluForwardOp<math::GeluTanh>>
-                                ? EltMath::kTanh
-                                : EltMath::kSigmoid;
+constexpr EltMath kMathOf = EltMath::kSigmoid;  // SigmoidBackwardOp
+template <typename F>
+constexpr EltMath kMathOf<ForwardOp<F>> = kMathOfFunctor<F>;
+template <typename F>
+constexpr EltMath kMathOf<DerivativeOp<F>> = kMathOfFunctor<F>;
+template <typename F>
+constexpr EltMath kMathOf<BiasGeluForwardOp<F>> = kMathOfFunctor<F>;
 
 constexpr bool operator==(const EltShape& a, const EltShape& b) {
   return a.threads == b.threads && a.access_bytes == b.access_bytes && a.unroll == b.unroll &&
@@ -813,6 +816,32 @@ cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, int64_t x_row,
 
 // ---- the plain launchers ----------------------------------------------------------------------------
 
+// The functor the launchers evaluate for math.h functor F on elements of type T: on 16-bit elements the erf
+// GELU and the sigmoid take their 16-bit-output forms (math::GeluErf16, math::Sigmoid16: float math to
+// ~2e-6, a fraction of erff's / expf's and a division's instructions); everything else F itself.
+template <typename F, typename T>
+struct StorageMathOf {
+  using type = F;
+};
+template <>
+struct StorageMathOf<math::GeluErf, __half> {
+  using type = math::GeluErf16;
+};
+template <>
+struct StorageMathOf<math::GeluErf, __nv_bfloat16> {
+  using type = math::GeluErf16;
+};
+template <>
+struct StorageMathOf<math::Sigmoid, __half> {
+  using type = math::Sigmoid16;
+};
+template <>
+struct StorageMathOf<math::Sigmoid, __nv_bfloat16> {
+  using type = math::Sigmoid16;
+};
+template <typename F, typename T>
+using StorageMath = typename StorageMathOf<F, T>::type;
+
 // The access width bias_gelu uses for these pointers and row length: vec_width<T>() when H is a
 // multiple of it and every pointer is 16-byte aligned, else 1.
 template <typename T>
@@ -823,15 +852,15 @@ int bias_gelu_vec(int64_t H, const void* a, const void* b, const void* c, const 
 // y = f(x), f one of math::GeluErf, math::GeluTanh, math::Sigmoid. x, y laid out as g (ElementRows:
 // x is its first input).
 template <typename T, typename F>
-cudaError_t activation_forward(const T* x, T* y, const ElementRows& g, F f, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(x, nullptr, y, g, elementwise::ForwardOp<F>{f}, stream);
+cudaError_t activation_forward(const T* x, T* y, const ElementRows& g, F, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(x, nullptr, y, g, elementwise::ForwardOp<StorageMath<F, T>>{}, stream);
 }
 
 // dx = dy * gelu'(x), Gelu one of math::GeluErf, math::GeluTanh. dy, x, dx laid out as g (dy its first
 // input, x its second).
 template <typename T, typename Gelu>
-cudaError_t gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g, Gelu gelu, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, x, dx, g, elementwise::DerivativeOp<Gelu>{gelu}, stream);
+cudaError_t gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g, Gelu, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(dy, x, dx, g, elementwise::DerivativeOp<StorageMath<Gelu, T>>{}, stream);
 }
 
 // dx = dy * y (1 - y), y = sigmoid(x) the forward's output. dy, y, dx laid out as g (dy first, y second).
@@ -845,12 +874,13 @@ cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& 
 // bias, y) allows them, else element accesses. A strided stack of rows: elementwise_rows_kernel, the
 // bias its second input at row stride 0.
 template <typename T, typename Gelu>
-cudaError_t bias_gelu_forward(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t H, Gelu gelu,
+cudaError_t bias_gelu_forward(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t H, Gelu,
                               cudaStream_t stream) {
   if (rows <= 0 || H <= 0) return cudaSuccess;
+  const StorageMath<Gelu, T> gelu;
   if (x_stride != H && rows > 1) {
     return elementwise::launch_elementwise<T>(x, bias, y, ElementRows{rows, H, x_stride, 0},
-                                              elementwise::BiasGeluForwardOp<Gelu>{gelu}, stream);
+                                              elementwise::BiasGeluForwardOp<StorageMath<Gelu, T>>{gelu}, stream);
   }
   if (bias_gelu_vec<T>(H, x, bias, y) > 1)
     return elementwise::launch_bias_gelu_forward_as<vec_width<T>()>(x, bias, y, rows * H, H, gelu, stream);
@@ -865,8 +895,9 @@ cudaError_t bias_gelu_forward(const T* x, int64_t x_stride, const T* bias, T* y,
 template <typename T, typename Gelu>
 cudaError_t bias_gelu_backward(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias,
                                acc_t<T>* workspace, int64_t rows, int64_t H, const elementwise::BiasGeluPlan& plan,
-                               Gelu gelu, cudaStream_t stream) {
+                               Gelu, cudaStream_t stream) {
   if (rows <= 0 || H <= 0) return cudaSuccess;
+  const StorageMath<Gelu, T> gelu;
   if (plan.vec == vec_width<T>()) {
     return elementwise::launch_bias_gelu_backward_as<vec_width<T>()>(dy, x, x_stride, bias, dx, workspace, dbias, rows,
                                                                      H, plan, gelu, stream);

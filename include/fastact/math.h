@@ -83,6 +83,27 @@ FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 }
 FASTACT_HOST_DEVICE double exp_log_prob(double y) { return ::exp(y); }
 
+// 2^x and 1/x through the SFU (ex2.approx.ftz, rcp.approx.ftz: one MUFU each, 2 and 1 ulp; inputs and
+// results below 2^-126 flush to 0). On the host, exp2f and a division. For the 16-bit-output functors below.
+FASTACT_HOST_DEVICE float ex2_sfu(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return exp2f(x);
+#endif
+}
+FASTACT_HOST_DEVICE float rcp_sfu(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.f / x;
+#endif
+}
+
 // F.gelu(x, approximate="none") = x/2 * (1 + erf(x / sqrt(2)))
 struct GeluErf {
   template <typename A>
@@ -95,6 +116,59 @@ struct GeluErf {
     const A cdf = A(0.5) * (A(1) + erf_(x * GeluConstants<A>::kAlpha));
     const A pdf = exp_(A(-0.5) * x * x) * GeluConstants<A>::kInvSqrt2Pi;
     return cdf + x * pdf;
+  }
+};
+
+// The erf GELU for results rounded to 16 bits (bfloat16, float16), in float at about 2e-6 relative error
+// (a 16-bit result is 2^-8 or 2^-11 apart), with two MUFUs and ~16 other instructions where erff alone
+// takes ~25: in 16-bit the erf GELU is issue-bound, not memory-bound (bench/NOTES.md, forty-sixth
+// session). The CUDA launchers take it for 16-bit tensors (elementwise.cuh StorageMath); float and
+// double keep GeluErf.
+//
+// With a = |x|: Phi(-a) = t q(t) exp(-a^2 / 2), t = 1 / (1 + p a) in (0, 1], q a degree-7 polynomial
+// fitted (minimax in relative error over t in [0, 1], so over every a; script in bench/NOTES.md) to
+// Phi(-a) exp(a^2 / 2) / t: 9.7e-7 relative evaluated in float; the rounding of the exponent adds 6.6e-7
+// and the MUFUs ~4e-7. Then Phi(x) = 1 - Phi(-a) for x >= 0, Phi(-a) for x < 0, both without
+// cancellation, so the negative tail keeps its relative accuracy (erf-based 1 + erf(x / sqrt 2) loses it
+// from x ~ -4 and is 0 below -5.6, in float64 below -8.3).
+// Subnormal results: exp is taken as exp(-a^2 / 2) 2^16 (the exponent offset by 16, so ex2 does not flush
+// before 2^-142) and q carries the 2^-16, so Phi(-a) rounds once into a float subnormal: bfloat16's
+// subnormals (to 2^-133) come out as the float64 formula's.
+struct GeluErf16 {
+  static constexpr float kP = 0.325f;
+  // q's coefficients, lowest first (q(t) = kQ0 + kQ1 t + ... + kQ7 t^7), times 2^-16.
+  static constexpr float kQ0 = 0x1p-16f * 0.12965615f, kQ1 = 0x1p-16f * 0.12967208f, kQ2 = 0x1p-16f * 0.11550387f,
+                         kQ3 = 0x1p-16f * 0.09351636f, kQ4 = 0x1p-16f * 0.026045887f, kQ5 = 0x1p-16f * 0.08530914f,
+                         kQ6 = 0x1p-16f * -0.11352008f, kQ7 = 0x1p-16f * 0.03381686f;
+  static constexpr float kMinusHalfLog2e = -0.72134752044448170368f;  // exp(-x^2/2) = 2^(x * (x * this))
+  static constexpr float kDensity = 0x1p-16f * 0.39894228040143267794f;  // 1/sqrt(2 pi), times 2^-16
+
+  // Phi(-|x|) and exp(-x^2 / 2) 2^16.
+  struct Tail {
+    float phi_minus_a;
+    float exp_scaled;
+  };
+  FASTACT_HOST_DEVICE static Tail tail(float x) {
+    const float t = rcp_sfu(fmaf(fabsf(x), kP, 1.f));
+    float q = fmaf(kQ7, t, kQ6);
+    q = fmaf(q, t, kQ5);
+    q = fmaf(q, t, kQ4);
+    q = fmaf(q, t, kQ3);
+    q = fmaf(q, t, kQ2);
+    q = fmaf(q, t, kQ1);
+    q = fmaf(q, t, kQ0);
+    const float e = ex2_sfu(fmaf(x, x * kMinusHalfLog2e, 16.f));
+    return {t * q * e, e};
+  }
+  FASTACT_HOST_DEVICE static float cdf(float x, float phi_minus_a) {
+    return x >= 0.f ? 1.f - phi_minus_a : phi_minus_a;
+  }
+  // x Phi(x): +inf at +inf, NaN at -inf (-inf * 0) and NaN, -0 at -0, as the float64 formula.
+  FASTACT_HOST_DEVICE float forward(float x) const { return x * cdf(x, tail(x).phi_minus_a); }
+  // Phi(x) + x phi(x): NaN at +-inf (inf * 0), as the float64 formula.
+  FASTACT_HOST_DEVICE float derivative(float x) const {
+    const Tail r = tail(x);
+    return fmaf(x * kDensity, r.exp_scaled, cdf(x, r.phi_minus_a));
   }
 };
 
@@ -128,6 +202,20 @@ struct Sigmoid {
   FASTACT_HOST_DEVICE A derivative_from_output(A y) const {
     return y * (A(1) - y);
   }
+};
+
+// torch.sigmoid for results rounded to 16 bits, in float at about 1e-6 relative error: exp(-|x|) 2^16
+// by one ex2 (offset by 16, as GeluErf16's exp, so that a result down to bfloat16's smallest subnormal does not
+// flush), 1 / (1 + exp(-|x|)) by one rcp (its argument in [1, 2]): two MUFUs and 5 other instructions where
+// expf and a division take ~20 (bench/NOTES.md, forty-sixth session). Backward: Sigmoid's.
+struct Sigmoid16 {
+  static constexpr float kMinusLog2e = -1.44269504088896340736f;
+  FASTACT_HOST_DEVICE float forward(float x) const {
+    const float e = ex2_sfu(fmaf(fabsf(x), kMinusLog2e, 16.f));  // exp(-|x|) 2^16
+    const float r = rcp_sfu(fmaf(e, 0x1p-16f, 1.f));
+    return x >= 0.f ? r : e * r * 0x1p-16f;
+  }
+  FASTACT_HOST_DEVICE float derivative_from_output(float y) const { return Sigmoid{}.derivative_from_output(y); }
 };
 
 // Softmax epilogues: a kernel computes the max m and the sum s = sum(exp(x - m)) of a row, turns s
