@@ -311,6 +311,10 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
         << " access" << (tanh_shape.unroll == 1 ? "" : "es") << ", " << tanh_shape.threads << " threads)";
     }
     s << ", all loads issued before the arithmetic, " << depth_note();
+    if (esize == 2 && op != "sigmoid_backward") {
+      s << ", 16-bit math form (math.h " << (gelu ? "GeluErf16, approximate='none'" : "Sigmoid16")
+        << ": float math to ~2e-6, for results rounded to 16 bits)";
+    }
     if (shape.min_blocks > 0) {
       s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";
     }

@@ -75,57 +75,52 @@ struct EltShape {
   int access_bytes;
   int unroll;
   int min_blocks;
-  bool tie_loads = false;  // every load of a full tile made to wait for all of them (elementwise_tile)
 };
 
 // The transcendental an op evaluates per element, which sets its instruction cost and so, near the memory
 // limit, its best launch shape: sigmoid (exp and a division, forward; none backward: y (1 - y)), tanh gelu
-// (tanhf) or erf gelu (erff, ~25 instructions an element, issue-bound in 16-bit per ncu).
+// (tanhf) or erf gelu. On 16-bit elements the erf GELU and the sigmoid forward run their 16-bit math forms
+// (math.h GeluErf16, Sigmoid16: two MUFUs and ~16 / ~6 other instructions); on float and double erff / expf.
 enum class EltMath { kSigmoid, kTanh, kErf };
 
 // The shape for elements of `elem_bytes` bytes and an op reading `arity` operands with `math`.
-// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth, eighth and
-// thirty-ninth sessions, 256 MB tensors):
-//   one operand (forwards), float and 16-bit sigmoid: 128 threads, one 16-byte access, 32 registers:
-//       torch's own access shape (full occupancy), 0.997-1.007x torch on every op; more accesses or
-//       registers lose occupancy (16-bit erf fwd at 4 accesses: 0.95x)
+// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth, eighth,
+// thirty-ninth and forty-sixth sessions, 256 MB tensors; 16-bit figures from bench/repro/elementwise16_diag):
+//   one operand (forwards), float: 128 threads, one 16-byte access, 32 registers: torch's own access shape
+//       (full occupancy), 0.997-1.007x torch on every op; more accesses or registers lose occupancy
+//   16-bit erf and sigmoid forwards (their 16-bit math forms): 512 threads, one 16-byte access, 32 registers:
+//       erf bf16 / f16 180.7 / 180.1 us (torch 190.9 / 187.3), where 256 threads took 181.3 / 180.9, 128
+//       threads 181.6 / 181.2 and the old erff shape (2 accesses, loads tied) 182.3 / 182.3; sigmoid 181.2 /
+//       180.5 (torch 181.3 / 181.0), 128 threads 181.7 / 181.5; 4 accesses 184.5-207.9 (spills)
 //   16-bit tanh forward: 256 threads, otherwise the same (0.998-0.999 of torch's time in five of the six
-//       dtype-runs of bench/repro/elementwise16_diag, 1.001 in one, where 128 threads took 1.000-1.004;
-//       sigmoid at 256 threads: 1.004-1.012)
-//   16-bit erf forward: 2 accesses (1.012-1.015x torch, 1 access 0.997-1.001x; ptxas spills 8-12
-//       bytes to L1 here, and it is still the fastest), tied (tie_loads): under the 32-register cap ptxas
-//       issued the second access's load only after the first one's erf (SASS); tied, both go out together:
-//       bf16 187.5 -> 182.7 us, f16 184.9 -> 182.6 (torch 190.9 / 187.4; elementwise16_diag, two runs,
-//       bench/NOTES.md forty-fourth session). The erf backward tied lost (266.3-267.3 -> 268.4-270.5).
-//       Tying costs an AND and an OR a 32-bit word, worth it only where a load would otherwise wait.
-//   two operands (backwards), float and 16-bit sigmoid: 512 threads, one 8-byte access, 32 registers:
+//       dtype-runs, 1.001 in one, where 128 threads took 1.000-1.004)
+//   two operands (backwards), float and 16-bit sigmoid and erf: 512 threads, one 8-byte access, 32 registers:
 //       262.7-263.3 us where the 16-byte, 128-thread shape took 265.7-266.7 (f32 gelu / sigmoid, bf16
 //       sigmoid), with torch.compile at 262.7-266.3; its autotuner picks 8-byte accesses too (256
-//       threads) for float
+//       threads) for float. 16-bit erf: 264.2 / 264.0 (torch 265.3 / 264.2), 128 threads x 16 bytes 266.7
+//       / 266.6 (with erff, 8-byte accesses were issue-bound: 283.8 against 265.5)
 //   16-bit tanh backward: 512 threads, one 16-byte access (0.992-0.995 of torch's time, 8 bytes 1.000-
-//       1.002; elementwise16_diag, three runs)
-//   16-bit erf backward: 128 threads, one 16-byte access: 8-byte accesses are issue-bound there (283.8
-//       against 265.5 us, bf16)
+//       1.002; three runs)
 //   double: 128 threads, 16 bytes, 2 / 1 accesses (one / two operands), no cap: its erf/exp/tanh need
 //       twice the registers
 // Scalar path: 128 threads, 8 element accesses a thread over all operands (4 for double), no cap.
 //
 // A kDeep device (memory_depth.cuh: the H200) needs more bytes in flight a thread than those H100 shapes keep.
-// There every float and 16-bit vector shape is 128 threads of 16-byte accesses at 32 registers, with more
-// accesses where the 16-bit math is heavy (bench/repro/elementwise16_diag.py with float rows, H200, 256 MB,
-// five rounds, us: the H100 shape -> this one (torch)):
+// There every float and 16-bit vector shape is 128 threads of 16-byte accesses at 32 registers, with two accesses
+// for 16-bit forwards and the 16-bit GELU backwards (bench/repro/elementwise16_diag.py with float rows, H200, 256
+// MB, five rounds, us: the H100 shape -> this one (torch)):
 //   two operands, one access: float sigmoid / tanh / erf backward 194.1 / 201.0 / 208.1 -> 186.8 / 186.8 /
 //       186.7 (187.5), 16-bit sigmoid backward 196.5 -> 186.6 (186.7). 8-byte accesses at 512 threads leave
 //       too few bytes in flight there
-//   16-bit forwards, two accesses (erf: four): sigmoid 149.3 -> 134.0 (142.2), tanh 151.3 -> 136.3 (150.9),
-//       erf 163.2 -> 154.0 (174.7); one access: 151.7-153.2 (erf 173.0); two of erf: 161.9
+//   16-bit forwards, two accesses: sigmoid 149.3 -> 134.0 (142.2), tanh 151.3 -> 136.3 (150.9); one access:
+//       151.7-153.2
 //   16-bit tanh and erf backwards, two accesses: 217.6 -> 190.1 (211.4), 241.6 -> 223.5 (245.5)
 //   float forwards: one access, as on the H100 (129.2-130.6 at one or two; torch 130.2-130.7)
-// (bf16 figures; f16 within 2%.) On the H100 the same two-access shapes lost 0.5-1% (the table above's U2
-// columns), so each class keeps its own. Under the 32-register cap ptxas spills a little in three deep 16-bit
-// kernels (bytes stored / loaded, bf16: tanh backward 20 / 44, erf backward 12 / 24, erf forward 16 / 16); the
-// diag's twins of them, which spill alike, gave the figures above. The deep erf forward is untied, as the
-// diag's four-access twin that measured 154.0 us (a tied one was not built; tie_loads is the standard shape's).
+// (bf16 figures; f16 within 2%. The erf figures are erff's: with erff the erf forward took four accesses there,
+// 154.0; its 16-bit math form takes the other forwards' two, not yet timed on an H200.) On the H100 the same
+// two-access shapes lost 0.5-1%, so each class keeps its own. Under the 32-register cap ptxas spills a little in
+// the deep 16-bit tanh backward (bf16: 20 / 44 bytes stored / loaded); the diag's twin, which spills alike, gave
+// the figures above.
 constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math,
                                      MemoryDepth depth = MemoryDepth::kStandard) {
   if (!vectorised) {
@@ -134,18 +129,14 @@ constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised,
   }
   if (elem_bytes == 8) return {kEltThreads, kVecBytes, arity == 1 ? 2 : 1, 0};
   if (depth == MemoryDepth::kDeep) {
-    const int unroll = elem_bytes != 2 ? 1
-                       : arity == 1   ? (math == EltMath::kErf ? 4 : 2)
-                                      : (math == EltMath::kSigmoid ? 1 : 2);
+    const int unroll = elem_bytes != 2 ? 1 : arity == 1 ? 2 : (math == EltMath::kSigmoid ? 1 : 2);
     return {kEltThreads, kVecBytes, unroll, 16};
-  }
-  if (elem_bytes == 2 && math == EltMath::kErf) {
-    return arity == 1 ? EltShape{kEltThreads, kVecBytes, 2, 16, true} : EltShape{kEltThreads, kVecBytes, 1, 16};
   }
   if (elem_bytes == 2 && math == EltMath::kTanh) {
     return arity == 1 ? EltShape{256, kVecBytes, 1, 8} : EltShape{512, kVecBytes, 1, 4};
   }
   if (arity == 2) return {512, 8, 1, 4};
+  if (elem_bytes == 2) return {512, kVecBytes, 1, 4};
   return {kEltThreads, kVecBytes, 1, 16};
 }
 
@@ -275,12 +266,9 @@ FASTACT_DEVICE AlignedVector<T, kVec> apply_vec(const Op& op, const AlignedVecto
 // access u at `offset + u * kThreads_ * kVec` (the block's accesses are consecutive, so every warp
 // access is coalesced). Every load of the tile is issued before any arithmetic. kGuard: only accesses
 // whose index within the tile, threadIdx.x + u * kThreads_, is below `valid` exist (the last tile).
-// kTie (EltShape::tie_loads; full tiles only, whose every access is loaded): every loaded value tied to all of the
-// tile's loads (LoadDependence, `zero` from opaque_zero), so no arithmetic starts before every load of the tile
-// has arrived and ptxas cannot sink a load below another access's math.
-template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op, bool kTie = false>
+template <int kThreads_, int kVec, int kUnroll_, bool kGuard, typename T, typename Op>
 FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out,
-                                     int64_t offset, int64_t valid, const Op& op, unsigned zero = 0) {
+                                     int64_t offset, int64_t valid, const Op& op) {
   using Vec = AlignedVector<T, kVec>;
   constexpr int64_t kStride = int64_t{kThreads_} * kVec;  // elements from access u to u + 1
   Vec a[kUnroll_];
@@ -290,20 +278,6 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
     if (!kGuard || threadIdx.x + u * kThreads_ < valid) {
       a[u] = load_vector<T, kVec>(in0 + offset + u * kStride);
       if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + offset + u * kStride);
-    }
-  }
-  if constexpr (kTie) {
-    static_assert(!kGuard, "full tiles: every access loaded");
-    LoadDependence dep{zero};
-#pragma unroll
-    for (int u = 0; u < kUnroll_; ++u) {
-      dep.take(a[u]);
-      if constexpr (Op::kArity == 2) dep.take(b[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll_; ++u) {
-      dep.tie(a[u]);
-      if constexpr (Op::kArity == 2) dep.tie(b[u]);
     }
   }
 #pragma unroll
@@ -320,7 +294,7 @@ FASTACT_DEVICE void elementwise_tile(const T* __restrict__ in0, const T* __restr
 // is: offsets are multiples of kVec). The last block takes what is left, fewer than kTile elements:
 // first as whole accesses, then the last n % kVec elements one each (the scalar tail starts exactly
 // where the vector body ends). blockDim.x == kThreads_.
-template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op, bool kTie = false>
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 __global__ void __launch_bounds__(kThreads_, kMinBlocks)
     elementwise_kernel(const T* __restrict__ in0, const T* __restrict__ in1, T* __restrict__ out, int64_t n,
                        Op op) {
@@ -328,7 +302,7 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
   const int64_t start = int64_t{blockIdx.x} * kTile;
   const int64_t first = start + int64_t{threadIdx.x} * kVec;  // this thread's first element
   if (n - start >= kTile) {
-    elementwise_tile<kThreads_, kVec, kUnroll_, false, T, Op, kTie>(in0, in1, out, first, 0, op, opaque_zero(n));
+    elementwise_tile<kThreads_, kVec, kUnroll_, false>(in0, in1, out, first, 0, op);
     return;
   }
   const int64_t rest_vecs = (n - start) / kVec;  // whole accesses in the last tile, < kThreads_ * kUnroll_
@@ -346,12 +320,12 @@ inline bool all_vec_aligned(const void* a, const void* b, const void* c, const v
   return is_vec_aligned(a) && is_vec_aligned(b) && is_vec_aligned(c) && is_vec_aligned(d);
 }
 
-template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op, bool kTie = false>
+template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 cudaError_t launch_elementwise_as(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   // gridDim.x may reach 2^31 - 1: with tiles of >= 1024 elements, n would have to pass 2^41.
   const int64_t grid = elementwise_grid(n, kThreads_, kVec, kUnroll_);
   if (grid > int64_t{0x7fffffff}) return cudaErrorInvalidConfiguration;
-  elementwise_kernel<kThreads_, kVec, kUnroll_, kMinBlocks, T, Op, kTie>
+  elementwise_kernel<kThreads_, kVec, kUnroll_, kMinBlocks, T, Op>
       <<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(in0, in1, out, n, op);
   return cudaGetLastError();
 }
@@ -378,7 +352,7 @@ constexpr EltMath kMathOf<BiasGeluForwardOp<F>> = kMathOfFunctor<F>;
 
 constexpr bool operator==(const EltShape& a, const EltShape& b) {
   return a.threads == b.threads && a.access_bytes == b.access_bytes && a.unroll == b.unroll &&
-         a.min_blocks == b.min_blocks && a.tie_loads == b.tie_loads;
+         a.min_blocks == b.min_blocks;
 }
 
 // The vector path of Op over T in the shape of a kDepth device.
@@ -386,7 +360,7 @@ template <typename T, typename Op, MemoryDepth kDepth>
 cudaError_t launch_elementwise_vec(const T* in0, const T* in1, T* out, int64_t n, Op op, cudaStream_t stream) {
   constexpr EltShape kS = elementwise_shape(sizeof(T), Op::kArity, true, kMathOf<Op>, kDepth);
   return launch_elementwise_as<kS.threads, kS.access_bytes / static_cast<int>(sizeof(T)), kS.unroll, kS.min_blocks,
-                               T, Op, kS.tie_loads>(in0, in1, out, n, op, stream);
+                               T, Op>(in0, in1, out, n, op, stream);
 }
 
 // Whether a kDeep device takes another vector shape for Op over T than a kStandard one (where not, only one

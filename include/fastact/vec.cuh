@@ -123,10 +123,10 @@ FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
 }
 
 // Makes values depend on loads whose bits they do not use, unchanged: the bits of each loaded value ANDed with
-// `zero` (opaque_zero) are ORed into `bits` (take), and `bits` into a float or double (apply) or into every word of
-// a loaded value (tie). Nothing computed from the result can start before every taken load has arrived, so ptxas
-// cannot sink a load below the arithmetic of another: softmax's backwards (softmax/common.cuh
-// output_loads_with_reduction) and the elementwise tiles (elementwise.cuh EltShape::tie_loads).
+// `zero` (opaque_zero) are ORed into `bits` (take), and `bits` into a float or double (apply). Nothing computed
+// from the result can start before every taken load has arrived, so ptxas cannot sink a load below the arithmetic
+// of another: softmax's backwards (softmax/common.cuh output_loads_with_reduction). (The 16-bit erf GELU forward's
+// tiles were tied too, until its 16-bit math form made them light: bench/NOTES.md, forty-sixth session.)
 struct LoadDependence {
   unsigned zero;
   unsigned bits = 0;
@@ -153,13 +153,6 @@ struct LoadDependence {
 #else
     return acc;
 #endif
-  }
-  template <typename U>
-  FASTACT_DEVICE void tie(U& v) const {
-    static_assert(sizeof(U) % 4 == 0, "whole 32-bit words");
-    auto* w = reinterpret_cast<unsigned*>(&v);
-#pragma unroll
-    for (int i = 0; i < int(sizeof(U) / 4); ++i) w[i] |= bits;
   }
 };
 
