@@ -9,15 +9,18 @@
 // and times against torch's ops in the same process.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Iinclude -Xcompiler -fPIC -shared \
-//        -DDIAG_OP=<0..5> -o libelt16_<op>.so bench/repro/elementwise16_diag.cu
+//        -DDIAG_OP=<0..8> -o libelt16_<op>.so bench/repro/elementwise16_diag.cu
 //
-// DIAG_OP: 0 gelu tanh fwd, 1 sigmoid fwd, 2 gelu erf fwd, 3 gelu tanh bwd, 4 gelu erf bwd, 5 sigmoid bwd.
+// DIAG_OP: 0 gelu tanh fwd, 1 sigmoid fwd, 2 gelu erf fwd, 3 gelu tanh bwd, 4 gelu erf bwd, 5 sigmoid bwd (erff / expf
+// math, as float tensors run), 6 gelu erf fwd, 7 gelu erf bwd, 8 sigmoid fwd in their 16-bit math forms. The library
+// launcher row runs the Op given (ops 2, 4, 1 on 16-bit dtypes are no longer what the library runs there).
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "fastact/elementwise.cuh"
+
 
 #ifndef DIAG_OP
 #define DIAG_OP 0
@@ -35,6 +38,10 @@ template <> struct OpOf<2> { using type = ForwardOp<math::GeluErf>; };
 template <> struct OpOf<3> { using type = DerivativeOp<math::GeluTanh>; };
 template <> struct OpOf<4> { using type = DerivativeOp<math::GeluErf>; };
 template <> struct OpOf<5> { using type = SigmoidBackwardOp; };
+// The 16-bit math forms (math.h; forty-sixth session): what the library's launchers run on 16-bit tensors.
+template <> struct OpOf<6> { using type = ForwardOp<math::GeluErf16>; };
+template <> struct OpOf<7> { using type = DerivativeOp<math::GeluErf16>; };
+template <> struct OpOf<8> { using type = ForwardOp<math::Sigmoid16>; };
 using Op = OpOf<DIAG_OP>::type;
 
 // How a variant loads its operands: plainly (as torch's char* data), through the non-coherent path (as the
@@ -162,7 +169,11 @@ int launch(const T* in0, const T* in1, T* out, int64_t n, cudaStream_t s) {
   X("512 x 8B, cap 4, i64, nc", 512, 8, 1, 4, false, kNc, kStorePlain)                 \
   X("128 x 16B, cap 16, i64, nc, tied", 128, 16, 1, 16, false, kNcTied, kStorePlain)   \
   X("128 x 16B x 2, cap 16, i64, nc", 128, 16, 2, 16, false, kNc, kStorePlain)         \
-  X("128 x 16B x 2, cap 16, i64, nc, tied", 128, 16, 2, 16, false, kNcTied, kStorePlain)
+  X("128 x 16B x 2, cap 16, i64, nc, tied", 128, 16, 2, 16, false, kNcTied, kStorePlain) \
+  X("128 x 16B x 2, no cap, i64, nc", 128, 16, 2, 0, false, kNc, kStorePlain)         \
+  X("128 x 16B x 4, cap 16, i64, nc", 128, 16, 4, 16, false, kNc, kStorePlain)         \
+  X("256 x 16B x 2, cap 8, i64, nc", 256, 16, 2, 8, false, kNc, kStorePlain)           \
+  X("128 x 8B x 2, cap 16, i64, nc", 128, 8, 2, 16, false, kNc, kStorePlain)
 
 #define DIAG_NAME(name, ...) name,
 const char* const kNames[] = {"library launcher", DIAG_VARIANTS(DIAG_NAME)};
@@ -192,7 +203,7 @@ int run(int variant, const void* a, const void* b, void* o, int64_t n, cudaStrea
 extern "C" int DIAG_CAT(diag_launch_, DIAG_OP)(int dtype, int variant, const void* in0, const void* in1, void* out,
                                                int64_t n, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return dtype == 0 ? run<__nv_bfloat16>(variant, in0, in1, out, n, s) : run<__half>(variant, in0, in1, out, n, s);
+  return dtype == 0 ? run<__nv_bfloat16>(variant, in0, in1, out, n, s) : dtype == 1 ? run<__half>(variant, in0, in1, out, n, s) : run<float>(variant, in0, in1, out, n, s);
 }
 
 extern "C" int DIAG_CAT(diag_variants_, DIAG_OP)() { return kVariants; }

@@ -1,10 +1,11 @@
 """Times elementwise16_diag.cu's variants of the 16-bit elementwise kernels against torch's own ops in one
 process (diagnostic, not part of the library; bench/NOTES.md, thirty-ninth session).
 
-    python3 bench/repro/elementwise16_diag.py [--rounds 7] [--reps 60] [--build DIR]
+    python3 bench/repro/elementwise16_diag.py [--rounds 7] [--reps 60] [--build DIR] [--ops 6,7,8] [--dtypes 0,1]
 
-Builds the six shared libraries with nvcc into DIR (in parallel) unless they are there, then for each op and
-dtype (256 MB tensors, [32768, 4096], randn inputs) times torch's op and every variant: CUDA events around each
+Builds one shared library per op asked for (ops: OPS below; 6-8 the 16-bit math forms the library runs on 16-bit
+tensors, forty-sixth session) with nvcc into DIR (in parallel) unless they are there, then for each op and
+dtype (0 bf16, 1 f16: [32768, 4096]; 2 float32: [16384, 4096]; 256 MB, randn inputs) times torch's op and every variant: CUDA events around each
 of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows, in a rotated order each
 round. Prints each row's median over rounds, its ratio to torch's time per round and how many rounds it was
 behind, and checks every variant's output against torch's (max |diff| and differing elements) and bitwise
@@ -22,13 +23,14 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", "sigmoid bwd"]
+OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", "sigmoid bwd", "gelu16 fwd",
+       "gelu16 bwd", "sigmoid16 fwd"]
 
 
-def build(folder):
+def build(folder, ops):
     folder.mkdir(parents=True, exist_ok=True)
     procs = []
-    for op in range(len(OPS)):
+    for op in ops:
         lib = folder / f"libelt16_{op}.so"
         if lib.exists():
             continue
@@ -48,6 +50,9 @@ def torch_call(op, x, dy, y):
         lambda: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
         lambda: torch.ops.aten.gelu_backward(dy, x),
         lambda: torch.ops.aten.sigmoid_backward(dy, y),
+        lambda: F.gelu(x),
+        lambda: torch.ops.aten.gelu_backward(dy, x),
+        lambda: torch.sigmoid(x),
     ][op]
 
 
@@ -68,10 +73,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--build", default="/tmp/elt16")
+    ap.add_argument("--dtypes", default="0,1,2")
     ap.add_argument("--ops", default=",".join(str(i) for i in range(len(OPS))))
     args = ap.parse_args()
     folder = Path(args.build)
-    build(folder)
+    build(folder, [int(o) for o in args.ops.split(",")])
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     torch.manual_seed(0)
     for op in (int(o) for o in args.ops.split(",")):
@@ -82,12 +88,14 @@ def main():
         name_of = getattr(lib, f"diag_variant_name_{op}")
         name_of.restype = ctypes.c_char_p
         variants = getattr(lib, f"diag_variants_{op}")()
-        for dt_i, dtype in enumerate((torch.bfloat16, torch.float16)):
-            x = torch.randn(32768, 4096, device="cuda", dtype=dtype)
+        for dt_i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+            if str(dt_i) not in args.dtypes.split(","):
+                continue
+            x = torch.randn(32768 if dt_i < 2 else 16384, 4096, device="cuda", dtype=dtype)
             dy = torch.randn_like(x)
             y = torch.sigmoid(x)
             ref = torch_call(op, x, dy, y)()
-            in0, in1 = (x, None) if op < 3 else (dy, y if op == 5 else x)
+            in0, in1 = (x, None) if op in (0, 1, 2, 6, 8) else (dy, y if op == 5 else x)
             outs = {}
             # torch twice: the second row is the noise floor of a ratio between two rows of the same kernel.
             rows = {"torch": torch_call(op, x, dy, y), "torch (again)": torch_call(op, x, dy, y)}
@@ -120,7 +128,7 @@ def main():
                 order = names[r % len(names):] + names[:r % len(names)]
                 for n in order:
                     times[n].append(time_row(rows[n], args.reps))
-            print(f"\n== {OPS[op]} {str(dtype).replace('torch.', '')} [32768, 4096] ({args.rounds} rounds x "
+            print(f"\n== {OPS[op]} {str(dtype).replace('torch.', '')} {list(x.shape)} ({args.rounds} rounds x "
                   f"{args.reps} calls; us, median of round medians) ==", flush=True)
             base = times["torch"]
             for n in names:
