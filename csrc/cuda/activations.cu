@@ -215,8 +215,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       s << "kernel=elementwise_rows_" << (vec ? "vec" : "scalar") << ": " << op << " over [" << rows << ", " << H
         << "] " << dtype << " (input rows " << *row_stride << " elements apart read in place; output contiguous), "
         << "the bias as a second input at row stride 0; " << (vec ? vs.access_bytes / esize : 1)
-        << " elements per access, " << shape.threads << " threads a block (approximate='tanh'; 'none' in 16-bit: "
-        << elementwise::elementwise_rows_shape(esize, 2, vec, EltMath::kErf, true, memory.depth).threads << ")";
+        << " elements per access, " << shape.threads << " threads a block";
       if (vec) s << ", " << depth_note();
       return s.str();
     }
@@ -313,7 +312,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
     s << ", all loads issued before the arithmetic, " << depth_note();
     if (esize == 2 && op != "sigmoid_backward") {
       s << ", 16-bit math form (math.h " << (gelu ? "GeluErf16, approximate='none'" : "Sigmoid16")
-        << ": float math to ~2e-6, for results rounded to 16 bits)";
+        << ": float math to under 1e-5, for results rounded to 16 bits)";
     }
     if (shape.min_blocks > 0) {
       s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";

@@ -13,7 +13,7 @@
 // last two). Arithmetic in acc_t<T> through the functors of fastact/math.h.
 //
 // Memory-bound by design: vector accesses (AlignedVector) when every pointer is 16-byte aligned, 128
-// bits wide except where elementwise_shape measured 64 better (two-operand backwards but 16-bit gelu's),
+// bits wide except where elementwise_shape measured 64 better (two-operand backwards but the 16-bit tanh GELU's),
 // with 64-bit indices: every kernel as one tile per block over a grid of ceil(n / tile) blocks (bias_gelu's
 // backward: tiles of whole column strips over 32 rows, so a block's column sums cover its rows). No
 // atomics, no host synchronisation, no state: every launcher only enqueues on `stream`, so all of this
@@ -119,8 +119,8 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 // (bf16 figures; f16 within 2%. The erf figures are erff's: with erff the erf forward took four accesses there,
 // 154.0; its 16-bit math form takes the other forwards' two, not yet timed on an H200.) On the H100 the same
 // two-access shapes lost 0.5-1%, so each class keeps its own. Under the 32-register cap ptxas spills a little in
-// the deep 16-bit tanh backward (bf16: 20 / 44 bytes stored / loaded); the diag's twin, which spills alike, gave
-// the figures above.
+// the deep bf16 tanh and erf backwards (bytes stored / loaded: 20 / 44, 4 / 16); the diag's twins, which spill
+// alike, gave the figures above.
 constexpr EltShape elementwise_shape(int elem_bytes, int arity, bool vectorised, EltMath math,
                                      MemoryDepth depth = MemoryDepth::kStandard) {
   if (!vectorised) {
@@ -424,7 +424,8 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 }
 
 // Launch shape of elementwise_rows_kernel: elementwise_shape's, except that 16-bit two-operand ops take
-// 16-byte accesses where the flat kernel takes 8-byte ones (sigmoid's backward; 512 threads either way):
+// 16-byte accesses where the flat kernel takes 8-byte ones (the sigmoid and erf GELU backwards, bias_gelu's erf
+// forward; 512 threads either way):
 // every access also divides its index by the row length and forms two row addresses, which 8-byte
 // accesses pay twice per byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at
 // 8 / 16 bytes (measured when the flat 16-bit tanh backward took 8 bytes too): bf16 tanh gelu 274.8 /

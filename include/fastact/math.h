@@ -119,8 +119,8 @@ struct GeluErf {
   }
 };
 
-// The erf GELU for results rounded to 16 bits (bfloat16, float16), in float at about 2e-6 relative error
-// (a 16-bit result is 2^-8 or 2^-11 apart), with two MUFUs and ~16 other instructions where erff alone
+// The erf GELU for results rounded to 16 bits (bfloat16, float16), in float at about 2e-6 relative error for
+// |x| < 6, under 1e-5 beyond (a 16-bit result is 2^-8 or 2^-11 apart), with two MUFUs and ~16 other instructions where erff alone
 // takes ~25: in 16-bit the erf GELU is issue-bound, not memory-bound (bench/NOTES.md, forty-sixth
 // session). The CUDA launchers take it for 16-bit tensors (elementwise.cuh StorageMath); float and
 // double keep GeluErf.
@@ -128,12 +128,12 @@ struct GeluErf {
 // With a = |x|: Phi(-a) = t q(t) exp(-a^2 / 2), t = 1 / (1 + p a) in (0, 1], q a degree-7 polynomial
 // fitted (minimax in relative error over t in [0, 1], so over every a; script in bench/NOTES.md) to
 // Phi(-a) exp(a^2 / 2) / t: 9.7e-7 relative evaluated in float; the rounding of the exponent adds 6.6e-7
-// and the MUFUs ~4e-7. Then Phi(x) = 1 - Phi(-a) for x >= 0, Phi(-a) for x < 0, both without
+// near 0, growing with x^2 (8.6e-6 in all at |x| = 13), and the MUFUs ~4e-7. Then Phi(x) = 1 - Phi(-a) for x >= 0, Phi(-a) for x < 0, both without
 // cancellation, so the negative tail keeps its relative accuracy (erf-based 1 + erf(x / sqrt 2) loses it
 // from x ~ -4 and is 0 below -5.6, in float64 below -8.3).
 // Subnormal results: exp is taken as exp(-a^2 / 2) 2^16 (the exponent offset by 16, so ex2 does not flush
 // before 2^-142) and q carries the 2^-16, so Phi(-a) rounds once into a float subnormal: bfloat16's
-// subnormals (to 2^-133) come out as the float64 formula's.
+// subnormal results (to 2^-133) come out within an ulp of the float64 formula's.
 struct GeluErf16 {
   static constexpr float kP = 0.325f;
   // q's coefficients, lowest first (q(t) = kQ0 + kQ1 t + ... + kQ7 t^7), times 2^-16.
@@ -204,7 +204,8 @@ struct Sigmoid {
   }
 };
 
-// torch.sigmoid for results rounded to 16 bits, in float at about 1e-6 relative error: exp(-|x|) 2^16
+// torch.sigmoid for results rounded to 16 bits, in float at about 1e-6 relative error (4e-6 at x = -87, from the
+// rounding of the exponent): exp(-|x|) 2^16
 // by one ex2 (offset by 16, as GeluErf16's exp, so that a result down to bfloat16's smallest subnormal does not
 // flush), 1 / (1 + exp(-|x|)) by one rcp (its argument in [1, 2]): two MUFUs and 5 other instructions where
 // expf and a division take ~20 (bench/NOTES.md, forty-sixth session). Backward: Sigmoid's.
