@@ -339,10 +339,14 @@ inline Vec<double> keep_nan(const Vec<double>& x, const Vec<double>& y) {
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split in a
 // high part exact in float and a low part, Cody-Waite), exp(r) by its degree-6 Taylor polynomial
 // (truncation error below 2e-7 relative), 2^n applied by vscalefps, which also rounds
-// denormal results and underflows to 0. x is clamped at -104 first (exp(-104) is below the
-// smallest denormal) so that -inf gives 0 and n stays small.
+// denormal results. Lanes below -104 (exp(-104) is below the smallest denormal; -inf, which pads the
+// row tails; NaN) give 0 by a zeroing mask, their arithmetic done on 0: vscalefps underflowing to 0
+// takes a microcode assist on Intel cores (none on Zen 4), and with -inf in every padded tail that cost
+// each row of a length not a multiple of 16 floats ~100 ns (Xeon VM, rows of 66-84: 157-188 ns a row
+// against 44-57 at 64, 65 and 80; bench/NOTES.md, forty-sixth session).
 inline Vec<float> exp_nonpos(const Vec<float>& xv) {
-  const __m512 x = _mm512_max_ps(xv, _mm512_set1_ps(-104.f));
+  const __mmask16 live = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(-104.f), _CMP_GE_OQ);
+  const __m512 x = _mm512_maskz_mov_ps(live, xv);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2, high 10 bits
@@ -353,7 +357,7 @@ inline Vec<float> exp_nonpos(const Vec<float>& xv) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(live, p, n);
 }
 #endif
 
