@@ -1733,39 +1733,51 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
 // level, 1.08-1.33 -> 1.10-1.15): there y needs no conversion, and the scratch row's store and load cost more than
 // the exp they move. bench/NOTES.md, forty-fifth session.
 constexpr int64_t kLogBwdExpFirstMaxDim = int64_t{1} << 20;
+// Vector pairs of a backward row held in registers (softmax_bwd_row_in_registers): 2 for float, 4 for 16-bit.
+template <typename In>
+constexpr int kBwdRegisterPairs = sizeof(In) == 2 ? 4 : 2;
 template <bool kLog, typename In>
 bool log_softmax_bwd_exp_first(int64_t D) {
-  return kLog && sizeof(In) == 2 && D > 4 * Io<In>::kV && D <= kLogBwdExpFirstMaxDim;  // past the in-register rows
+  return kLog && sizeof(In) == 2 && D > 2 * kBwdRegisterPairs<In> * Io<In>::kV &&  // past the in-register rows
+         D <= kLogBwdExpFirstMaxDim;
 }
 
-// A backward row of at most two vector pairs (D <= 4 kV) held in registers: dy and y loaded once, padded past D (the
-// padding's terms are 0 and its outputs dropped), summed, mapped and stored; the row loop below loads every element
-// twice and pays its loop and tail logic a row. Why (this 2-core VM, AVX512, 8 MB f32, three rounds in one process,
-// fastact / torch; bench/NOTES.md forty-fifth session): softmax rows of 16 and 24 had fallen to 0.56-0.85 of torch's
-// speed through the row loop.
+// A backward row of at most kBwdRegisterPairs vector pairs (float: 2, D <= 4 kV; 16-bit: 4, D <= 8 kV) held in
+// registers: dy and y loaded (and converted) once, padded past D (the padding's terms are 0 and its outputs dropped),
+// summed, mapped and stored; the row loop below loads every element twice and pays its loop and tail logic a row.
+// Why (2-core VMs, AVX512, 8 MB, fastact / torch; bench/NOTES.md forty-fifth and forty-sixth sessions): f32 softmax
+// rows of 16 and 24 had fallen to 0.56-0.85 of torch's speed through the row loop (Zen 4); f16 softmax rows of 77-128
+// ran at 0.86-1.04 (Xeon), 1.25-1.65 in registers, bf16 0.95-1.44 -> 1.09-1.70, the 16-bit log_softmax 1.04-1.36 ->
+// 1.19-1.50 (two runs each, alternating builds).
 template <bool kLog, typename In, typename Out>
 C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr, Out* dxr, int64_t D) {
   using IO = Io<In>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
+  constexpr int kPairs = kBwdRegisterPairs<In>;
   const auto load_pair = [](const In* p, int64_t n, V& a, V& b) {
     if (n == kStep) IO::load2(p, a, b);
     else load2_tail(p, n, A(0), a, b);
   };
-  const int64_t n0 = std::min(D, kStep), n1 = D - n0;
-  V g0, g1, y0, y1, g2(A(0)), g3(A(0)), y2(A(0)), y3(A(0));
-  load_pair(dyr, n0, g0, g1);
-  load_pair(yr, n0, y0, y1);
-  V t = VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1);
-  if (n1 > 0) {
-    load_pair(dyr + kStep, n1, g2, g3);
-    load_pair(yr + kStep, n1, y2, y3);
-    t = t + (VecBackward<kLog>::term(g2, y2) + VecBackward<kLog>::term(g3, y3));
+  V g[2 * kPairs], yv[2 * kPairs];
+  V t(A(0));
+#pragma GCC unroll 4
+  for (int k = 0; k < kPairs; ++k) {
+    const int64_t n = std::min(D - k * kStep, kStep);
+    if (n <= 0) break;
+    load_pair(dyr + k * kStep, n, g[2 * k], g[2 * k + 1]);
+    load_pair(yr + k * kStep, n, yv[2 * k], yv[2 * k + 1]);
+    t = t + (VecBackward<kLog>::term(g[2 * k], yv[2 * k]) + VecBackward<kLog>::term(g[2 * k + 1], yv[2 * k + 1]));
   }
   const V vs(hsum(t));
-  store2_tail(dxr, n0, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
-  if (n1 > 0) store2_tail(dxr + kStep, n1, VecBackward<kLog>::map(g2, y2, vs), VecBackward<kLog>::map(g3, y3, vs));
+#pragma GCC unroll 4
+  for (int k = 0; k < kPairs; ++k) {
+    const int64_t n = std::min(D - k * kStep, kStep);
+    if (n <= 0) break;
+    store2_tail(dxr + k * kStep, n, VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs),
+                VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs));
+  }
 }
 
 template <typename In, typename Out, bool kLog>
@@ -1790,7 +1802,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
       Out* dxr = dx + r * D;
-      if (D <= 2 * kStep) {  // softmax_bwd_row_in_registers
+      if (D <= kBwdRegisterPairs<In> * kStep) {  // softmax_bwd_row_in_registers
         softmax_bwd_row_in_registers<kLog, In, Out>(dyr, yr, dxr, D);
         continue;
       }
