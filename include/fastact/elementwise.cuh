@@ -793,29 +793,21 @@ cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, int64_t x_row,
 
 // The functor the launchers evaluate for math.h functor F on elements of type T: on 16-bit elements the erf
 // GELU and the sigmoid take their 16-bit-output forms (math::GeluErf16, math::Sigmoid16: float math to
-// ~2e-6, a fraction of erff's / expf's and a division's instructions); everything else F itself.
-template <typename F, typename T>
+// under 1e-5, a fraction of erff's / expf's and a division's instructions); everything else F itself.
+template <typename F, bool k16Bit>
 struct StorageMathOf {
   using type = F;
 };
 template <>
-struct StorageMathOf<math::GeluErf, __half> {
+struct StorageMathOf<math::GeluErf, true> {
   using type = math::GeluErf16;
 };
 template <>
-struct StorageMathOf<math::GeluErf, __nv_bfloat16> {
-  using type = math::GeluErf16;
-};
-template <>
-struct StorageMathOf<math::Sigmoid, __half> {
-  using type = math::Sigmoid16;
-};
-template <>
-struct StorageMathOf<math::Sigmoid, __nv_bfloat16> {
+struct StorageMathOf<math::Sigmoid, true> {
   using type = math::Sigmoid16;
 };
 template <typename F, typename T>
-using StorageMath = typename StorageMathOf<F, T>::type;
+using StorageMath = typename StorageMathOf<F, sizeof(T) == 2>::type;
 
 // The access width bias_gelu uses for these pointers and row length: vec_width<T>() when H is a
 // multiple of it and every pointer is 16-byte aligned, else 1.

@@ -51,40 +51,8 @@ FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
 FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
 
-// exp(x) through the SFU: ex2.approx.ftz of x * log2(e), a multiply and one MUFU (expf adds its range
-// reduction; exp2f and __expf without -ftz=true a compare and two predicated multiplies to keep subnormal
-// results). Error: ex2.approx's 2 ulp plus the product's rounding, |x| * 2^-24 relative; a result below
-// 2^-126 (x < -87.3) flushes to 0. On the host, exp2f of the same product. The callers say why they take
-// it: exp_log_prob below, softmax/common.cuh cached_exp.
-FASTACT_HOST_DEVICE float exp_sfu(float x) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
-  return r;
-#else
-  return exp2f(x * 1.4426950408889634f);
-#endif
-}
-
-// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float exp_sfu; error
-// 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5 at
-// y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log backward at rows of 3072
-// was 4% slower than the softmax backward with expf (277.1 against 266.3 us; now 264.8).
-// Why .ftz spelled out rather than __expf: without -ftz=true (fastact builds without it) __expf keeps
-// results below 2^-126 as denormals by scaling around the MUFU (a compare and two predicated
-// multiplies), and that cost the 16-bit warp backward at rows of 197 11% (H100, bf16 [681308, 197]:
-// 313.3 against 280.2 us; bench/NOTES.md, twenty-sixth session).
-FASTACT_HOST_DEVICE float exp_log_prob(float y) {
-#if defined(__CUDA_ARCH__)
-  return exp_sfu(y);
-#else
-  return ::expf(y);
-#endif
-}
-FASTACT_HOST_DEVICE double exp_log_prob(double y) { return ::exp(y); }
-
 // 2^x and 1/x through the SFU (ex2.approx.ftz, rcp.approx.ftz: one MUFU each, 2 and 1 ulp; inputs and
-// results below 2^-126 flush to 0). On the host, exp2f and a division. For the 16-bit-output functors below.
+// results below 2^-126 flush to 0). On the host, exp2f and a division. For exp_sfu and the 16-bit-output functors below.
 FASTACT_HOST_DEVICE float ex2_sfu(float x) {
 #if defined(__CUDA_ARCH__)
   float r;
@@ -103,6 +71,30 @@ FASTACT_HOST_DEVICE float rcp_sfu(float x) {
   return 1.f / x;
 #endif
 }
+
+// exp(x) through the SFU: ex2.approx.ftz of x * log2(e), a multiply and one MUFU (expf adds its range
+// reduction; exp2f and __expf without -ftz=true a compare and two predicated multiplies to keep subnormal
+// results). Error: ex2.approx's 2 ulp plus the product's rounding, |x| * 2^-24 relative; a result below
+// 2^-126 (x < -87.3) flushes to 0. On the host, exp2f of the same product. The callers say why they take
+// it: exp_log_prob below, softmax/common.cuh cached_exp.
+FASTACT_HOST_DEVICE float exp_sfu(float x) { return ex2_sfu(x * 1.4426950408889634f); }
+
+// exp(y) of a log-probability (y <= 0) in the log_softmax backward. On the GPU in float exp_sfu; error
+// 2 + 1.17|y| ulp: under 1e-6 relative where y > -6.5 (probabilities above 1.5e-3), under 1.2e-5 at
+// y = -87; a result below 2^-126 flushes to 0 (absolute error under 1.2e-38). Why: H100, the log backward at rows of 3072
+// was 4% slower than the softmax backward with expf (277.1 against 266.3 us; now 264.8).
+// Why .ftz spelled out rather than __expf: without -ftz=true (fastact builds without it) __expf keeps
+// results below 2^-126 as denormals by scaling around the MUFU (a compare and two predicated
+// multiplies), and that cost the 16-bit warp backward at rows of 197 11% (H100, bf16 [681308, 197]:
+// 313.3 against 280.2 us; bench/NOTES.md, twenty-sixth session).
+FASTACT_HOST_DEVICE float exp_log_prob(float y) {
+#if defined(__CUDA_ARCH__)
+  return exp_sfu(y);
+#else
+  return ::expf(y);
+#endif
+}
+FASTACT_HOST_DEVICE double exp_log_prob(double y) { return ::exp(y); }
 
 // F.gelu(x, approximate="none") = x/2 * (1 + erf(x / sqrt(2)))
 struct GeluErf {
@@ -208,7 +200,8 @@ struct Sigmoid {
 // rounding of the exponent): exp(-|x|) 2^16
 // by one ex2 (offset by 16, as GeluErf16's exp, so that a result down to bfloat16's smallest subnormal does not
 // flush), 1 / (1 + exp(-|x|)) by one rcp (its argument in [1, 2]): two MUFUs and 5 other instructions where
-// expf and a division take ~20 (bench/NOTES.md, forty-sixth session). Backward: Sigmoid's.
+// expf and a division take ~20 (bench/NOTES.md, forty-sixth session). The backward needs none of it: Sigmoid's
+// y (1 - y) (elementwise.cuh SigmoidBackwardOp).
 struct Sigmoid16 {
   static constexpr float kMinusLog2e = -1.44269504088896340736f;
   FASTACT_HOST_DEVICE float forward(float x) const {
@@ -216,7 +209,6 @@ struct Sigmoid16 {
     const float r = rcp_sfu(fmaf(e, 0x1p-16f, 1.f));
     return x >= 0.f ? r : e * r * 0x1p-16f;
   }
-  FASTACT_HOST_DEVICE float derivative_from_output(float y) const { return Sigmoid{}.derivative_from_output(y); }
 };
 
 // Softmax epilogues: a kernel computes the max m and the sum s = sum(exp(x - m)) of a row, turns s
