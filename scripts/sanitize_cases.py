@@ -115,10 +115,11 @@ def shifted_cases(dtype):
 
 def long_row_cases(dtype):
     """long_row's clusters: the 128-bit forward that keeps part of each slice in shared memory
-    (cp.async; 8 x 512 threads at 262144, the last CTA's slice partial at 262136, 8 x 256 at 131072),
+    (cp.async; 8 x 512 threads at 262144, the last CTA's slice partial at 262136, 8 x 256 at 131072; 16-bit
+    rows of 2^20 and 2^19 + 8 with a register part as loaded besides, the last CTA of the latter with no slice),
     and the backward of rows of 262144 in the largest clusters (float: 16 CTAs of 1024 threads); its
-    grid mode beyond a cluster (rows of 2^20 and 2^20 + 1: 128-bit and element accesses)."""
-    for rows, d in ((6, 262136), (3, 131072), (4, 262144), (3, 1 << 20), (2, (1 << 20) + 1)):
+    grid mode beyond a cluster (float rows of 2^20, and 2^20 + 1: 128-bit and element accesses)."""
+    for rows, d in ((6, 262136), (3, 131072), (4, 262144), (3, 1 << 20), (2, (1 << 19) + 8), (2, (1 << 20) + 1)):
         x = torch.randn(rows, d, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
         for log in (False, True):

@@ -225,7 +225,9 @@ def _cluster_plan(explanation):
 
 
 @pytest.mark.parametrize(
-    "d", (32776, 65536, 65544, 131072, 151936, 262136, 262144, 300000, 524288, 1 << 20, (1 << 20) + 1, 3 << 19)
+    "d",
+    (32776, 65536, 65544, 131072, 151936, 262136, 262144, 300000, 524288, 524296, 600000, 1 << 20, (1 << 20) + 1,
+     3 << 19),
 )
 @pytest.mark.parametrize("dtypes", DTYPE_CONFIGS, ids=lambda p: f"{dtype_id(p[0])}-{dtype_id(p[1])}")
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
@@ -235,7 +237,9 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     long rows (8 x 256 threads up to 16 x 1024), so that clusters run in several waves and the last
     one is partial; dense and padded rows. Beyond 8 x 256 x 32 elements the 128-bit forward keeps part
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
-    16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). Beyond what a
+    16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). 16-bit forward rows
+    past 16 x 512 x 64 keep a register part as loaded besides, at 16 x 512 (2^20, 600000: a partial slice,
+    524296: the last CTA none). Beyond what a
     cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
     their partials; an odd D takes element accesses. Backwards whose cluster CTAs would run one an SM
     (151936 in float, 300000 in 16-bit) take the grid mode too. Twice, bitwise equal: partials fold in a
@@ -331,7 +335,7 @@ ops = torch.ops.fastact
 torch.manual_seed(0)
 out = {}
 for dtype in (torch.float32, torch.bfloat16):
-    for shape, variant in (((5, 1 << 20), "auto"), ((7, 262148), "grid"), ((3, 70001), "grid")):
+    for shape, variant in (((5, 1 << 20), "grid"), ((7, 262148), "grid"), ((3, 70001), "grid")):
         x = torch.randn(shape, dtype=dtype, device="cuda")
         g = torch.randn(shape, dtype=dtype, device="cuda")
         for log in (False, True):
@@ -608,20 +612,37 @@ def test_vec_shifted_rows(dtype, d, log):
         (torch.bfloat16, 65536, "fwd", "contiguous", "raw"),
         (torch.bfloat16, 131072, "fwd", "contiguous", "raw"),  # 8 x 256 x 64: the last portable cluster
         (torch.bfloat16, 262143, "fwd", "contiguous", "raw"),  # rows off the alignment: registers only
+        (torch.bfloat16, 1 << 20, "fwd", "contiguous", "shared_raw"),  # 64 as loaded, 64 in shared memory
+        (torch.float16, 600000, "fwd", "contiguous", "shared_raw"),
+        (torch.bfloat16, 1 << 20, "bwd", "contiguous", "grid"),  # raw is a forward cache only
+        (torch.float32, 1 << 20, "fwd", "contiguous", "grid"),  # float: 16 x 512 x 64 caches 2^19
     ],
 )
 def test_long_row_cache_plan(dtype, d, direction, layout, cache):
     """Where the long_row cluster kernels keep a slice, exactly as dispatch.h says: part of it in shared
     memory in forwards with 128-bit accesses and float arithmetic, rows beyond 8 x 256 x 32 elements
     (16-bit: beyond 8 x 256 x 64); registers as loaded in 16-bit forwards with 128-bit accesses
-    (softmax_resident_raw, 64 elements a thread); converted registers otherwise, and in every backward."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("clusters need sm_90")
+    (softmax_resident_raw, 64 elements a thread); both in 16-bit forwards past 16 x 512 x 64 elements
+    (softmax_cluster_smem_raw_regs: 64 as loaded and 64 in shared memory, 16 x 512 x 128 = 2^20); converted
+    registers otherwise, and in every backward. Past what a cluster caches: the grid mode."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     x = make_tensor((2, d), dtype, "cuda", layout)
     s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
     assert _variant(s) == "long_row", s
-    assert ("in shared memory" in s) == (cache == "shared"), s
-    assert ("kept as loaded" in s) == (cache == "raw"), s
+    if cache == "grid":
+        assert "partials through global memory" in s, s
+        return
+    if cache == "shared_raw" and (os.environ.get("FASTACT_MAX_CLUSTER") or
+                                  torch.cuda.get_device_properties(x.device).multi_processor_count < 16):
+        pytest.skip("16-CTA clusters (FASTACT_MAX_CLUSTER unset, 16 SMs)")
+    assert "global memory" not in s, s
+    assert ("in shared memory" in s) == (cache in ("shared", "shared_raw")), s
+    assert ("kept as loaded" in s) == (cache in ("raw", "shared_raw")), s
+    if cache == "shared_raw":
+        m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \(the rest kept as loaded, (\d+) in "
+                      r"shared memory\)", s)
+        assert m and int(m.group(1)) == 16 and int(m.group(3)) == 128 and int(m.group(4)) == 64, s
     if cache == "shared":  # 64 elements a thread: 32 in registers, 32 in shared memory (32-bit); 64 there (16-bit)
         m = re.search(r"x (\d+) elements per row \((\d+) in shared memory\)", s)
         assert m and int(m.group(1)) == 64 and int(m.group(2)) == (32 if dtype.itemsize == 4 else 64), s
@@ -886,24 +907,26 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     assert "prefetched" not in s_bwd, s_bwd
 
 
-# dispatch.h long_row_prefetches: (dtype, D, whether the long_row forward of an input just past the device's L2
-# size prefetches the rows ahead into L2).
+# dispatch.h long_row_prefetches: (dtype, D, whether part of the slice is in shared memory, whether the long_row
+# forward of an input just past the device's L2 size prefetches the rows ahead into L2).
 _LONG_ROW_PREFETCH_CASES = [
-    (torch.bfloat16, 262144, True),   # 16-bit rows all in shared memory
-    (torch.float16, 151936, True),
-    (torch.float32, 262144, False),   # float rows: half the slice in registers
-    (torch.bfloat16, 131072, False),  # 16-bit rows in portable register-only clusters, kept as loaded
+    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory
+    (torch.float16, 151936, True, True),
+    (torch.float32, 262144, True, False),    # float rows: half the slice in registers
+    (torch.bfloat16, 131072, False, False),  # 16-bit rows in portable register-only clusters, kept as loaded
+    (torch.bfloat16, 1 << 20, True, False),  # 16-bit rows with a register part as loaded besides
 ]
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("dtype,d,prefetch", _LONG_ROW_PREFETCH_CASES,
+@pytest.mark.parametrize("dtype,d,smem,prefetch", _LONG_ROW_PREFETCH_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_long_row_forward_prefetch(op, dtype, d, prefetch):
+def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
     """dispatch.h kLongRowPrefetchDivisor / long_row_prefetches: the long_row forward of 16-bit rows cached in
     shared memory (long_row.cuh softmax_cluster_smem_fwd_kernel), of an input of at least the L2 size, asks L2 for
     the slices of the rows a quarter of the device's resident clusters ahead (explain says so); one just under the
-    L2 size, float rows, the register-only clusters and the backward do not. The prefetching forward gives the right
+    L2 size, float rows, the register-only clusters, 16-bit rows with a register part besides (past 2^19) and the
+    backward do not. The prefetching forward gives the right
     result (outputs poisoned), its last rows included, whose counterparts ahead lie past the end. Without clusters
     (or with FASTACT_MAX_CLUSTER capping them) a case whose plan is not a cluster one is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -912,7 +935,7 @@ def test_long_row_forward_prefetch(op, dtype, d, prefetch):
     s = fastact.explain(op.name, x)
     if "variant=long_row" not in s or "global memory" in s:
         pytest.skip(f"not a cluster plan here: {s}")
-    assert ("in shared memory)" in s) == (prefetch or dtype == torch.float32), s
+    assert ("in shared memory)" in s) == smem, s
     assert ("the rows ahead prefetched into L2" in s) == prefetch, s
     if prefetch:
         s_under = fastact.explain(op.name, make_tensor(((l2 - 1) // (d * size), d), dtype, "cuda"))

@@ -306,6 +306,17 @@ constexpr int softmax_cluster_smem_elems(int in_bytes) { return kClusterSmemByte
 constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_bytes) {
   return vec > 1 && vec * in_bytes == 16 && acc_bytes == 4;
 }
+// Whether that kernel also keeps a register part as loaded (softmax_resident_raw_elems, besides its shared-memory
+// part) for 16-bit rows longer than the shared-memory part alone covers in a cluster (16 x 512 x 64 = 2^19):
+// 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM. Tried after every other cluster shape
+// (plan_cluster), so shorter rows keep theirs. Why: such rows otherwise leave the cluster for the grid mode
+// (partials through global memory), which ran the H100's bf16 rows of 2^20 at 0.85-0.86 of the limit (wide report,
+// bench/NOTES.md forty-seventh session); a cluster slice of 256 bytes a thread is the float [128, 524288]
+// forward's (16 x 512, 32 registers and 32 in shared memory), which runs at 0.94.
+constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_bytes, int acc_bytes) {
+  return softmax_cluster_smem_supported(vec, in_bytes, acc_bytes) && softmax_resident_raw(backward, vec, in_bytes,
+                                                                                          acc_bytes);
+}
 // long_row forward in that kernel, 16-bit inputs (the slice all in shared memory): each thread asks L2 for the
 // units its counterpart (the same thread of the same cluster rank) in the row this many rows on will load, the
 // clusters the device runs at once over kLongRowPrefetchDivisor (as the strided forward's,
@@ -315,7 +326,9 @@ constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_byt
 // count ahead lost 23-26% (256 MB), a half -12% to +3%, an eighth 1.01-1.04x. Not float inputs, whose slice is
 // half in registers: 0.95-1.00x at a quarter or an eighth, less nearer; not the grid mode (rows of 2^20: 16-bit
 // 1.02-1.03x at 256 MB but 0.94-0.95x at 64 MB; float and the backwards 0.85-0.93x); not inputs under the L2
-// size (the strided rule's reason).
+// size (the strided rule's reason); not the 16-bit shape with a register part (softmax_cluster_smem_raw_regs: H100,
+// report timing, two rounds each, bench/NOTES.md forty-seventh session: bf16 [128, 2^20] softmax 193.3 against
+// 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag).
 constexpr int kLongRowPrefetchDivisor = 4;
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
@@ -828,7 +841,8 @@ struct SoftmaxPlan {
   bool staged = false;     // strided: tiles through shared memory in 16-byte chunks (softmax/staged.cuh)
   bool prefetch = false;   // L2 prefetch of the work ahead: strided cached / long_row 16-bit shared-memory forwards
   bool edges = false;      // vec, long_row resident: rows off the 128-bit alignment (softmax_rows_edge_vectorizable)
-  bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw)
+  bool raw = false;        // long_row resident forward: the register cache kept as loaded (softmax_resident_raw;
+                           // with smem_elems, beside the shared-memory part: softmax_cluster_smem_raw_regs)
   bool shifted = false;    // vec forward: the input's rows staged and realigned (softmax_rows_shift_vectorizable)
   bool two_pass = false;   // vec backward: dy and y read again after the row's all-reduce (softmax_rows_two_pass)
   bool one_unit = false;   // vec backward: one unit of dy and y a thread, the kernel sized for it
@@ -1092,11 +1106,11 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
   return kMaxPortableCluster;
 }
 
-// Whether a long_row cluster forward (smem_slice: in the shared-memory kernel) prefetches the rows ahead into L2
-// (kLongRowPrefetchDivisor says why).
-inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice) {
-  return p.prefetch && !p.backward && smem_slice && softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) == 0 &&
-         p.outer * p.dim_size * p.in_bytes >= p.l2_bytes;
+// Whether a long_row cluster forward (smem_slice: in the shared-memory kernel; raw_regs: with a register part as
+// loaded, softmax_cluster_smem_raw_regs) prefetches the rows ahead into L2 (kLongRowPrefetchDivisor says why).
+inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool raw_regs) {
+  return p.prefetch && !p.backward && smem_slice && !raw_regs &&
+         softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) == 0 && p.outer * p.dim_size * p.in_bytes >= p.l2_bytes;
 }
 
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
@@ -1104,7 +1118,8 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice) {
 // the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
 // threads) come right after the register-only 256-thread ones and replace the larger ones. Rows with
 // edges (block.cuh's RowEdges) take only the register-only CTAs. 16-bit forwards keep the register
-// cache as loaded (softmax_resident_raw: twice the elements a thread).
+// cache as loaded (softmax_resident_raw: twice the elements a thread); their rows past every shape before
+// take the shared-memory CTAs with such a register part besides (softmax_cluster_smem_raw_regs).
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
@@ -1112,26 +1127,34 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
   const int reg_e = raw ? softmax_resident_raw_elems(p.in_bytes) : softmax_resident_elems(p, vec);
   const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
   const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
-  // (threads, whether part of the slice is in shared memory), in the order tried.
+  const bool raw_regs = with_smem && softmax_cluster_smem_raw_regs(p.backward, vec, p.in_bytes, p.acc_bytes);
+  // (threads, whether part of the slice is in shared memory, whether the shared-memory kernel also keeps
+  // registers as loaded), in the order tried.
   struct Shape {
     int threads;
     bool smem;
+    bool raw_regs;
   };
-  Shape shapes[2 * (sizeof(kClusterThreads) / sizeof(int))];
+  Shape shapes[3 * (sizeof(kClusterThreads) / sizeof(int))];
   int n = 0;
   for (int t : kClusterThreads) {
     if (p.backward && t < kClusterBackwardMinThreads) continue;
-    if (!with_smem || t < kClusterSmemMaxThreads) shapes[n++] = {t, false};
+    if (!with_smem || t < kClusterSmemMaxThreads) shapes[n++] = {t, false, false};
   }
   if (with_smem) {
     for (int t : kClusterThreads) {
-      if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true};
+      if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true, false};
+    }
+  }
+  if (raw_regs) {
+    for (int t : kClusterThreads) {
+      if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true, true};
     }
   }
   for (bool last_resort : {false, true}) {
     for (int i = 0; i < n; ++i) {
       const int t = shapes[i].threads;
-      const int e = shapes[i].smem ? smem_total : reg_e;
+      const int e = shapes[i].raw_regs ? reg_e + smem_e : shapes[i].smem ? smem_total : reg_e;
       int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
       if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
       if (s > cluster_cap(p, t, last_resort)) continue;
@@ -1144,10 +1167,10 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       plan.mode = SoftmaxMode::kResident;
       plan.vec = vec;
       plan.edges = edges;
-      plan.raw = raw && !shapes[i].smem;
+      plan.raw = raw && (!shapes[i].smem || shapes[i].raw_regs);
       plan.elems_per_thread = e;
       plan.smem_elems = shapes[i].smem ? smem_e : 0;
-      plan.prefetch = long_row_prefetches(p, shapes[i].smem);
+      plan.prefetch = long_row_prefetches(p, shapes[i].smem, shapes[i].raw_regs);
       plan.cluster = int(s);
       // Balance: the fewest threads that still cache the row over s CTAs.
       plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
@@ -1792,8 +1815,8 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
     case SoftmaxMode::kResident:
       if (s.smem_elems > 0) {
         n = std::snprintf(buf, sizeof(buf),
-                          " [%d CTA(s) x %d threads x %d elements per row (%d in shared memory), %s%s]", s.cluster,
-                          s.threads, s.elems_per_thread, s.smem_elems, access,
+                          " [%d CTA(s) x %d threads x %d elements per row (%s%d in shared memory), %s%s]", s.cluster,
+                          s.threads, s.elems_per_thread, s.raw ? "the rest kept as loaded, " : "", s.smem_elems, access,
                           s.prefetch ? ", the rows ahead prefetched into L2" : "");
       } else {
         n = std::snprintf(buf, sizeof(buf), " [%d CTA(s) x %d threads x %d elements per row%s, %s%s%s]", s.cluster,

@@ -25,15 +25,20 @@
 namespace fastact::softmax_impl {
 
 // The slice of softmax_cluster_smem_fwd_kernel (dispatch.h: kClusterSmemBytes): a thread's kRegVecs
-// units in registers (as A), then kSmemVecs in dynamic shared memory, as loaded.
-template <typename in_t, typename out_t, int kVec>
+// units in registers (as A; kRawRegs: as loaded, dispatch.h softmax_cluster_smem_raw_regs), then kSmemVecs in
+// dynamic shared memory, as loaded.
+template <typename in_t, typename out_t, int kVec, bool kRawRegs = false>
 struct ClusterSmemShape {
-  static constexpr int kRegVecs = softmax_cluster_smem_reg_elems(sizeof(in_t), sizeof(acc_t<out_t>)) / kVec;
+  static constexpr int kRegVecs = (kRawRegs ? softmax_resident_raw_elems(sizeof(in_t))
+                                            : softmax_cluster_smem_reg_elems(sizeof(in_t), sizeof(acc_t<out_t>))) /
+                                  kVec;
   static constexpr int kSmemVecs = softmax_cluster_smem_elems(sizeof(in_t)) / kVec;
   static constexpr int kVecs = kRegVecs + kSmemVecs;
   // 64 registers (two 512-thread CTAs an SM) with a register part, 40 without (three).
   static constexpr int kMinBlocks = kRegVecs > 0 ? 2 : 3;
-  static constexpr bool kSupported = softmax_cluster_smem_supported(kVec, sizeof(in_t), sizeof(acc_t<out_t>));
+  static constexpr bool kSupported =
+      softmax_cluster_smem_supported(kVec, sizeof(in_t), sizeof(acc_t<out_t>)) &&
+      (!kRawRegs || softmax_resident_raw(false, kVec, sizeof(in_t), sizeof(acc_t<out_t>)));
 };
 
 FASTACT_DEVICE unsigned char* cluster_smem_bytes() {
@@ -71,19 +76,22 @@ struct SharedUnits : LoadedUnits<SharedUnits<Epi, in_t, kVec, kFirst, kUnits>, E
 // values (registers: ForwardCache, exp once) and the sum of exp over both parts; one (max, sum)
 // all-reduce over the cluster; the outputs, from the registers as block.cuh's kernel writes them and
 // from shared memory through the epilogue itself (KeepInput: softmax computes those exps twice).
+// kRawRegs (16-bit rows past what shared memory alone covers: dispatch.h softmax_cluster_smem_raw_regs): the
+// register units kept as loaded (block.cuh's RegisterUnits), the two parts processed alike through the
+// epilogue (KeepInput); no prefetch (dispatch.h long_row_prefetches).
 // With plan.prefetch (16-bit rows: dispatch.h long_row_prefetches), once its own loads are out each
 // thread asks L2 for the units its counterpart in the row `ahead` rows on will load (prefetch_slice):
 // rows start in launch order as clusters finish, so with `ahead` a fraction of the clusters the device
 // runs at once (kLongRowPrefetchDivisor) those loads are in flight while this cluster reduces and stores.
-template <typename in_t, typename out_t, typename Epi, int kVec>
-__global__ __launch_bounds__(kClusterSmemMaxThreads, (ClusterSmemShape<in_t, out_t, kVec>::kMinBlocks)) void
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kRawRegs>
+__global__ __launch_bounds__(kClusterSmemMaxThreads, (ClusterSmemShape<in_t, out_t, kVec, kRawRegs>::kMinBlocks)) void
 softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t dim, int64_t row_stride,
                                 int cluster, Epi epi,
                                 int64_t rows,   // of the whole call (launch_items may split it)
                                 int64_t ahead,  // rows ahead whose slices to prefetch into L2 (plan.prefetch); 0: none
                                 int64_t first_row) {
   using A = acc_t<out_t>;
-  using Shape = ClusterSmemShape<in_t, out_t, kVec>;
+  using Shape = ClusterSmemShape<in_t, out_t, kVec, kRawRegs>;
   using Unit = AlignedVector<in_t, kVec>;
   constexpr int kRegVecs = Shape::kRegVecs;
   constexpr int kSmemVecs = Shape::kSmemVecs;
@@ -95,6 +103,7 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
   const ResidentSlice s = resident_slice<kVec, Shape::kVecs>(dim, cluster);
   const int64_t row = first_row + blockIdx.x / cluster;
   const in_t* xr = x + row * row_stride + s.first;
+  out_t* const yr = y + row * dim + s.first;
   int round = 0;
 #pragma unroll
   for (int j = 0; j < kSmemVecs; ++j) {
@@ -102,34 +111,43 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
       copy_async_16(slot + j * nthreads, xr + (kRegVecs + j) * s.step);
   }
   copy_async_commit();
-  A v[kRegVecs > 0 ? kRegVecs : 1][kVec];
+  const SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs> shared{{}, slot, nthreads};
+  if constexpr (kRawRegs) {
+    RegisterUnits<Epi, in_t, kVec, kRegVecs> units;
 #pragma unroll
-  for (int j = 0; j < kRegVecs; ++j) {
-    if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+    for (int j = 0; j < kRegVecs; ++j) {
+      if (j < s.nvalid) units.r[j] = load_vector<in_t, kVec>(xr + j * s.step);
+    }
+    A none[1][kVec];  // no converted units: the slice is in `units` and `shared`
+    resident_forward<Epi, kVec, 0>(none, s, yr, epi, scratch, round, cluster,
+                                   BothExtras<RegisterUnits<Epi, in_t, kVec, kRegVecs>,
+                                              SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>>{units, shared});
+  } else {
+    A v[kRegVecs > 0 ? kRegVecs : 1][kVec];
+#pragma unroll
+    for (int j = 0; j < kRegVecs; ++j) {
+      if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
+    }
+    if constexpr (kRegVecs == 0) {  // 16-bit rows only (dispatch.h long_row_prefetches)
+      if (ahead > 0 && row + ahead < rows)
+        prefetch_slice<Shape::kVecs>(x + (row + ahead) * row_stride, s);
+    }
+    resident_forward<Epi, kVec, kRegVecs>(v, s, yr, epi, scratch, round, cluster, shared);
   }
-  if constexpr (kRegVecs == 0) {  // 16-bit rows only (dispatch.h long_row_prefetches)
-    if (ahead > 0 && row + ahead < rows)
-      prefetch_slice<Shape::kVecs>(x + (row + ahead) * row_stride, s);
-  }
-  resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, cluster,
-                                        SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
 }
 
 namespace detail {
 
-// The cluster mode's forward: with plan.smem_elems, the kernel above; else block.cuh's (registers only).
-template <typename in_t, typename out_t, typename Epi, int kVec>
-cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
-                            const SoftmaxPlan& plan, cudaStream_t stream) {
-  if (plan.smem_elems == 0)
-    return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, plan.edges,
-                                                 plan.raw, /*shifted=*/false, stream);
-  using Shape = ClusterSmemShape<in_t, out_t, kVec>;
+// softmax_cluster_smem_fwd_kernel on `plan` (kRawRegs: plan.raw), where its types run it.
+template <typename in_t, typename out_t, typename Epi, int kVec, bool kRawRegs>
+cudaError_t cluster_smem_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                                 const SoftmaxPlan& plan, cudaStream_t stream) {
+  using Shape = ClusterSmemShape<in_t, out_t, kVec, kRawRegs>;
   if constexpr (Shape::kSupported) {
-    constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec>;
+    constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec, kRawRegs>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.edges || plan.raw || plan.smem_elems != Shape::kSmemVecs * kVec ||
+    if (plan.edges || plan.raw != kRawRegs || plan.smem_elems != Shape::kSmemVecs * kVec ||
         plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 || threads > kClusterSmemMaxThreads ||
         threads % kWarpSize != 0 || plan.cluster < 2 || plan.cluster > kMaxCluster ||
         int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
@@ -144,6 +162,18 @@ cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, 
                                  rows, ahead);
   }
   return cudaErrorInvalidConfiguration;
+}
+
+// The cluster mode's forward: with plan.smem_elems, the kernel above (plan.raw: its register part as
+// loaded); else block.cuh's (registers only).
+template <typename in_t, typename out_t, typename Epi, int kVec>
+cudaError_t cluster_forward(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
+                            const SoftmaxPlan& plan, cudaStream_t stream) {
+  if (plan.smem_elems == 0)
+    return block_forward<in_t, out_t, Epi, kVec>(x, y, rows, dim, row_stride, plan.threads, plan.cluster, plan.edges,
+                                                 plan.raw, /*shifted=*/false, stream);
+  if (plan.raw) return cluster_smem_forward<in_t, out_t, Epi, kVec, true>(x, y, rows, dim, row_stride, plan, stream);
+  return cluster_smem_forward<in_t, out_t, Epi, kVec, false>(x, y, rows, dim, row_stride, plan, stream);
 }
 
 template <typename in_t, typename out_t, typename Epi, int kVec>
