@@ -238,8 +238,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     one is partial; dense and padded rows. Beyond 8 x 256 x 32 elements the 128-bit forward keeps part
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
     16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). 16-bit forward rows
-    past 16 x 512 x 64 keep a register part as loaded besides, at 16 x 512 (2^20, 600000: a partial slice,
-    524296: the last CTA none). Beyond what a
+    past 16 x 512 x 64 keep a register part as loaded besides, at 16 x 288-512 (2^20; 600000: a partial slice,
+    524296 and 600000: the last CTA none). Beyond what a
     cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
     their partials; an odd D takes element accesses. Backwards whose cluster CTAs would run one an SM
     (151936 in float, 300000 in 16-bit) take the grid mode too. Twice, bitwise equal: partials fold in a
@@ -633,9 +633,9 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
     if cache == "grid":
         assert "partials through global memory" in s, s
         return
-    if cache == "shared_raw" and (os.environ.get("FASTACT_MAX_CLUSTER") or
+    if cache == "shared_raw" and (_clusters_capped(16) or
                                   torch.cuda.get_device_properties(x.device).multi_processor_count < 16):
-        pytest.skip("16-CTA clusters (FASTACT_MAX_CLUSTER unset, 16 SMs)")
+        pytest.skip("16-CTA clusters (FASTACT_MAX_CLUSTER unset or 16, 16 SMs)")
     assert "global memory" not in s, s
     assert ("in shared memory" in s) == (cache in ("shared", "shared_raw")), s
     assert ("kept as loaded" in s) == (cache in ("raw", "shared_raw")), s
@@ -650,10 +650,11 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
         assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s
 
 
-def _clusters_capped():
-    """FASTACT_MAX_CLUSTER below 8 turns clusters off (softmax/launch.cuh probe_clusters)."""
+def _clusters_capped(below=8):
+    """FASTACT_MAX_CLUSTER below `below` (8: clusters off; 16: no 16-CTA clusters; softmax/launch.cuh
+    probe_clusters)."""
     env = os.environ.get("FASTACT_MAX_CLUSTER")
-    return env is not None and (int(env) if env.strip().lstrip("-").isdigit() else 0) < 8
+    return env is not None and (int(env) if env.strip().lstrip("-").isdigit() else 0) < below
 
 
 @pytest.mark.parametrize(
@@ -1625,6 +1626,7 @@ def _bytes(*tensors):
     [
         ("softmax-rows", lambda: (fastact.softmax, make_tensor((4096, 4096), torch.float32, "cuda"), {"dim": -1})),
         ("softmax-long-rows", lambda: (fastact.softmax, make_tensor((4, 1 << 20), torch.float16, "cuda"), {"dim": -1})),
+        ("softmax-grid-rows", lambda: (fastact.softmax, make_tensor((4, 3 << 19), torch.float16, "cuda"), {"dim": -1})),
         ("softmax-sliced", lambda: (fastact.softmax, make_tensor((4096, 4095), torch.float32, "cuda", "sliced_last"), {"dim": -1})),
         ("softmax-strided", lambda: (fastact.softmax, make_tensor((64, 1024, 64), torch.float32, "cuda"), {"dim": 1})),
         ("softmax-bf16-to-f32", lambda: (fastact.softmax, make_tensor((4096, 4096), torch.bfloat16, "cuda"), {"dim": -1, "dtype": torch.float32})),

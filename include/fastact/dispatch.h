@@ -308,11 +308,13 @@ constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_byt
 }
 // Whether that kernel also keeps a register part as loaded (softmax_resident_raw_elems, besides its shared-memory
 // part) for 16-bit rows longer than the shared-memory part alone covers in a cluster (16 x 512 x 64 = 2^19):
-// 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM. Tried after every other cluster shape
-// (plan_cluster), so shorter rows keep theirs. Why: such rows otherwise leave the cluster for the grid mode
-// (partials through global memory), which ran the H100's bf16 rows of 2^20 at 0.85-0.86 of the limit (wide report,
-// bench/NOTES.md forty-seventh session); a cluster slice of 256 bytes a thread is the float [128, 524288]
-// forward's (16 x 512, 32 registers and 32 in shared memory), which runs at 0.94.
+// 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM. Tried after every other cluster shape at
+// every cluster size (plan_cluster), so shorter rows keep theirs. Why: such rows otherwise leave the cluster
+// for the grid mode (partials through global memory), which ran the H100's bf16 rows of 2^20 at 0.85-0.86 of
+// the limit (wide report, bench/NOTES.md forty-seventh session); a cluster slice of 256 bytes a thread is the
+// float [128, 524288] forward's (16 x 512, 32 registers and 32 in shared memory), which runs at 0.94. Measured
+// there: 0.917-0.918. Without 16-CTA clusters (FASTACT_MAX_CLUSTER=8) the shape takes rows of 2^18-2^19 in
+// 8-CTA clusters from the grid mode: not measured.
 constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_bytes, int acc_bytes) {
   return softmax_cluster_smem_supported(vec, in_bytes, acc_bytes) && softmax_resident_raw(backward, vec, in_bytes,
                                                                                           acc_bytes);
@@ -1162,6 +1164,11 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       // shared-memory CTAs can take the row: those keep as many elements a thread at 40 registers
       // (three 512-thread CTAs an SM), the plan of the 262144 bar cells (0.92-0.93, tenth session).
       if (raw && with_smem && !shapes[i].smem && s > kMaxPortableCluster) continue;
+      // The shapes with a register part besides shared memory only where no other shape takes the row at any
+      // cluster size (softmax_cluster_smem_raw_regs): in the first pass, where 16-CTA clusters may not count (a
+      // device whose clusters of 16 leave SMs idle, as the H100's do), they would take rows of 2^18-2^19 in 8-CTA
+      // clusters from the 16 x 512 shared-memory shape.
+      if (shapes[i].raw_regs && !last_resort) continue;
       SoftmaxPlan plan;
       plan.variant = SoftmaxVariant::kLongRow;
       plan.mode = SoftmaxMode::kResident;

@@ -40,7 +40,7 @@ constexpr int block_bwd_elems() {
 }
 
 // How many of a thread's accesses first + j * step (elements, j < kVecs) start inside a row of D.
-// 32-bit arithmetic: the host caps a cached row at 16 x 1024 x 32 elements.
+// 32-bit arithmetic: the host caps a cached row at 16 x 512 x 128 elements (2^20).
 template <int kVecs>
 FASTACT_DEVICE int resident_valid(int first, int64_t dim, int step) {
   const int d = static_cast<int>(dim);
@@ -51,7 +51,7 @@ FASTACT_DEVICE int resident_valid(int first, int64_t dim, int step) {
 
 // This thread's units of a cached row: the CTA of cluster rank `rank` (cluster_rank),
 // thread t: units first + j * step, j < kVecs, of which j < nvalid start inside the row. Offsets
-// within a row fit in int: the host caps D at 16 x 1024 x 32.
+// within a row fit in int: the host caps D at 16 x 512 x 128.
 struct ResidentSlice {
   int first;   // element offset of unit 0 in the row
   int step;    // elements from unit j to unit j + 1: T * kVec
@@ -147,7 +147,8 @@ struct LoadedUnits {
   }
 };
 
-// The whole slice, kUnits units, in registers as loaded (softmax_block_fwd_kernel with kRaw: 16-bit
+// The whole slice (or, in long_row.cuh's kRawRegs kernel, its first kUnits units, the rest in shared memory),
+// kUnits units, in registers as loaded (softmax_block_fwd_kernel with kRaw: 16-bit
 // inputs, dispatch.h softmax_resident_raw): half the registers of the converted cache. The max by
 // packed 16-bit compares where the element type has them (ElementMax).
 template <typename Epi, typename in_t, int kVec, int kUnits>
@@ -202,7 +203,7 @@ struct RowEdges {
   int count;   // 0 for every thread but the two owners (< kVec)
 };
 
-// 32-bit in-row arithmetic: the host caps a cached row at 16 x 1024 x 32 elements.
+// 32-bit in-row arithmetic: the host caps a cached row at 16 x 512 x 128 elements (2^20).
 template <int kVec>
 FASTACT_DEVICE RowEdges row_edges(int64_t row, int64_t dim, int cluster) {
   const int d = static_cast<int>(dim);
@@ -464,7 +465,7 @@ struct ShiftedRow {
   const T* chunk0;
   const T* lo;  // the tensor's elements: [lo, lo + n)
   int64_t n;
-  int dim;  // D (in-row offsets fit in int: the host caps a cached row at 16 x 1024 x 32 elements)
+  int dim;  // D (in-row offsets fit in int: the host caps a cached row at 16 x 512 x 128 elements (2^20))
   int sh;
 
   FASTACT_DEVICE ShiftedRow(const T* xrow, const T* lo_, int64_t n_, int64_t dim_)

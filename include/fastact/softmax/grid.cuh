@@ -6,7 +6,7 @@
 // Work: (row, rank) = divmod(ticket, ctas), the ticket taken by each CTA as it starts (grid_sync.cuh:
 // why a row's CTAs may then wait for each other). The slice of rank r is block.cuh's layout for
 // cluster rank r. Forward: cached as long_row.cuh's shared-memory clusters cache it (registers, and
-// shared memory in the 128-bit float-arithmetic forwards); backward: grad_output and output in
+// shared memory in the 128-bit float-arithmetic forwards; not their 16-bit register part as loaded); backward: grad_output and output in
 // registers as block.cuh's backward, and with 16-byte units more of both in shared memory. The row's
 // partials meet in global memory (common.cuh: row_allreduce over GridExchange): each CTA stores its
 // (max, sum) (backward: its sum of the backward term) in its slot and counts itself on the row's

@@ -1,14 +1,15 @@
 // Variant `long_row`: inner == 1, rows too long for one block's registers (tens of thousands to
 // millions of elements); never three passes over HBM.
 //   sm_90, the row fits a cluster (at most 16 CTAs; in the forward with 128-bit accesses and float
-//     arithmetic 512 threads x 64 elements, part or all of them in shared memory; otherwise 1024
-//     threads x the register cache): the row is split over a thread-block cluster, each CTA caching
-//     its slice; the max and the sum are combined through distributed shared memory. HBM is read once.
+//     arithmetic 512 threads x 64 elements, part or all of them in shared memory, and 16-bit rows past
+//     that 512 x 128, 64 of them in registers as loaded; otherwise 1024 threads x the register cache):
+//     the row is split over a thread-block cluster, each CTA caching its slice; the max and the sum are
+//     combined through distributed shared memory. HBM is read once.
 //       forward, 128-bit path, float arithmetic: softmax_cluster_smem_fwd_kernel below, part of the
-//       slice in shared memory; otherwise (the backward, element accesses, float64, and the forward's
-//       256-thread clusters that fit in registers, rows off the 128-bit alignment: plan.edges):
-//       block.cuh's kernels, 16-bit forwards with the register slice kept as loaded (plan.raw). One
-//       row per cluster.
+//       slice in shared memory (plan.raw: its register part as loaded); otherwise (the backward, element
+//       accesses, float64, and the forward's 256-thread clusters that fit in registers, rows off the
+//       128-bit alignment: plan.edges): block.cuh's kernels, 16-bit forwards with the register slice
+//       kept as loaded (plan.raw). One row per cluster.
 //   otherwise (no clusters, or longer rows), where the caller provides a workspace and at most one CTA
 //     an SM caches the row: grid.cuh's mode, the row over CTAs anywhere on the device, each caching its
 //     slice as here, the partials combined through global memory.
@@ -147,8 +148,9 @@ cudaError_t cluster_smem_forward(const in_t* x, out_t* y, int64_t rows, int64_t 
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec, kRawRegs>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.edges || plan.raw != kRawRegs || plan.smem_elems != Shape::kSmemVecs * kVec ||
-        plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 || threads > kClusterSmemMaxThreads ||
+    if (plan.edges || plan.raw != kRawRegs || (kRawRegs && plan.prefetch) ||
+        plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 ||
+        threads > kClusterSmemMaxThreads ||
         threads % kWarpSize != 0 || plan.cluster < 2 || plan.cluster > kMaxCluster ||
         int64_t(plan.cluster) * threads * Shape::kVecs * kVec < dim)
       return cudaErrorInvalidConfiguration;
