@@ -413,6 +413,16 @@ inline void normal_cdf(const Vec<double>& x, Vec<double>& cdf, Vec<double>& g) {
   g = (V(-0.5) * x * x).exp();
 }
 
+// sign(v) min(|v|, b) for b > 0, i.e. clamp(v, -b, b): on AVX512 one vrangeps (imm 0b0010: the smaller magnitude,
+// with the first operand's sign) instead of clamp's max and min. NaN v: unspecified (callers carry it).
+inline Vec<float> clamp_symmetric(const Vec<float>& v, float b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return Vec<float>(_mm512_range_ps(v, _mm512_set1_ps(b), 0x02));
+#else
+  return at::vec::clamp(v, Vec<float>(-b), Vec<float>(b));
+#endif
+}
+
 // erf(z) for float without exp: z P(z^2) / Q(z^2), P and Q of degree 5, a minimax fit of
 // erf(z) / z on [0, 3.95] (fitted for fastact by iteratively reweighted least squares; fit error
 // 3.5e-8, 4e-7 absolute after float rounding, against A-S 7.1.26's 1.5e-7 plus its exp), |z|
@@ -420,7 +430,7 @@ inline void normal_cdf(const Vec<double>& x, Vec<double>& cdf, Vec<double>& g) {
 // exp); used where the density is not needed too (the forward).
 inline Vec<float> erf_rational(const Vec<float>& z_in) {
   using V = Vec<float>;
-  const V z = at::vec::clamp(z_in, V(-3.95f), V(3.95f));  // NaN: unspecified (callers carry it)
+  const V z = clamp_symmetric(z_in, 3.95f);  // NaN: unspecified (callers carry it)
   const V w = z * z;
   V p = at::vec::fmadd(V(1.9848707215053274e-06f), w, V(2.883273668664206e-04f));
   p = at::vec::fmadd(p, w, V(3.99749715314486e-03f));
@@ -434,7 +444,7 @@ inline Vec<float> erf_rational(const Vec<float>& z_in) {
   q = at::vec::fmadd(q, w, V(1.f));
   // At the clamp the fit overshoots 1 by an ulp; the clamp keeps 1 + erf >= 0, so that gelu(x) is
   // exactly -0 (not a few ulp of the wrong sign) for x below -5.6.
-  return at::vec::clamp(z * p / q, V(-1.f), V(1.f));
+  return clamp_symmetric(z * p / q, 1.f);
 }
 
 // F.gelu(x, approximate="none") = x/2 (1 + erf(x / sqrt 2)) (math::GeluErf). float: erf_rational;
