@@ -612,6 +612,15 @@ def test_large_output_elementwise(device, dtype, op):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+@pytest.mark.parametrize("d", [64, 100, 128])
+def test_large_output_softmax_short_rows(device, dtype, op, d):
+    """Rows the CPU backward holds in registers (softmax_bwd_row_in_registers), with a dx of 16 MiB or more:
+    streaming stores for its aligned vector pairs, plain ones for the rest (rows of 100 start at every offset)."""
+    rows = _STREAM_BYTES // (d * dtype.itemsize) + 3
+    check_op(op, make_tensor((rows, d), dtype, device), dim=-1)
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("cast", [False, True], ids=["same", "to_f32"])
 def test_large_output_softmax(device, dtype, op, cast):
     if cast and dtype not in (torch.float16, torch.bfloat16):

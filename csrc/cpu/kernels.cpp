@@ -1759,7 +1759,14 @@ bool log_softmax_bwd_exp_first(int64_t D) {
 // rows of 16 and 24 had fallen to 0.56-0.85 of torch's speed through the row loop (Zen 4); f16 softmax rows of 77-128
 // ran at 0.86-1.04 (Xeon), 1.25-1.65 in registers, bf16 0.95-1.44 -> 1.09-1.70, the 16-bit log_softmax 1.04-1.36 ->
 // 1.19-1.50 (two runs each, alternating builds).
-template <bool kLog, typename In, typename Out>
+// kStream: dx's whole aligned vector pairs with streaming stores (the caller fences), the others plain. Where dx
+// is kStreamBytes or more, rows of 3-4 pairs had taken the row loop instead, for its streaming stores; here with
+// them (Xeon, 64 MB, two threads, three alternating runs, fastact / torch; bench/NOTES.md forty-seventh session):
+// f16 rows of 100 softmax / log_softmax 0.59-0.73 / 0.54-0.61 -> 1.07-1.25 / 1.25-1.47 (the row loop's heads and
+// tails of single elements), bf16 rows of 128 1.05-1.16 / 1.21-1.46 -> 1.23-1.42 / 1.54-1.86; rows of two pairs
+// too: f32 rows of 64 0.90-1.05 / 0.70-1.17 -> 1.14-1.31 / 1.19-2.51, bf16 1.09-2.18 / 1.00-1.22 -> 1.17-1.50 /
+// 1.31-1.62.
+template <bool kLog, bool kStream, typename In, typename Out>
 C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr, Out* dxr, int64_t D) {
   using IO = Io<In>;
   using A = typename IO::A;
@@ -1785,8 +1792,10 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
   for (int k = 0; k < kPairs; ++k) {
     const int64_t n = std::min(D - k * kStep, kStep);
     if (n <= 0) break;
-    store2_tail(dxr + k * kStep, n, VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs),
-                VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs));
+    const V d0 = VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs);
+    const V d1 = VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs);
+    if (kStream && n == kStep && stream_aligned(dxr + k * kStep)) stream2(dxr + k * kStep, d0, d1);
+    else store2_tail(dxr + k * kStep, n, d0, d1);
   }
 }
 
@@ -1812,10 +1821,11 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
       Out* dxr = dx + r * D;
-      // softmax_bwd_row_in_registers; past two pairs only where dx is not streamed (the row loop's streaming stores
-      // save more than the second read: bf16 [262144, 128], 64 MB, 1.10x torch with them, 0.90x in registers).
-      if (D <= 2 * kStep || (D <= kBwdRegisterPairs<In> * kStep && !stream)) {
-        softmax_bwd_row_in_registers<kLog, In, Out>(dyr, yr, dxr, D);
+      // softmax_bwd_row_in_registers, with streaming stores where dx is streamed (without them the row loop's
+      // streaming stores had saved more than the second read: bf16 [262144, 128], 64 MB, 1.10x torch against 0.90x).
+      if (D <= kBwdRegisterPairs<In> * kStep) {
+        if (stream) softmax_bwd_row_in_registers<kLog, true, In, Out>(dyr, yr, dxr, D);
+        else softmax_bwd_row_in_registers<kLog, false, In, Out>(dyr, yr, dxr, D);
         continue;
       }
       int64_t i = 0;
