@@ -1864,7 +1864,22 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       }
       const V vs(s);
       i = 0;
+      // dx's head up to the stream alignment: as one padded vector pair past kPaddedTailBwd elements, as the tail.
+      // Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an exp) had cost rows that
+      // start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md
+      // forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577
+      // 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x.
       if (stream) {
+        const int64_t head = std::min<int64_t>(
+            D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) % kStreamAlign /
+                       sizeof(Out)));
+        if (head > kPaddedTailBwd) {
+          V g0, g1, y0, y1;
+          load2_tail(dyr, head, A(0), g0, g1);
+          load2_tail(yr, head, A(0), y0, y1);
+          store2_tail(dxr, head, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+          i = head;
+        }
         for (; i < D && !stream_aligned(dxr + i); ++i)
           dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
       }
