@@ -3,6 +3,9 @@ dtype: every dim of tensors of rank 0 to 4 in every layout, the boundary sizes o
 empty tensors, softmax's `dtype=`, and the layout rule of the outputs."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -601,7 +604,7 @@ def test_scalar_tensor(device, dtype, op):
 
 # Outputs of 16 MiB or more take the CPU kernels' streaming-store path (csrc/cpu/kernels.cpp,
 # kStreamBytes): elementwise over one long array; softmax backward over rows of 1003 elements, so
-# that most rows start off the 64-byte boundary and the stores begin with single elements.
+# that most rows start off the 64-byte boundary and the stores begin with a head of plain ones.
 _STREAM_BYTES = 16 << 20
 
 
@@ -615,9 +618,25 @@ def test_large_output_elementwise(device, dtype, op):
 @pytest.mark.parametrize("d", [64, 100, 128])
 def test_large_output_softmax_short_rows(device, dtype, op, d):
     """Rows the CPU backward holds in registers (softmax_bwd_row_in_registers), with a dx of 16 MiB or more:
-    streaming stores for its aligned vector pairs, plain ones for the rest (rows of 100 start at every offset)."""
+    streaming stores for its aligned vector pairs, plain ones for the rest (rows of 100 start at many offsets);
+    on AVX512 16-bit rows of 64-128 and float rows of 64, the rest through the row loop and its head."""
     rows = _STREAM_BYTES // (d * dtype.itemsize) + 3
     check_op(op, make_tensor((rows, d), dtype, device), dim=-1)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "default"])
+def test_large_output_softmax_other_isas(isa):
+    """The streamed softmax tests above under the CPU kernels built for narrower vectors than the machine's
+    (ATEN_CPU_CAPABILITY; a vector pair holds 16 floats there, not 32, and the portable build's streaming store
+    is a plain one): a row's head before the 64-byte alignment spans up to two pairs in 16-bit."""
+    if not torch.backends.cpu.get_cpu_capability().lower().startswith("avx"):
+        pytest.skip("a CPU without AVX2: the kernels already run the narrowest build")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
+    out = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x", "-k",
+                          "cpu and (f16 or bf16) and large_output_softmax and not other_isas"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout, out.stdout[-2000:]
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)

@@ -1809,7 +1809,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const Epilogue<kLog> epi;
   const int64_t D = shape.dim_size;
   // Streaming stores for a large dx (see kStreamBytes), in rows long enough to hold an aligned vector pair
-  // past the head that reaches the alignment element by element.
+  // past the head of plain stores that reaches the alignment.
   const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes &&
                       D >= int64_t(kStreamAlign / sizeof(Out)) + kStep;
   // 16-bit log_softmax: exp(y) of the summing pass into a row of scratch (log_softmax_bwd_exp_first says why).
@@ -1864,7 +1864,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       }
       const V vs(s);
       i = 0;
-      // dx's head up to the stream alignment: as one padded vector pair past kPaddedTailBwd elements, as the tail.
+      // dx's head up to the stream alignment: as padded vector pairs past kPaddedTailBwd elements, as the tail.
       // Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an exp) had cost rows that
       // start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md
       // forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577
@@ -1873,12 +1873,13 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         const int64_t head = std::min<int64_t>(
             D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) % kStreamAlign /
                        sizeof(Out)));
-        if (head > kPaddedTailBwd) {
+        while (head - i > kPaddedTailBwd) {  // a pair holds kStep elements: 32 16-bit ones on AVX512, 16 on AVX2
+          const int64_t n = std::min(head - i, kStep);
           V g0, g1, y0, y1;
-          load2_tail(dyr, head, A(0), g0, g1);
-          load2_tail(yr, head, A(0), y0, y1);
-          store2_tail(dxr, head, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
-          i = head;
+          load2_tail(dyr + i, n, A(0), g0, g1);
+          load2_tail(yr + i, n, A(0), y0, y1);
+          store2_tail(dxr + i, n, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
+          i += n;
         }
         for (; i < D && !stream_aligned(dxr + i); ++i)
           dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
