@@ -1863,31 +1863,33 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         }
       }
       const V vs(s);
+      // The writing pass, dx = map(dy, z) for z = y, or (exp_first) z = exp(y) from the scratch row. `plain` writes
+      // [i, end) with plain stores: padded vector pairs (at most kStep elements each: 32 16-bit ones on AVX512, 16 on
+      // AVX2) while more than kPaddedTailBwd remain, then element by element. It takes the row's tail after the
+      // vector pairs and, where dx is streamed, its head up to the stream alignment. Element by element, a 16-bit
+      // head (up to 31 elements, each converted, and log_softmax's an exp) had cost rows that start off the alignment
+      // up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md forty-seventh session): f16
+      // log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577 0.90-1.03x -> 0.98-1.05x,
+      // f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x.
+      const int64_t head =
+          stream ? std::min<int64_t>(D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) %
+                                                kStreamAlign / sizeof(Out)))
+                 : 0;
       i = 0;
-      // dx's head up to the stream alignment: as padded vector pairs past kPaddedTailBwd elements, as the tail.
-      // Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an exp) had cost rows that
-      // start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md
-      // forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577
-      // 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x.
-      if (stream) {
-        const int64_t head = std::min<int64_t>(
-            D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) % kStreamAlign /
-                       sizeof(Out)));
-        while (head - i > kPaddedTailBwd) {  // a pair holds kStep elements: 32 16-bit ones on AVX512, 16 on AVX2
-          const int64_t n = std::min(head - i, kStep);
-          V g0, g1, y0, y1;
-          load2_tail(dyr + i, n, A(0), g0, g1);
-          load2_tail(yr + i, n, A(0), y0, y1);
-          store2_tail(dxr + i, n, VecBackward<kLog>::map(g0, y0, vs), VecBackward<kLog>::map(g1, y1, vs));
-          i += n;
-        }
-        for (; i < D && !stream_aligned(dxr + i); ++i)
-          dxr[i] = from_acc<Out>(epi.backward(to_acc(dyr[i]), to_acc(yr[i]), s));
-      }
-      // The writing pass from i on, dx = map(dy, z) for z = y, or (exp_first) z = exp(y) from the scratch row: vector
-      // pairs, then the tail as two padded vectors, as the summing pass, or element by element.
       const auto write = [&](const auto* z, const auto& vmap, const auto& smap) {
         using ZO = Io<std::remove_const_t<std::remove_pointer_t<decltype(z)>>>;
+        const auto plain = [&](int64_t end) {
+          while (end - i > kPaddedTailBwd) {
+            const int64_t n = std::min(end - i, kStep);
+            V g0, g1, z0, z1;
+            load2_tail(dyr + i, n, A(0), g0, g1);
+            load2_tail(z + i, n, A(0), z0, z1);
+            store2_tail(dxr + i, n, vmap(g0, z0), vmap(g1, z1));
+            i += n;
+          }
+          for (; i < end; ++i) dxr[i] = from_acc<Out>(smap(to_acc(dyr[i]), to_acc(z[i])));
+        };
+        plain(head);
         for (; i + kStep <= D; i += kStep) {
           V g0, g1, z0, z1;
           IO::load2(dyr + i, g0, g1);
@@ -1896,14 +1898,7 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
           if (stream) stream2(dxr + i, d0, d1);
           else OO::store2(dxr + i, d0, d1);
         }
-        if (D - i > kPaddedTailBwd) {
-          V g0, g1, z0, z1;
-          load2_tail(dyr + i, D - i, A(0), g0, g1);
-          load2_tail(z + i, D - i, A(0), z0, z1);
-          store2_tail(dxr + i, D - i, vmap(g0, z0), vmap(g1, z1));
-        } else {
-          for (; i < D; ++i) dxr[i] = from_acc<Out>(smap(to_acc(dyr[i]), to_acc(z[i])));
-        }
+        plain(D);
       };
       if (exp_first) {
         write(e, [&](const V& g, const V& ez) { return g - ez * vs; }, [&](A g, A ez) { return g - ez * s; });
