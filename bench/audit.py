@@ -4,8 +4,10 @@ The report's grids (fastact.bench) time 256 MB-class tensors. This sweep takes m
 default) of model shapes: rows of 2 to 200000 elements (classes, sequence lengths, vocabularies), channel, dim-0
 and dim -2 softmaxes, f32 / bf16 / f16, forward and backward. On CUDA each call is timed in a CUDA graph of ten
 calls, so that host overhead does not hide the kernel at the small sizes; on the CPU each is the median of calls
-timed as the report times them (run it with OMP_WAIT_POLICY=passive: torch's OpenMP workers otherwise spin between
-its calls and slow fastact's threads, bench/NOTES.md thirty-third session). Beside each, a plain elementwise kernel
+timed as the report times them, with glibc told to keep freed memory as the report does (keep_cpu_allocations: else
+every output past malloc's 32 MB mmap threshold faults its pages in on each call, which at 64 MB costs more than the
+kernels; bench/NOTES.md forty-eighth session), and run it with OMP_WAIT_POLICY=passive (torch's OpenMP workers
+otherwise spin between its calls and slow fastact's threads, bench/NOTES.md thirty-third session). Beside each, a plain elementwise kernel
 that moves the same bytes (torch.neg forward, torch.mul backward) is timed as a size-aware limit. It prints every
 cell, then the cells where fastact is slower than torch, then those under 0.85 of the elementwise kernel.
 
@@ -130,8 +132,11 @@ def main(argv=None):
         raise SystemExit("bench/audit.py: no CUDA device (--device cpu audits the CPU kernels)")
     sizes = a.sizes_mb or ([8, 64] if a.device == "cuda" else [8])
     rows = []
+    malloc_kept = a.device == "cpu" and B.keep_cpu_allocations()
     for case in cases([s * MB for s in sizes]):
         r = audit_case(case, a.variants, a.device)
+        if malloc_kept:
+            B.release_cpu_allocations()
         rows.append(r)
         forced = " ".join(f"{v} {r[v]:.1f}" for v in B.VARIANTS if v in r)
         print(f"{r['name']:50s} {r['auto']:8.1f} torch {r['torch']:8.1f} ({r['torch'] / r['auto']:5.2f}x) ref "
