@@ -603,8 +603,8 @@ def test_scalar_tensor(device, dtype, op):
 
 
 # Outputs of 16 MiB or more take the CPU kernels' streaming-store path (csrc/cpu/kernels.cpp,
-# kStreamBytes): elementwise over one long array; softmax backward over rows of 1003 elements, so
-# that most rows start off the 64-byte boundary and the stores begin with a head of plain ones.
+# kStreamBytes): elementwise over one long array; softmax backward over rows that start off the 64-byte
+# boundary, through the StreamStager (rows of up to 1 KB) or with a head of plain stores (longer rows).
 _STREAM_BYTES = 16 << 20
 
 
@@ -615,13 +615,17 @@ def test_large_output_elementwise(device, dtype, op):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("d", [64, 100, 128])
-def test_large_output_softmax_short_rows(device, dtype, op, d):
-    """Rows the CPU backward holds in registers (softmax_bwd_row_in_registers), with a dx of 16 MiB or more:
-    streaming stores for its aligned vector pairs, plain ones for the rest (rows of 100 start at many offsets);
-    on AVX512 16-bit rows of 64-128 and float rows of 64, the rest through the row loop and its head."""
+@pytest.mark.parametrize("d", [40, 64, 77, 100, 128, 197])
+@pytest.mark.parametrize("cast", [False, True], ids=["same", "to_f32"])
+def test_large_output_softmax_short_rows(device, dtype, op, d, cast):
+    """Rows the CPU backward holds in registers (softmax_bwd_row_in_registers: up to 128 elements on AVX512, 64 on
+    AVX2) and short rows of the row loop (197; float64's streamed directly), with a dx of 16 MiB or more: streamed
+    through a StreamStager, whose tasks start at many offsets from the alignment (rows of 40, 77, 100 and 197) and
+    copy the units at their ends plainly."""
+    if cast and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("the fused cast widens 16-bit inputs")
     rows = _STREAM_BYTES // (d * dtype.itemsize) + 3
-    check_op(op, make_tensor((rows, d), dtype, device), dim=-1)
+    check_op(op, make_tensor((rows, d), dtype, device), dim=-1, dtype=torch.float32 if cast else None)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "default"])
@@ -641,9 +645,11 @@ def test_large_output_softmax_other_isas(isa):
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("cast", [False, True], ids=["same", "to_f32"])
-def test_large_output_softmax(device, dtype, op, cast):
+@pytest.mark.parametrize("d", [1003, 2100])
+def test_large_output_softmax(device, dtype, op, cast, d):
+    """Longer rows with a dx of 16 MiB or more, past the StreamStager's rows (kStagedBwdRowBytes): streamed directly
+    after a head of plain stores."""
     if cast and dtype not in (torch.float16, torch.bfloat16):
         pytest.skip("the fused cast widens 16-bit inputs")
-    d = 1003
     rows = _STREAM_BYTES // (d * dtype.itemsize) + 3
     check_op(op, make_tensor((rows, d), dtype, device), dim=-1, dtype=torch.float32 if cast else None)

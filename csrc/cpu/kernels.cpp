@@ -34,8 +34,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #define FASTACT_STRINGIFY_(x) #x
@@ -281,6 +283,74 @@ inline void stream2(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b
     stream_vec(p, at::vec::convert_from_float<T>(a, b));  // one register of 2 * kV values
   }
 }
+
+// Streaming stores for an output written in pieces that do not start on kStreamAlign: short rows, whose starts
+// move through the alignment from row to row. The pieces go to a buffer in L1 laid out as the output is modulo
+// kStreamAlign, and every kStreamAlign unit of the output that they complete is streamed from there; the units
+// at the ends of the range [begin, ...) a task writes, which the neighbouring tasks share, are copied plainly.
+// Usage, over the consecutive pieces of one task: `p = stager.at(e, n)`, write elements [e, e + n) of the output
+// at p (plain stores), `stager.written(e + n)`; at the end `stager.finish()`, then stream_fence(). A piece is at
+// most kMaxPiece elements. Why: rows of dx that hold a vector pair but start off the alignment streamed only
+// their aligned pairs, or none (bench/NOTES.md, forty-eighth session).
+template <typename Out>
+class StreamStager {
+ public:
+  static constexpr int64_t kBytes = 4096;
+  static constexpr int64_t kUnit = int64_t(kStreamAlign / sizeof(Out));
+  static constexpr int64_t kElems = kBytes / int64_t(sizeof(Out));
+  static constexpr int64_t kMaxPiece = kElems - 2 * kUnit;
+
+  StreamStager(Out* dst, int64_t begin)
+      : dst_(dst),
+        begin_(begin),
+        lo_(begin - int64_t(reinterpret_cast<std::uintptr_t>(dst + begin) % kStreamAlign / sizeof(Out))),
+        streamed_(lo_),
+        end_(begin) {}
+  StreamStager(const StreamStager&) = delete;
+  StreamStager& operator=(const StreamStager&) = delete;
+
+  // Where to write elements [e, e + n) of the output, e at the end of what is written so far, n <= kMaxPiece.
+  Out* at(int64_t e, int64_t n) {
+    if (e + n - lo_ > kElems) {  // move the unit not yet streamed (less than kUnit elements) to the front
+      std::memcpy(buf_, buf_ + (streamed_ - lo_), size_t(end_ - streamed_) * sizeof(Out));
+      lo_ = streamed_;
+    }
+    return buf_ + (e - lo_);
+  }
+  // Elements up to `end` are written: stream the whole units among them.
+  void written(int64_t end) {
+    end_ = end;
+    int64_t u = streamed_;
+    if (u < begin_ && u + kUnit <= end) {  // the first unit begins in the previous task's range
+      copy(begin_, u + kUnit);
+      u += kUnit;
+    }
+    for (; u + kUnit <= end; u += kUnit) stream_unit(dst_ + u, buf_ + (u - lo_));
+    streamed_ = u;
+  }
+  // The last unit, which the next task's range may share.
+  void finish() { copy(std::max(streamed_, begin_), end_); }
+
+ private:
+  void copy(int64_t a, int64_t b) {
+    if (b > a) std::memcpy(dst_ + a, buf_ + (a - lo_), size_t(b - a) * sizeof(Out));
+  }
+  static void stream_unit(Out* dst, const Out* src) {
+    using VO = Vectorized<Out>;
+    static_assert(kStreamAlign % sizeof(VO) == 0);
+#pragma GCC unroll 4
+    for (std::size_t k = 0; k < kStreamAlign / sizeof(VO); ++k) {
+      stream_vec(dst + k * VO::size(), VO::loadu(src + k * VO::size()));
+    }
+  }
+
+  alignas(kStreamAlign) Out buf_[kElems];
+  Out* const dst_;
+  const int64_t begin_;
+  int64_t lo_;        // the output's element at buf_[0]; dst_ + lo_ is aligned to kStreamAlign
+  int64_t streamed_;  // elements before it are in the output (or belong to the previous task); a unit boundary
+  int64_t end_;       // elements before it are written
+};
 
 // ---------------------------------------------------------------------------------------------
 // Vector math. Each function states its domain; outside it the result is unspecified (finite or
@@ -1743,30 +1813,31 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
 // level, 1.08-1.33 -> 1.10-1.15): there y needs no conversion, and the scratch row's store and load cost more than
 // the exp they move. bench/NOTES.md, forty-fifth session.
 constexpr int64_t kLogBwdExpFirstMaxDim = int64_t{1} << 20;
-// Vector pairs of a backward row held in registers (softmax_bwd_row_in_registers): 2 for float, 4 for 16-bit.
+// Vector pairs of a backward row held in registers (softmax_bwd_row_in_registers): 4 (float and 16-bit; 16 vectors of
+// dy and y), 2 for double (not measured at 4).
 template <typename In>
-constexpr int kBwdRegisterPairs = sizeof(In) == 2 ? 4 : 2;
+constexpr int kBwdRegisterPairs = sizeof(In) == 8 ? 2 : 4;
 template <bool kLog, typename In>
 bool log_softmax_bwd_exp_first(int64_t D) {
   return kLog && sizeof(In) == 2 && D > 2 * kBwdRegisterPairs<In> * Io<In>::kV &&  // past the in-register rows
          D <= kLogBwdExpFirstMaxDim;
 }
 
-// A backward row of at most kBwdRegisterPairs vector pairs (float: 2, D <= 4 kV; 16-bit: 4, D <= 8 kV) held in
+// A backward row of at most kBwdRegisterPairs vector pairs (float and 16-bit: 4, D <= 8 kV) held in
 // registers: dy and y loaded (and converted) once, padded past D (the padding's terms are 0 and its outputs dropped),
 // summed, mapped and stored; the row loop below loads every element twice and pays its loop and tail logic a row.
 // Why (2-core VMs, AVX512, 8 MB, fastact / torch; bench/NOTES.md forty-fifth and forty-sixth sessions): f32 softmax
 // rows of 16 and 24 had fallen to 0.56-0.85 of torch's speed through the row loop (Zen 4); f16 softmax rows of 77-128
 // ran at 0.86-1.04 (Xeon), 1.25-1.65 in registers, bf16 0.95-1.44 -> 1.09-1.70, the 16-bit log_softmax 1.04-1.36 ->
 // 1.19-1.50 (two runs each, alternating builds).
-// kStream: dx's whole aligned vector pairs with streaming stores (the caller fences), the others plain. Where dx
-// is kStreamBytes or more, rows of 3-4 pairs had taken the row loop instead, for its streaming stores; here with
-// them (Xeon, 64 MB, two threads, three alternating runs, fastact / torch; bench/NOTES.md forty-seventh session):
-// f16 rows of 100 softmax / log_softmax 0.59-0.73 / 0.54-0.61 -> 1.07-1.25 / 1.25-1.47 (the row loop's heads and
-// tails of single elements), bf16 rows of 128 1.05-1.16 / 1.21-1.46 -> 1.23-1.42 / 1.54-1.86; rows of two pairs
-// too: f32 rows of 64 0.90-1.05 / 0.70-1.17 -> 1.14-1.31 / 1.19-2.51, bf16 1.09-2.18 / 1.00-1.22 -> 1.17-1.50 /
-// 1.31-1.62.
-template <bool kLog, bool kStream, typename In, typename Out>
+// Where dx is kStreamBytes or more, the caller passes each row's place in a StreamStager. Rows of 3-4 pairs had
+// taken the row loop instead, for its streaming stores (Xeon, 64 MB, two threads, three alternating runs, fastact /
+// torch; bench/NOTES.md forty-seventh session): f16 rows of 100 softmax / log_softmax 0.59-0.73 / 0.54-0.61 ->
+// 1.07-1.25 / 1.25-1.47 (the row loop's heads and tails of single elements) with the row's aligned pairs streamed,
+// bf16 rows of 128 1.05-1.16 / 1.21-1.46 -> 1.23-1.42 / 1.54-1.86; rows of two pairs too: f32 rows of 64 0.90-1.05 /
+// 0.70-1.17 -> 1.14-1.31 / 1.19-2.51, bf16 1.09-2.18 / 1.00-1.22 -> 1.17-1.50 / 1.31-1.62. Float rows of 3-4 pairs
+// (before, 2 for float) and every row streamed through the stager: bench/NOTES.md, forty-eighth session.
+template <bool kLog, typename In, typename Out>
 C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr, Out* dxr, int64_t D) {
   using IO = Io<In>;
   using A = typename IO::A;
@@ -1794,10 +1865,19 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
     if (n <= 0) break;
     const V d0 = VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs);
     const V d1 = VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs);
-    if (kStream && n == kStep && stream_aligned(dxr + k * kStep)) stream2(dxr + k * kStep, d0, d1);
+    if (n == kStep) Io<Out>::store2(dxr + k * kStep, d0, d1);
     else store2_tail(dxr + k * kStep, n, d0, d1);
   }
 }
+
+// Rows of dx of at most this many bytes that the row loop streams through a StreamStager (not a head of plain stores
+// up to the alignment, then vector pairs). Measured (Xeon, 64 MB, two threads, three alternating runs, ms against the
+// head; bench/NOTES.md forty-eighth session): f32 log_softmax rows of 197 13.2-15.3 -> 12.4-12.7, f16 rows of 257
+// 17.1-19.0 -> 15.0-16.6, f32 softmax rows of 197 8.3-9.7 -> 7.9-8.7, bf16 rows of 197 level; longer rows lost (the
+// buffer's copy costs more than their few shared lines save): f32 softmax rows of 577 8.2-9.2 -> 8.8-9.5, f16
+// log_softmax rows of 577 16.1-18.1 -> 19.3-20.1, bf16 softmax rows of 1000 11.2 -> 11.9-12.3.
+constexpr int64_t kStagedBwdRowBytes = 1024;
+static_assert(kStagedBwdRowBytes <= StreamStager<double>::kMaxPiece * int64_t{sizeof(double)});
 
 template <typename In, typename Out, bool kLog>
 void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
@@ -1808,26 +1888,42 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   constexpr int64_t kStep = 2 * IO::kV;
   const Epilogue<kLog> epi;
   const int64_t D = shape.dim_size;
-  // Streaming stores for a large dx (see kStreamBytes), in rows long enough to hold an aligned vector pair
-  // past the head of plain stores that reaches the alignment.
-  const bool stream = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes &&
-                      D >= int64_t(kStreamAlign / sizeof(Out)) + kStep;
+  const bool large = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes;  // streaming stores (kStreamBytes)
+  const int64_t grain = std::max<int64_t>(1, kGrain / D);
+  if (D <= kBwdRegisterPairs<In> * kStep) {  // softmax_bwd_row_in_registers
+    static_assert(kBwdRegisterPairs<In> * kStep <= StreamStager<Out>::kMaxPiece);
+    parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
+      if (large) {
+        StreamStager<Out> stager(dx, r0 * D);
+        for (int64_t r = r0; r < r1; ++r) {
+          softmax_bwd_row_in_registers<kLog, In, Out>(dy + r * D, y + r * D, stager.at(r * D, D), D);
+          stager.written((r + 1) * D);
+        }
+        stager.finish();
+        stream_fence();
+      } else {
+        for (int64_t r = r0; r < r1; ++r) {
+          softmax_bwd_row_in_registers<kLog, In, Out>(dy + r * D, y + r * D, dx + r * D, D);
+        }
+      }
+    });
+    return;
+  }
+  // Where dx is large, rows of up to kStagedBwdRowBytes go through a StreamStager; longer rows stream their vector
+  // pairs after a head of plain stores up to the alignment.
+  const bool staged = large && D * int64_t{sizeof(Out)} <= kStagedBwdRowBytes;
+  const bool stream = large && !staged;
   // 16-bit log_softmax: exp(y) of the summing pass into a row of scratch (log_softmax_bwd_exp_first says why).
   const bool exp_first = log_softmax_bwd_exp_first<kLog, In>(D);
-  parallel_for(shape.outer, std::max<int64_t>(1, kGrain / D), [&](int64_t r0, int64_t r1) {
+  parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
     std::unique_ptr<A[]> exp_row(exp_first ? new A[D] : nullptr);
     A* e = exp_row.get();
+    std::optional<StreamStager<Out>> stager;
+    if (staged) stager.emplace(dx, r0 * D);
     for (int64_t r = r0; r < r1; ++r) {
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
-      Out* dxr = dx + r * D;
-      // softmax_bwd_row_in_registers, with streaming stores where dx is streamed (without them the row loop's
-      // streaming stores had saved more than the second read: bf16 [262144, 128], 64 MB, 1.10x torch against 0.90x).
-      if (D <= kBwdRegisterPairs<In> * kStep) {
-        if (stream) softmax_bwd_row_in_registers<kLog, true, In, Out>(dyr, yr, dxr, D);
-        else softmax_bwd_row_in_registers<kLog, false, In, Out>(dyr, yr, dxr, D);
-        continue;
-      }
+      Out* dxr = staged ? stager->at(r * D, D) : dx + r * D;
       int64_t i = 0;
       const int64_t vec_end = D - D % kStep;
       V total(A(0));
@@ -1866,9 +1962,9 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       // The writing pass, dx = map(dy, z) for z = y, or (exp_first) z = exp(y) from the scratch row. `plain` writes
       // [i, end) with plain stores: padded vector pairs (at most kStep elements each: 32 16-bit ones on AVX512, 16 on
       // AVX2) while more than kPaddedTailBwd remain, then element by element. It takes the row's tail after the
-      // vector pairs and, where dx is streamed, its head up to the stream alignment. Element by element, a 16-bit
-      // head (up to 31 elements, each converted, and log_softmax's an exp) had cost rows that start off the alignment
-      // up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md forty-seventh session): f16
+      // vector pairs and, where dx is streamed directly (rows longer than kStagedBwdRowBytes), its head up to the
+      // stream alignment. Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an
+      // exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md forty-seventh session): f16
       // log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577 0.90-1.03x -> 0.98-1.05x,
       // f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x.
       const int64_t head =
@@ -1906,8 +2002,10 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         write(yr, [&](const V& g, const V& yv) { return VecBackward<kLog>::map(g, yv, vs); },
               [&](A g, A yv) { return epi.backward(g, yv, s); });
       }
+      if (staged) stager->written((r + 1) * D);
     }
-    if (stream) stream_fence();
+    if (staged) stager->finish();
+    if (stream || staged) stream_fence();
   });
 }
 
