@@ -1964,9 +1964,10 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
       // AVX2) while more than kPaddedTailBwd remain, then element by element. It takes the row's tail after the
       // vector pairs and, where dx is streamed directly (rows longer than kStagedBwdRowBytes), its head up to the
       // stream alignment. Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an
-      // exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs; bench/NOTES.md forty-seventh session): f16
-      // log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows of 577 0.90-1.03x -> 0.98-1.05x,
-      // f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x.
+      // exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs;
+      // bench/NOTES.md forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax
+      // rows of 577 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x (rows of up to
+      // kStagedBwdRowBytes now go through a StreamStager instead).
       const int64_t head =
           stream ? std::min<int64_t>(D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) %
                                                 kStreamAlign / sizeof(Out)))
