@@ -352,6 +352,22 @@ class StreamStager {
   int64_t end_;       // elements before it are written
 };
 
+// Calls row(r, p) for rows [r0, r1) of a dense [*, D] output `out`, p where row r's D elements are to be written:
+// through a StreamStager where `staged` (its units streamed, then fenced), else in place.
+template <typename Out, typename F>
+C10_ALWAYS_INLINE void for_each_output_row(Out* out, int64_t D, int64_t r0, int64_t r1, bool staged, const F& row) {
+  std::optional<StreamStager<Out>> stager;
+  if (staged) stager.emplace(out, r0 * D);
+  for (int64_t r = r0; r < r1; ++r) {
+    row(r, staged ? stager->at(r * D, D) : out + r * D);
+    if (staged) stager->written((r + 1) * D);
+  }
+  if (staged) {
+    stager->finish();
+    stream_fence();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Vector math. Each function states its domain; outside it the result is unspecified (finite or
 // NaN), which its callers account for.
@@ -1893,19 +1909,9 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   if (D <= kBwdRegisterPairs<In> * kStep) {  // softmax_bwd_row_in_registers
     static_assert(kBwdRegisterPairs<In> * kStep <= StreamStager<Out>::kMaxPiece);
     parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
-      if (large) {
-        StreamStager<Out> stager(dx, r0 * D);
-        for (int64_t r = r0; r < r1; ++r) {
-          softmax_bwd_row_in_registers<kLog, In, Out>(dy + r * D, y + r * D, stager.at(r * D, D), D);
-          stager.written((r + 1) * D);
-        }
-        stager.finish();
-        stream_fence();
-      } else {
-        for (int64_t r = r0; r < r1; ++r) {
-          softmax_bwd_row_in_registers<kLog, In, Out>(dy + r * D, y + r * D, dx + r * D, D);
-        }
-      }
+      for_each_output_row(dx, D, r0, r1, large, [&](int64_t r, Out* dxr) {
+        softmax_bwd_row_in_registers<kLog, In, Out>(dy + r * D, y + r * D, dxr, D);
+      });
     });
     return;
   }
@@ -1918,12 +1924,9 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
     std::unique_ptr<A[]> exp_row(exp_first ? new A[D] : nullptr);
     A* e = exp_row.get();
-    std::optional<StreamStager<Out>> stager;
-    if (staged) stager.emplace(dx, r0 * D);
-    for (int64_t r = r0; r < r1; ++r) {
+    for_each_output_row(dx, D, r0, r1, staged, [&](int64_t r, Out* dxr) {
       const In* dyr = dy + r * D;
       const In* yr = y + r * D;
-      Out* dxr = staged ? stager->at(r * D, D) : dx + r * D;
       int64_t i = 0;
       const int64_t vec_end = D - D % kStep;
       V total(A(0));
@@ -2003,10 +2006,8 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
         write(yr, [&](const V& g, const V& yv) { return VecBackward<kLog>::map(g, yv, vs); },
               [&](A g, A yv) { return epi.backward(g, yv, s); });
       }
-      if (staged) stager->written((r + 1) * D);
-    }
-    if (staged) stager->finish();
-    if (stream || staged) stream_fence();
+    });
+    if (stream) stream_fence();
   });
 }
 
