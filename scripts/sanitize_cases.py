@@ -255,8 +255,9 @@ def elementwise_cases(dtype):
             check(f"sigmoid {n}", y, torch.sigmoid(x.double()), dtype)
             check(f"sigmoid_backward {n}", ops.sigmoid_backward(dy, y), dy.double() * y.double() * (1 - y.double()), dtype)
     # row views read in place (elementwise_rows_kernel): a chunk of the last dim (vector accesses where
-    # the width divides the row) and x[:, 1:] (element accesses); the backward's dy a row view too
-    for rows, cols in ((3, 8), (5, 33), (64, 1024)):
+    # the width divides the row) and x[:, 1:] (element accesses); the backward's dy a row view too. A thread's later
+    # accesses step on by rows and columns (RowStep): 1032 columns wrap past one row end in 16-bit.
+    for rows, cols in ((3, 8), (5, 33), (64, 1024), (9, 1032)):
         for view in ("chunk", "sliced"):
             base = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)
             x = base[:, cols:] if view == "chunk" else base[:, 1 : cols + 1]

@@ -1656,7 +1656,7 @@ def _grid_workspace_bytes(explanation, x):
 
 
 _MEMORY_DEPTH_SCRIPT = """
-import sys, torch, fastact
+import itertools, sys, torch, fastact
 sys.path.insert(0, sys.argv[1])
 from fastact_testing import ELEMENTWISE_OPS, SOFTMAX_OPS, assert_close, bias_for, check_op, make_tensor, row_view
 torch.manual_seed(0)
@@ -1668,25 +1668,29 @@ for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
     for op in ELEMENTWISE_OPS:
         if op.takes_bias:  # the rows kernel with the bias as second input; its backward is bias_gelu's own
             for view in ("chunk", "padded"):
-                for cols in (8, 256, 4096):
+                for cols in (8, 24, 256, 1032, 4096):
                     x = row_view(67, cols, dtype, "cuda", view, scale=3.0)
                     check_op(op, x, bias=bias_for(x), note=depth)
             continue
         for n in sizes:
             check_op(op, make_tensor((n,), dtype, "cuda", scale=3.0), note=depth)
-        for view in ("chunk", "padded"):  # the rows kernel: forward, backward through autograd, and both inputs rows
-            x = row_view(67, 4096, dtype, "cuda", view, scale=3.0)
+        # The rows kernel: forward, backward through autograd, and both inputs rows. Rows of 8-4096 elements: a
+        # thread's later accesses (elementwise_rows_kernel's RowStep; four a thread in the deep 16-bit GELU shape)
+        # move on by many whole rows, by a few rows and columns, past one row end (1032 in 16-bit: 129 accesses, one
+        # more than the 128 threads) or within a row.
+        for view, cols in itertools.product(("chunk", "padded"), (8, 24, 1000, 1032, 4096)):
+            x = row_view(67, cols, dtype, "cuda", view, scale=3.0)
             check_op(op, x, note=depth)
-            g = row_view(67, 4096, dtype, "cuda", view)
+            g = row_view(67, cols, dtype, "cuda", view)
             if op.name == "gelu":
                 got = torch.ops.fastact.gelu_backward(g, x, op.approximate)
                 want = [torch.ops.aten.gelu_backward(g.to(t), x.to(t), approximate=op.approximate)
                         for t in (torch.float64, dtype)]
             else:
-                y = row_view(67, 4096, dtype, "cuda", view, values=torch.sigmoid(x))
+                y = row_view(67, cols, dtype, "cuda", view, values=torch.sigmoid(x))
                 got = torch.ops.fastact.sigmoid_backward(g, y)
                 want = [torch.ops.aten.sigmoid_backward(g.to(t), y.to(t)) for t in (torch.float64, dtype)]
-            assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} rows backward [{depth}]")
+            assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} {cols} rows backward [{depth}]")
 # Softmax: the 16-bit vec backward one unit a thread on deep devices (dispatch.h softmax_vec_backward_one_unit), rows
 # of 896-4096 (two units past 4096; softmax's two passes from 2048; 1028: rows off the vector width, edges).
 for dtype in (torch.float16, torch.bfloat16):

@@ -389,29 +389,62 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op
 
 // ---- elementwise_rows_kernel: inputs that are strided stacks of rows -----------------------------------
 
+// How an access of the rows kernel moves to the one kThreads accesses further on: `rows` whole rows and `cols`
+// accesses on (kThreads = rows * per_row + cols, cols < per_row), and one row more where its column passes the row's
+// end. delta: the elements an input pointer moves for that step; wrap: what it moves more at such a row end.
+struct RowStep {
+  uint32_t cols = 0;
+  int64_t delta0 = 0, delta1 = 0;
+  int64_t wrap0 = 0, wrap1 = 0;
+
+  RowStep() = default;
+  RowStep(int64_t threads, int64_t per_row, int vec, int64_t stride0, int64_t stride1)
+      : cols(static_cast<uint32_t>(threads % per_row)),
+        delta0(threads / per_row * stride0 + threads % per_row * vec),
+        delta1(threads / per_row * stride1 + threads % per_row * vec),
+        wrap0(stride0 - per_row * vec),
+        wrap1(stride1 - per_row * vec) {}
+};
+
 // out[r * cols + c] = op(in0[r * stride0 + c]) or op(in0[r * stride0 + c], in1[r * stride1 + c]) for the
 // rows of a launch (ElementRows; the output dense). Accesses of kVec elements: kVec divides cols and both
 // strides and every pointer is aligned to an access (element_rows_vec), so no access straddles two rows.
-// Access q of the launch is unit q % per_row of row q / per_row (per_row = cols / kVec; the division by
-// RowDivider, so a launch holds fewer than 2^31 accesses: launch_elementwise_rows_as splits the rows).
-// Block b takes accesses [b * kThreads_ * kUnroll_, ...), thread t those t + u * kThreads_, every load of
-// the block issued before any arithmetic, as in elementwise_tile.
+// Access q of the launch is unit q % per_row of row q / per_row (per_row = cols / kVec). Block b takes
+// accesses [b * kThreads_ * kUnroll_, ...), thread t those t + u * kThreads_, every load of the block issued
+// before any arithmetic, as in elementwise_tile. A thread divides only its first access's index by per_row
+// (RowDivider, so a launch holds fewer than 2^31 accesses: launch_elementwise_rows_as splits the rows); its
+// later accesses step their input pointers (RowStep). Dividing every access, with its two 64-bit row addresses,
+// cost registers that deep shapes (several accesses a thread) do not have: under a cap ptxas spilled, without
+// one occupancy fell (bench/NOTES.md, forty-ninth session).
 template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 __global__ void __launch_bounds__(kThreads_, kMinBlocks)
     elementwise_rows_kernel(const T* __restrict__ in0, int64_t stride0, const T* __restrict__ in1, int64_t stride1,
-                            T* __restrict__ out, uint32_t accesses, uint32_t per_row, RowDivider div, Op op) {
+                            T* __restrict__ out, uint32_t accesses, uint32_t per_row, RowDivider div, RowStep step,
+                            Op op) {
   using Vec = AlignedVector<T, kVec>;
   const uint32_t first = blockIdx.x * uint32_t{kThreads_ * kUnroll_} + threadIdx.x;
+  if (first >= accesses) return;  // so are its later accesses
+  const uint32_t r = div.quotient(first);
+  uint32_t c = first - r * per_row;
+  const T* p0 = in0 + r * stride0 + int64_t{c} * kVec;
+  const T* p1 = Op::kArity == 2 ? in1 + r * stride1 + int64_t{c} * kVec : nullptr;
   Vec a[kUnroll_];
   Vec b[kUnroll_];
 #pragma unroll
   for (int u = 0; u < kUnroll_; ++u) {
-    const uint32_t q = first + u * kThreads_;
-    if (q < accesses) {
-      const uint32_t r = div.quotient(q);
-      const int64_t c = int64_t{q - r * per_row} * kVec;
-      a[u] = load_vector<T, kVec>(in0 + r * stride0 + c);
-      if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(in1 + r * stride1 + c);
+    if (u > 0) {  // pointers past the launch's last access are formed but not read
+      c += step.cols;
+      p0 += step.delta0;
+      if constexpr (Op::kArity == 2) p1 += step.delta1;
+      if (c >= per_row) {
+        c -= per_row;
+        p0 += step.wrap0;
+        if constexpr (Op::kArity == 2) p1 += step.wrap1;
+      }
+    }
+    if (first + u * kThreads_ < accesses) {
+      a[u] = load_vector<T, kVec>(p0);
+      if constexpr (Op::kArity == 2) b[u] = load_vector<T, kVec>(p1);
     }
   }
 #pragma unroll
@@ -423,18 +456,29 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
   }
 }
 
-// Launch shape of elementwise_rows_kernel: elementwise_shape's, except that 16-bit two-operand ops take
-// 16-byte accesses where the flat kernel takes 8-byte ones (the sigmoid and erf GELU backwards, bias_gelu's erf
-// forward; 512 threads either way):
-// every access also divides its index by the row length and forms two row addresses, which 8-byte
-// accesses pay twice per byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, µs at
-// 8 / 16 bytes (measured when the flat 16-bit tanh backward took 8 bytes too): bf16 tanh gelu 274.8 /
-// 268.4 (torch.compile 267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7 (torch.compile
-// 264.5): float keeps 8 bytes, but where the second input is bias_gelu's bias (`bias`, read from L1 at
-// row stride 0): f32 bias_gelu forward 182.2 at 16 bytes, 198.7 at 8. A kDeep device's shapes are 16 bytes
-// already (not timed on rows; the flat kernel's sweep chose them).
+// Launch shape of elementwise_rows_kernel: elementwise_shape's, except that
+// - on a kStandard device (one access a thread), 16-bit two-operand ops take 16-byte accesses where the flat kernel
+//   takes 8-byte ones (the sigmoid and erf GELU backwards, bias_gelu's erf forward; 512 threads either way): every
+//   access also divides its index by the row length and forms two row addresses, which 8-byte accesses pay twice
+//   per byte. H100, chunk views ([rows, 4096] of [rows, 8192], 256 MB), backward, us at 8 / 16 bytes (measured
+//   when the flat 16-bit tanh backward took 8 bytes too): bf16 tanh gelu 274.8 / 268.4 (torch.compile
+//   267.7-267.9); float tanh gelu 265.8 / 267.8, erf 267.3 / 267.7 (torch.compile 264.5): float keeps 8 bytes,
+//   but where the second input is bias_gelu's bias (`bias`, read from L1 at row stride 0): f32 bias_gelu forward
+//   182.2 at 16 bytes, 198.7 at 8.
+// - on a kDeep device, the 16-bit GELU two-operand ops (backwards, bias_gelu's forward) take four 16-byte accesses
+//   a thread at 128 threads, uncapped (~80 registers), and the 16-bit sigmoid forward one. The flat kernel's deep
+//   shape (two accesses, 32 registers) spilled here: H200, bf16 chunk views [32768, 4096] of 8192, us, that shape
+//   -> this one (torch.compile): tanh / erf GELU backward 329.7 / 283.1 -> 190.5 / 190.9 (209.4 / 264.7), bias_gelu
+//   erf / tanh forward 227.8 / 198.9 -> 138.0 / 150.7 (213.3 / 179.1); f16 within 1.2% of the flat shape's (which
+//   did not spill there); sigmoid forward 130.9 -> 129.8 (129.6). bench/repro/elementwise_rows_diag.py, forty-ninth
+//   session; 8 CTAs an SM (64 registers) was ahead in bf16 bias_gelu (132.5 / 144.8) but 9% behind in f16 tanh
+//   backward.
 constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias,
                                           MemoryDepth depth = MemoryDepth::kStandard) {
+  if (depth == MemoryDepth::kDeep && vectorised && elem_bytes == 2) {
+    if (arity == 2 && math != EltMath::kSigmoid) return {kEltThreads, kVecBytes, 4, 0};
+    if (arity == 1 && math == EltMath::kSigmoid) return {kEltThreads, kVecBytes, 1, 16};
+  }
   const EltShape s = elementwise_shape(elem_bytes, arity, vectorised, math, depth);
   const bool widen = vectorised && s.access_bytes == 8 && (elem_bytes == 2 || bias);
   return widen ? EltShape{s.threads, kVecBytes, s.unroll, s.min_blocks} : s;
@@ -467,6 +511,7 @@ cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const
   }
   const int64_t rows_per_launch = kMaxAccesses / per_row;
   const RowDivider div(per_row);
+  const RowStep step(kThreads_, per_row, kVec, g.stride0, g.stride1);
   for (int64_t r0 = 0; r0 < g.rows; r0 += rows_per_launch) {
     const int64_t accesses = std::min(rows_per_launch, g.rows - r0) * per_row;
     const int64_t grid = ceil_div(accesses, int64_t{kThreads_} * kUnroll_);
@@ -474,7 +519,7 @@ cudaError_t launch_elementwise_rows_as(const T* in0, const T* in1, T* out, const
     kernel<<<static_cast<unsigned>(grid), kThreads_, 0, stream>>>(row_of(in0, g.stride0, r0), g.stride0,
                                                                   row_of(in1, g.stride1, r0), g.stride1,
                                                                   out + r0 * g.cols, static_cast<uint32_t>(accesses),
-                                                                  static_cast<uint32_t>(per_row), div, op);
+                                                                  static_cast<uint32_t>(per_row), div, step, op);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
