@@ -466,13 +466,13 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 //   but where the second input is bias_gelu's bias (`bias`, read from L1 at row stride 0): f32 bias_gelu forward
 //   182.2 at 16 bytes, 198.7 at 8.
 // - on a kDeep device, the 16-bit GELU two-operand ops (backwards, bias_gelu's forward) take four 16-byte accesses
-//   a thread at 128 threads, uncapped (~80 registers), and the 16-bit sigmoid forward one. The flat kernel's deep
+//   a thread at 128 threads, uncapped (56-64 registers), and the 16-bit sigmoid forward one. The flat kernel's deep
 //   shape (two accesses, 32 registers) spilled here: H200, bf16 chunk views [32768, 4096] of 8192, us, that shape
-//   -> this one (torch.compile): tanh / erf GELU backward 329.7 / 283.1 -> 190.5 / 190.9 (209.4 / 264.7), bias_gelu
-//   erf / tanh forward 227.8 / 198.9 -> 138.0 / 150.7 (213.3 / 179.1); f16 within 1.2% of the flat shape's (which
-//   did not spill there); sigmoid forward 130.9 -> 129.8 (129.6). bench/repro/elementwise_rows_diag.py, forty-ninth
-//   session; 8 CTAs an SM (64 registers) was ahead in bf16 bias_gelu (132.5 / 144.8) but 9% behind in f16 tanh
-//   backward.
+//   -> this one (torch.compile): tanh / erf GELU backward 329.7 / 283.1 -> 194.6 / 189.7 (209.0 / 264.2), bias_gelu
+//   erf / tanh forward 227.8 / 198.9 -> 139.5 / 154.8 (214.5 / 181.3); sigmoid forward 130.9 -> 130.0 (129.6). f16,
+//   which that shape did not slow: tanh GELU backward 189.6 -> 198.7 (210.2), bias_gelu erf forward 134.7 -> 134.9.
+//   bench/repro/elementwise_rows_diag.py, forty-ninth session; 8 CTAs an SM (64 registers) was ahead in bf16
+//   bias_gelu (132.5 / 144.8 in the diag's 2-D twin) but 9% behind in f16 tanh backward.
 constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias,
                                           MemoryDepth depth = MemoryDepth::kStandard) {
   if (depth == MemoryDepth::kDeep && vectorised && elem_bytes == 2) {
