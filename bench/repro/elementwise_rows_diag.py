@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from elementwise16_diag import time_row  # this folder's (the script's own folder leads sys.path)
+
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", "sigmoid bwd (y strided)",
        "bias_gelu erf fwd", "bias_gelu tanh fwd"]
@@ -52,18 +54,6 @@ def torch_fn(op):
         lambda x, b: F.gelu(x + b),
         lambda x, b: F.gelu(x + b, approximate="tanh"),
     ][op]
-
-
-def time_row(call, reps, warmup=3):
-    for _ in range(warmup):
-        call()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in events:
-        s.record()
-        call()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)  # us
 
 
 def main():
