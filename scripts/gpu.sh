@@ -5,7 +5,8 @@
 # report's JSON and PNG.
 #
 # Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench (default: all four, in order)
-# Env:   TESTS (pytest args, default "tests"), WORKERS (pytest-xdist processes, default 16), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
+# Env:   TESTS (pytest args, default "tests"), TESTS_K (a pytest -k expression, spaces allowed: a targeted run that
+#        still keeps the huge tests out of the parallel pass), WORKERS (pytest-xdist processes, default 16), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
 #        (default 9.0), MAX_JOBS (default: cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,11 +74,13 @@ for stage in $stages; do
         par=(-n "${WORKERS:-16}" -m "not huge")
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
       fi
+      sel=()
+      [ -n "${TESTS_K:-}" ] && sel=(-k "$TESTS_K")
       run_stage test "$OUT/tests.log" env FASTACT_TEST_LOG="$OUT/testlog" \
-        python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider "${par[@]}" --durations=30
+        python3 -m pytest ${TESTS:-tests} "${sel[@]}" -q -rfEs -p no:cacheprovider "${par[@]}" --durations=30
       if [ ${#par[@]} -gt 0 ]; then
         run_stage test-huge "$OUT/tests-huge.log" allow_no_tests env FASTACT_TEST_LOG="$OUT/testlog-huge" \
-          python3 -m pytest ${TESTS:-tests} -q -rfEs -p no:cacheprovider -m huge --durations=10
+          python3 -m pytest ${TESTS:-tests} "${sel[@]}" -q -rfEs -p no:cacheprovider -m huge --durations=10
       fi
       ;;
     sanitize)
