@@ -389,9 +389,9 @@ cudaError_t launch_elementwise(const T* in0, const T* in1, T* out, int64_t n, Op
 
 // ---- elementwise_rows_kernel: inputs that are strided stacks of rows -----------------------------------
 
-// How an access of the rows kernel moves to the one kThreads accesses further on: `rows` whole rows and `cols`
-// accesses on (kThreads = rows * per_row + cols, cols < per_row), and one row more where its column passes the row's
-// end. delta: the elements an input pointer moves for that step; wrap: what it moves more at such a row end.
+// How an access of the rows kernel moves to the one kThreads accesses further on: kThreads / per_row whole rows and
+// `cols` = kThreads % per_row accesses on, and one row more where its column passes the row's end. delta: the
+// elements an input pointer moves for that step; wrap: what it moves more at such a row end.
 struct RowStep {
   uint32_t cols = 0;
   int64_t delta0 = 0, delta1 = 0;
