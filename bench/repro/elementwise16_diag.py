@@ -27,17 +27,19 @@ OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", 
        "gelu16 bwd", "sigmoid16 fwd"]
 
 
-def build(folder, ops):
+def build(folder, ops, source="elementwise16_diag", lib_prefix="libelt16", ptxas=False):
+    """One shared library a DIAG_OP of bench/repro/<source>.cu, <lib_prefix>_<op>.so in folder, built by nvcc in
+    parallel unless it is there; ptxas: each build's `-Xptxas -v` report into folder/ptxas_<op>.txt."""
     folder.mkdir(parents=True, exist_ok=True)
     procs = []
     for op in ops:
-        lib = folder / f"libelt16_{op}.so"
+        lib = folder / f"{lib_prefix}_{op}.so"
         if lib.exists():
             continue
         cmd = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "--expt-relaxed-constexpr", f"-I{ROOT / 'include'}",
-               "-Xcompiler", "-fPIC", "-shared", f"-DDIAG_OP={op}", "-o", str(lib),
-               str(ROOT / "bench/repro/elementwise16_diag.cu")]
-        procs.append(subprocess.Popen(cmd))
+               "-Xcompiler", "-fPIC", "-shared", *(["-Xptxas", "-v"] if ptxas else []), f"-DDIAG_OP={op}", "-o",
+               str(lib), str(ROOT / f"bench/repro/{source}.cu")]
+        procs.append(subprocess.Popen(cmd, stderr=open(folder / f"ptxas_{op}.txt", "w") if ptxas else None))
     if any(p.wait() != 0 for p in procs):
         sys.exit("nvcc failed")
 
@@ -66,6 +68,17 @@ def time_row(call, reps, warmup=3):
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)  # us
+
+
+def time_rounds(calls, rounds, reps):
+    """{name: [time_row of calls[name], one a round]}: rounds interleave the rows, in an order rotated by one each
+    round, so that no row always runs first or after the same neighbour."""
+    names = list(calls)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(time_row(calls[n], reps))
+    return times
 
 
 def main():
@@ -123,11 +136,7 @@ def main():
                 checks[name_of(v).decode()] = (diff.max().item(), int((out != ref).sum().item()),
                                                bool(torch.equal(out, outs[0])))
             names = list(rows)
-            times = {n: [] for n in names}
-            for r in range(args.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for n in order:
-                    times[n].append(time_row(rows[n], args.reps))
+            times = time_rounds(rows, args.rounds, args.reps)
             print(f"\n== {OPS[op]} {str(dtype).replace('torch.', '')} {list(x.shape)} ({args.rounds} rounds x "
                   f"{args.reps} calls; us, median of round medians) ==", flush=True)
             base = times["torch"]

@@ -13,33 +13,15 @@ the library launcher's and against torch's (max |diff|).
 import argparse
 import ctypes
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from elementwise16_diag import time_row  # this folder's (the script's own folder leads sys.path)
+from elementwise16_diag import build, time_rounds  # this folder's (the script's own folder leads sys.path)
 
-ROOT = Path(__file__).resolve().parents[2]
 OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", "sigmoid bwd (y strided)",
        "bias_gelu erf fwd", "bias_gelu tanh fwd"]
-
-
-def build(folder, ops):
-    folder.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for op in ops:
-        lib = folder / f"libeltrows_{op}.so"
-        if lib.exists():
-            continue
-        cmd = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "--expt-relaxed-constexpr", f"-I{ROOT / 'include'}",
-               "-Xcompiler", "-fPIC", "-shared", "-Xptxas", "-v", f"-DDIAG_OP={op}", "-o", str(lib),
-               str(ROOT / "bench/repro/elementwise_rows_diag.cu")]
-        procs.append(subprocess.Popen(cmd, stderr=open(folder / f"ptxas_{op}.txt", "w")))
-    if any(p.wait() != 0 for p in procs):
-        sys.exit("nvcc failed")
 
 
 def torch_fn(op):
@@ -66,7 +48,7 @@ def main():
     args = ap.parse_args()
     folder = Path(args.build)
     ops = [int(o) for o in args.ops.split(",")]
-    build(folder, ops)
+    build(folder, ops, source="elementwise_rows_diag", lib_prefix="libeltrows", ptxas=True)
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     torch.manual_seed(0)
     for op in ops:
@@ -91,7 +73,7 @@ def main():
                 in1 = torch.empty(rows, 2 * h, device="cuda", dtype=dtype)[:, h:].copy_(in1)
             else:
                 in0, in1 = x, torch.randn(h, device="cuda", dtype=dtype)
-            stride1 = 0 if in1 is None else (0 if in1.dim() == 1 else in1.stride(0))
+            stride1 = 0 if in1 is None or in1.dim() == 1 else in1.stride(0)  # none, or the bias
             fn = torch_fn(op)
             compiled = torch.compile(fn, dynamic=False)
             ref = fn(in0, in1)
@@ -116,11 +98,7 @@ def main():
                 diff = (out.float() - ref.float()).abs()
                 checks[name_of(v).decode()] = (diff.max().item(), bool(torch.equal(out, outs[0])))
             names = list(rows_)
-            times = {n: [] for n in names}
-            for r in range(args.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for n in order:
-                    times[n].append(time_row(rows_[n], args.reps))
+            times = time_rounds(rows_, args.rounds, args.reps)
             print(f"\n== {OPS[op]} {str(dtype).replace('torch.', '')} [{rows}, {h}] of {2 * h} ({args.rounds} rounds x "
                   f"{args.reps} calls; us, median of round medians) ==", flush=True)
             base = times["torch.compile"]
