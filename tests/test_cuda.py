@@ -392,6 +392,15 @@ def test_unknown_variant_cuda():
 # The dispatcher
 
 
+def _deep_memory():
+    """Whether the current device plans as a deep-memory one (memory_depth.cuh; FASTACT_MEMORY_DEPTH forces it), as
+    explain() reports it for the elementwise ops."""
+    s = fastact.explain("sigmoid", torch.randn(8, device="cuda"))
+    m = re.search(r"memory depth (standard|deep)", s)
+    assert m, s
+    return m.group(1) == "deep"
+
+
 def _variant(explanation):
     m = re.search(r"variant=(\w+)", explanation)
     assert m, explanation
@@ -502,10 +511,11 @@ def test_backward_rows_leave_warp(op, dtype, d):
 @pytest.mark.parametrize("d", [1024, 2040, 2048, 3072, 4088, 4096, 4104, 8192, 8200, 12288, 16384, 16392])
 def test_backward_two_pass(op, dtype, d):
     """Softmax backwards of aligned 16-bit rows of 2048-16384 run vec in two passes (dispatch.h softmax_rows_two_pass:
-    dy and y loaded again after the row's all-reduce), a unit of each a thread up to 1024 threads, then two (4104: 513
-    units in 544 threads, some past the row; 8200: 1025 units in 544 threads of two, some holding one; 12288: 768
-    threads of two); log_softmax, float and rows outside the range keep the row in registers (or take long_row). The
-    backward auto runs is bitwise the forced variant explain names and matches float64 with poisoned outputs."""
+    dy and y loaded again after the row's all-reduce), a unit of each a thread up to 1024 threads (512 on a
+    deep-memory device: softmax_two_pass_units), then two (4104: 513 units in 544 threads, some past the row, or in
+    288 of two; 8200: 1025 units in 544 threads of two, some holding one; 12288: 768 threads of two); log_softmax,
+    float and rows outside the range keep the row in registers (or take long_row). The backward auto runs is bitwise
+    the forced variant explain names and matches float64 with poisoned outputs."""
     log = op.name == "log_softmax"
     bwd = getattr(ops, f"{op.name}_backward").default
     torch_fn = torch.log_softmax if log else torch.softmax
@@ -516,7 +526,7 @@ def test_backward_two_pass(op, dtype, d):
     two_pass = not log and dtype != torch.float32 and 2048 <= d <= 16384
     assert ("two passes" in s) == two_pass, s
     if two_pass:
-        units = 1 if d <= 1024 * 8 else 2
+        units = 1 if d <= (512 if _deep_memory() else 1024) * 8 else 2
         threads = -(-(-(-d // (8 * units))) // 32) * 32
         assert _variant(s) == "vec" and f"x {threads} threads x {8 * units} elements" in s, s
     g = make_tensor((rows, d), dtype, "cuda")
@@ -1697,10 +1707,23 @@ for dtype in (torch.float16, torch.bfloat16):
     for op in SOFTMAX_OPS:
         for d in (896, 1024, 1028, 2048, 4096, 4104):
             check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
+# Softmax: the vec plans that keep the whole register cache a thread on deep devices (dispatch.h
+# softmax_vec_full_cache: the float forward, log_softmax's backward) and softmax's 16-bit two passes at two units past
+# 512 threads (softmax_two_pass_units), rows around the halved plan's bounds (f32 1024-4096 forward and backward,
+# 16-bit 4096-8192 backward; 3074 / 8196: rows off the vector width, edges), forward and backward.
+for dtype, dims in ((torch.float32, (1032, 2048, 3072, 3074, 4096, 6144, 8192)),
+                    (torch.bfloat16, (4104, 5120, 6144, 8192, 8196)), (torch.float16, (6144, 8192))):
+    for op in SOFTMAX_OPS:
+        for d in dims:
+            check_op(op, make_tensor((19, d), dtype, "cuda", scale=3.0), note=depth)
 for op in SOFTMAX_OPS:
     for d in (1024, 4096):
         y = getattr(fastact, op.name)(torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1)
         print(fastact.explain(op.name + "_backward", y))
+for name in ("log_softmax_backward", "softmax_backward"):
+    print(fastact.explain(name, torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16), -1))
+print(fastact.explain("log_softmax", torch.randn(8, 8192, device="cuda"), -1))
+print(fastact.explain("softmax_backward", torch.randn(8, 3072, device="cuda"), -1))
 for dtype in (torch.float32, torch.bfloat16):
     print(fastact.explain("sigmoid", torch.randn(4096, device="cuda", dtype=dtype)))
     print(fastact.explain("gelu_backward", torch.randn(4096, device="cuda", dtype=dtype)))
@@ -1712,21 +1735,34 @@ def test_elementwise_memory_depth(depth):
     """FASTACT_MEMORY_DEPTH forces either memory-depth class (include/fastact/memory_depth.cuh: kStandard, the H100's;
     kDeep, the H200's) on whatever GPU runs the test. Elementwise vector shapes (deep: more accesses a thread): every
     op, dtype and tile edge, flat and rows kernels, forward and backward; the 16-bit softmax vec backward (deep: one
-    unit a thread) on rows around its bounds; against float64 torch, with poisoned outputs; explain() names the class
-    and the shape."""
+    unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
+    backward) and softmax's 16-bit two passes (deep: two units past 512 threads) on rows around their bounds; against
+    float64 torch, with poisoned outputs; explain() names the class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    sm1024, sm4096, log1024, log4096 = lines[-8:-4]
+    sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
     # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
     assert "two passes" in sm4096 and "one unit" not in sm4096, sm4096
     for s, threads in ((sm1024, 128), (log1024, 128), (log4096, 512)):
         assert ("one unit a thread" in s) == (depth == "deep"), s
         if depth == "deep":
             assert f"[1 CTA(s) x {threads} threads x 8 elements per row" in s, s
+    # The whole register cache on deep devices (log_softmax's 16-bit backward past 4096, the float forward), half of
+    # it on standard ones; softmax's float backward halved in both; softmax's 16-bit two passes at 8192: one unit at
+    # 1024 threads (standard) or two at 512 (deep).
+    deep = depth == "deep"
+    for s, full, half in ((log8192, "256 threads x 32", "512 threads x 16"),
+                          (f32_fwd8192, "256 threads x 32", "512 threads x 16")):
+        assert f"[1 CTA(s) x {full if deep else half} elements per row" in s, s
+        assert ("the whole register cache a thread (a deep-memory device)" in s) == deep, s
+    assert "[1 CTA(s) x 384 threads x 8 elements per row" in f32_sm_bwd3072, f32_sm_bwd3072
+    assert "whole register cache" not in f32_sm_bwd3072, f32_sm_bwd3072
+    want = "512 threads x 16 elements per row" if deep else "1024 threads x 8 elements per row"
+    assert want in sm8192 and "two passes" in sm8192, sm8192
     f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = lines[-4:]
     for s in (f32_fwd, f32_bwd, bf16_fwd, bf16_bwd):
         assert f"memory depth {depth} (FASTACT_MEMORY_DEPTH)" in s, s
@@ -1735,7 +1771,6 @@ def test_elementwise_memory_depth(depth):
     # deep ones (16-bit erf: two); the 16-bit sigmoid forward one 16-byte access at 512 threads (standard) or two
     # at 128 (deep).
     assert "4 x float32 per 128-bit access, 1 access per thread and operand, 128 threads" in f32_fwd, f32_fwd
-    deep = depth == "deep"
     want = "4 x float32 per 128-bit access, 1 access per thread and operand, 128 threads" if deep else (
         "2 x float32 per 64-bit access, 1 access per thread and operand, 512 threads")
     assert want in f32_bwd, f32_bwd

@@ -849,6 +849,8 @@ struct SoftmaxPlan {
   bool two_pass = false;   // vec backward: dy and y read again after the row's all-reduce (softmax_rows_two_pass)
   bool one_unit = false;   // vec backward: one unit of dy and y a thread, the kernel sized for it
                            // (softmax_vec_backward_one_unit)
+  bool full_cache = false;  // vec: the whole register cache a thread where kVec*Accesses would halve it
+                            // (softmax_vec_full_cache; a deep-memory device)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -960,9 +962,15 @@ inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
 }
 // Units of dy (and of y) a thread of that kernel moves in each pass: 1 while a CTA of kResidentMaxThreads threads holds
 // the row that way, else 2; 0 where the row is longer than that (no two-pass plan).
-inline int softmax_two_pass_units(int64_t dim, int vec) {
-  for (int u = 1; u <= 2; ++u)
-    if (dim <= int64_t(kResidentMaxThreads) * u * vec) return u;
+// On a kDeep device one unit a pass only up to kVecMaxThreadsWithClusters threads (D <= 4096 at 16 bits), two beyond.
+// Why (H200, 256 MB, bf16, us, seven rounds of bench/repro/softmax_bwd_plans_diag.py, bench/NOTES.md fiftieth
+// session): D = 6144 one unit at 768 threads 208.3, two at 384 188.8, torch.compile 189.5; D = 8192 one unit at 1024
+// threads 193.3, two at 512 189.5, torch.compile 189.3. D = 4096 keeps one unit at 512 threads (185.4, two at 256:
+// 191.9); D = 12288 already took two units (768 threads, 185.5 against torch.compile's 194.3).
+inline int softmax_two_pass_units(int64_t dim, int vec, MemoryDepth depth = MemoryDepth::kStandard) {
+  const int one_unit_threads = depth == MemoryDepth::kDeep ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
+  if (dim <= int64_t(one_unit_threads) * vec) return 1;
+  if (dim <= int64_t(kResidentMaxThreads) * 2 * vec) return 2;
   return 0;
 }
 
@@ -979,6 +987,26 @@ inline int softmax_two_pass_units(int64_t dim, int vec) {
 inline bool softmax_vec_backward_one_unit(const SoftmaxProblem& p, int vec) {
   return p.backward && p.memory_depth == MemoryDepth::kDeep && vec > 1 && p.in_bytes == 2 && p.out_bytes == 2 &&
          p.inner == 1 && softmax_rows_vectorizable(p) && (p.dim_size + vec - 1) / vec <= kVecMaxThreadsWithClusters;
+}
+
+// On a kDeep device (memory_depth.h: the H200) vec keeps the register cache its kernel is compiled for, all of it a
+// thread (fewer threads, more bytes in flight each), where kVecForwardAccesses / kVecBackwardAccesses would halve it:
+// the float forward (8 units a thread, not 4) and log_softmax's backward (4 units of dy and of y, not 2; where the
+// 16-bit one-unit plan, softmax_vec_backward_one_unit, does not take the row). Why (H200, 256 MB, us, seven rounds of
+// bench/repro/softmax_bwd_plans_diag.py, bench/NOTES.md fiftieth session; halved -> full, torch.compile):
+//   f32 forward D = 3072 135.6 -> 130.1 (242.6), 4096 134.6 -> 131.1 (162.0), 6144 158.7 -> 130.8 (164.7), 8192 log
+//   146.9 -> 131.2 (140.2); 2048 level (130.9 / 130.7);
+//   log_softmax backward bf16 D = 5120 209.7 -> 188.0 (218.1), 6144 226.2 -> 187.8 (202.7), 8192 213.1 -> 188.9
+//   (188.9), f16 8192 214.2 -> 189.1 (188.9); f32 3072 204.3 -> 188.5 (186.9), 3584 193.6 -> 188.4 (188.9), and
+//   the cost where the halved plan ran well: f32 2048 186.5 -> 188.9 (189.8), 2560 186.3 -> 188.6 (190.8), 4096
+//   187.4 -> 188.8 (189.5).
+// log_softmax's term does not read y, and without LoadDependence (common.cuh: 16-bit outputs) ptxas issues y's loads
+// after the row's reduction, so a thread waits on two latencies with half its cache in flight each time; float's
+// halved plan lost only at CTA sizes that leave an SM short of threads (384 and 448 threads: 768 and 896 resident).
+// softmax's float backward keeps the halved plan (3072: 186.9 against the full cache's 188.6; 4096: 186.9 / 188.8).
+inline bool softmax_vec_full_cache(const SoftmaxProblem& p) {
+  if (p.memory_depth != MemoryDepth::kDeep || p.in_bytes != p.out_bytes || p.out_bytes > 4) return false;
+  return p.backward ? !p.term_uses_output : p.out_bytes == 4;
 }
 
 // Columns (inner > 1) can move in 128-bit accesses along inner.
@@ -1083,16 +1111,22 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
     const int e = (p.backward ? kVecBackwardAccesses : kVecForwardAccesses) * vec;
     const int64_t t = round_up(ceil_div(p.dim_size, e), 32);
     if (e < s.elems_per_thread && t <= kVecMaxThreadsWithClusters) {
-      s.elems_per_thread = e;
-      s.threads = int(t);
+      if (softmax_vec_full_cache(p)) {
+        s.full_cache = true;
+      } else {
+        s.elems_per_thread = e;
+        s.threads = int(t);
+      }
     }
-    const int u = vec > 1 && !edges && softmax_rows_two_pass(p) ? softmax_two_pass_units(p.dim_size, vec) : 0;
+    const int u =
+        vec > 1 && !edges && softmax_rows_two_pass(p) ? softmax_two_pass_units(p.dim_size, vec, p.memory_depth) : 0;
     if (u > 0) {
       s.two_pass = true;
       s.elems_per_thread = u * vec;
       s.threads = int(round_up(ceil_div(p.dim_size, s.elems_per_thread), 32));
     } else if (!edges && softmax_vec_backward_one_unit(p, vec)) {
       s.one_unit = true;
+      s.full_cache = false;
       s.elems_per_thread = vec;
       s.threads = int(round_up(ceil_div(p.dim_size, vec), 32));
     }
@@ -1830,8 +1864,9 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                           s.threads, s.elems_per_thread, s.raw ? " (kept as loaded)" : "", access,
                           s.two_pass   ? ", two passes: dy and y loaded again after the all-reduce (L1 / L2 evict_last, "
                                          "then evict_first)"
-                          : s.one_unit ? ", one unit a thread (a deep-memory device)"
-                                       : "",
+                          : s.one_unit   ? ", one unit a thread (a deep-memory device)"
+                          : s.full_cache ? ", the whole register cache a thread (a deep-memory device)"
+                                         : "",
                           resident_backward_occupancy(p, s));
       }
       break;

@@ -1,0 +1,136 @@
+"""Times softmax_bwd_plans_diag.cu's launch plans of the softmax / log_softmax (backward, and forward) against torch
+and torch.compile in one process (diagnostic, not part of the library; bench/NOTES.md, fiftieth session).
+
+    python3 bench/repro/softmax_bwd_plans_diag.py [--rounds 7] [--reps 40] [--build DIR] [--cases CASES]
+
+CASES: comma-separated op:dtype:D[:fwd] (op softmax | log_softmax, dtype bf16 | f16 | f32; the backward unless
+:fwd), e.g. log_softmax:bf16:8192. Each case is a 256 MB-class tensor, [2^28 / (D x itemsize), D], x randn (scale 3),
+y the op's forward of x, dy randn. Builds libsmplans_<dtype>.so into DIR with nvcc unless it is there (it needs no torch, so it can
+be built on another machine and carried). Rows: torch, torch.compile (twice: the second is its noise floor), the
+dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
+thread; backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows). CUDA events
+around each of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows in a rotated order.
+Prints each row's median over rounds, its ratio to torch.compile's (median and range over rounds), and its max |diff|
+from float64 (torch's own alongside).
+"""
+import argparse
+import ctypes
+import statistics
+from pathlib import Path
+
+import torch
+
+from elementwise16_diag import build, time_rounds  # this folder's (the script's own folder leads sys.path)
+
+DTYPES = {"bf16": (0, torch.bfloat16), "f16": (1, torch.float16), "f32": (2, torch.float32)}
+VARIANT_NAMES = ["auto", "warp", "vec", "scalar", "long_row", "strided", "split", "grid"]  # dispatch.h SoftmaxVariant
+DEFAULT_CASES = ("log_softmax:bf16:8192,log_softmax:bf16:6144,log_softmax:bf16:12288,log_softmax:bf16:4096,"
+                 "softmax:bf16:8192,log_softmax:f32:3072,log_softmax:f32:2048,log_softmax:f32:4096,"
+                 "log_softmax:f32:6144,softmax:f32:3072")
+
+
+def aten_bwd(op):
+    return (torch.ops.aten._log_softmax_backward_data if op == "log_softmax"
+            else torch.ops.aten._softmax_backward_data)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--build", default="/tmp/smplans")
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    args = ap.parse_args()
+    folder = Path(args.build)
+    cases = [(c.split(":") + ["bwd"])[:4] for c in args.cases.split(",")]
+    dts = sorted({DTYPES[c[1]][0] for c in cases})
+    build(folder, dts, source="softmax_bwd_plans_diag", lib_prefix="libsmplans")
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    libs = {}
+    for d in dts:
+        lib = ctypes.CDLL(str(folder / f"libsmplans_{d}.so"))
+        lib.diag_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        lib.diag_auto_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        libs[d] = lib
+    torch.manual_seed(0)
+    for op, dname, dim, direction in cases:
+        d_i, dtype = DTYPES[dname]
+        dim, fwd = int(dim), int(direction == "fwd")
+        lib, log = libs[d_i], int(op == "log_softmax")
+        rows = (1 << 28) // (dim * dtype.itemsize)
+        torch._dynamo.reset()  # one compile a case, not the recompile limit's eager fallback
+        x = torch.randn(rows, dim, device="cuda") * 3
+        forward = torch.log_softmax if log else torch.softmax
+        if fwd:
+            a, b = x.to(dtype), None
+            del x
+            fn = lambda t, _: forward(t, -1)  # noqa: E731
+            ref64 = forward(a.double(), -1)
+        else:
+            b = forward(x, -1).to(dtype)
+            del x
+            a = torch.randn(rows, dim, device="cuda", dtype=dtype)
+            bwd = aten_bwd(op)
+            fn = lambda t, u: bwd(t, u, -1, dtype)  # noqa: E731
+            ref64 = bwd(a.double(), b.double(), -1, torch.float64)
+        compiled = torch.compile(fn, dynamic=False)
+        calls = {"torch": lambda: fn(a, b), "torch.compile": lambda: compiled(a, b),
+                 "torch.compile (again)": lambda: compiled(a, b)}
+        w = 16 // dtype.itemsize
+        units = dim // w
+        kinds = {"dispatcher": (0, 0), "split": (1, 0), "long_row": (2, 0)}
+        if dim % w == 0:
+            seen = set()
+            for u in (1, 2, 4, 8):
+                t = -(-units // u // 32) * 32
+                if 32 <= t <= 1024 and t not in seen:
+                    seen.add(t)
+                    kinds[f"vec {t} thr, {u} units"] = (3, t)
+        if dim % w == 0 and not fwd:
+            if units <= 1024:
+                kinds[f"vec one unit ({-(-units // 32) * 32} thr)"] = (4, 0)
+                kinds[f"two-pass 1 unit ({-(-units // 32) * 32} thr)"] = (5, -(-units // 32) * 32)
+            if units <= 2048:
+                t = -(-units // 2 // 32) * 32
+                if t * w < dim:
+                    kinds[f"two-pass 2 units ({t} thr)"] = (5, t)
+        stream = torch.cuda.current_stream().cuda_stream
+        errs = {"torch": (calls["torch"]().double() - ref64).abs().max().item()}
+        for name, (kind, threads) in kinds.items():
+            def call(kind=kind, threads=threads, name=name):
+                out = torch.empty_like(a)
+                rc = lib.diag_run(fwd, log, kind, threads, a.data_ptr(), 0 if b is None else b.data_ptr(),
+                                  out.data_ptr(), rows, dim, stream)
+                if rc != 0:
+                    raise RuntimeError(f"{name}: code {rc}")
+                return out
+            try:
+                errs[name] = (call().double() - ref64).abs().max().item()
+            except RuntimeError as e:
+                print(f"  skip {name}: {e}")
+                continue
+            calls[name] = call
+        del ref64
+        f = (ctypes.c_int64 * 8)()
+        out0 = torch.empty_like(a)
+        rc = lib.diag_auto_plan(fwd, log, a.data_ptr(), 0 if b is None else b.data_ptr(), out0.data_ptr(), rows, dim, f)
+        plan = "?" if rc else (f"{VARIANT_NAMES[f[0]]}, {f[1]} threads, {f[2]} elems a thread, two_pass {f[3]}, "
+                               f"one_unit {f[4]}, chunks {f[5]}, group_rows {f[6]}, cluster {f[7]}")
+        torch.cuda.synchronize()
+        times = time_rounds(calls, args.rounds, args.reps)
+        print(f"\n== {op} {direction} {dname} [{rows}, {dim}] ({args.rounds} rounds x {args.reps} calls; us, median of round "
+              f"medians) ==\n  dispatcher's plan: {plan}", flush=True)
+        base = times["torch.compile"]
+        for n in calls:
+            ratios = [t / b for t, b in zip(times[n], base)]
+            err = f"  max|d| {errs[n]:.3g}" if n in errs else ""
+            print(f"  {n:34s} {statistics.median(times[n]):8.2f}  /compile {statistics.median(ratios):.4f} "
+                  f"[{min(ratios):.4f}, {max(ratios):.4f}]" + err, flush=True)
+        del a, b, calls, compiled, out0
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
