@@ -57,9 +57,10 @@ DTYPE_CONFIGS = [
 # doubles), each dispatcher threshold of include/fastact/dispatch.h +-1 (the warp kernel's 512 for
 # float64 and 1024; backwards leaving it past 768, from 896 or (float) from 512: kWarpBackwardMaxDim,
 # kVecBackwardMinAlignedDim and kVecBackwardMinAlignedFloatDim;
-# one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements = 4096 ... 32768), and a row far beyond
+# one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements = 4096 ... 32768; 10240: the 16-bit
+# forward's vec rows on a deep-memory device, kDeepVecForward16MaxThreads), and a row far beyond
 # what one SM holds.
-THRESHOLDS = (512, 768, 896, 1024, 4096, 8192, 16384, 32768)
+THRESHOLDS = (512, 768, 896, 1024, 4096, 8192, 10240, 16384, 32768)
 CUDA_SIZES = tuple(
     sorted(set(BOUNDARY_SIZES + (3, 4, 5, 7, 8, 9, 15, 16, 17, 262144) + tuple(t + k for t in THRESHOLDS for k in (-1, 0, 1))))
 )
@@ -1716,6 +1717,14 @@ for dtype, dims in ((torch.float32, (1032, 2048, 3072, 3074, 4096, 6144, 8192)),
     for op in SOFTMAX_OPS:
         for d in dims:
             check_op(op, make_tensor((19, d), dtype, "cuda", scale=3.0), note=depth)
+# Softmax: the 16-bit forward of aligned rows leaves vec past 320 threads on deep devices (dispatch.h
+# softmax_vec_max_threads: long_row's clusters), rows around that bound and up to vec's 512 threads elsewhere.
+for dtype in (torch.bfloat16, torch.float16):
+    for op in SOFTMAX_OPS:
+        for d in (10240, 10248, 12288, 16384):
+            check_op(op, make_tensor((11, d), dtype, "cuda", scale=3.0), note=depth)
+for name, d in (("softmax", 10240), ("softmax", 10248), ("log_softmax", 16384)):
+    print(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
 for op in SOFTMAX_OPS:
     for d in (1024, 4096):
         y = getattr(fastact, op.name)(torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1)
@@ -1736,7 +1745,8 @@ def test_elementwise_memory_depth(depth):
     kDeep, the H200's) on whatever GPU runs the test. Elementwise vector shapes (deep: more accesses a thread): every
     op, dtype and tile edge, flat and rows kernels, forward and backward; the 16-bit softmax vec backward (deep: one
     unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
-    backward) and softmax's 16-bit two passes (deep: two units past 512 threads) on rows around their bounds; against
+    backward), softmax's 16-bit two passes (deep: two units past 512 threads) and the 16-bit forward's vec rows (deep:
+    to 320 threads, then long_row) on rows around their bounds; against
     float64 torch, with poisoned outputs; explain() names the class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
@@ -1744,6 +1754,7 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
+    fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
     sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
     # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
     assert "two passes" in sm4096 and "one unit" not in sm4096, sm4096
@@ -1763,6 +1774,12 @@ def test_elementwise_memory_depth(depth):
     assert "whole register cache" not in f32_sm_bwd3072, f32_sm_bwd3072
     want = "512 threads x 16 elements per row" if deep else "1024 threads x 8 elements per row"
     assert want in sm8192 and "two passes" in sm8192, sm8192
+    # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
+    # threads) on standard ones.
+    assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240
+    for s in (fwd10248, log_fwd16384):
+        assert _variant(s) == ("long_row" if deep else "vec"), s
+        assert ("past 320 threads of one block on a deep-memory device" in s) == deep, s
     f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = lines[-4:]
     for s in (f32_fwd, f32_bwd, bf16_fwd, bf16_bwd):
         assert f"memory depth {depth} (FASTACT_MEMORY_DEPTH)" in s, s

@@ -240,6 +240,14 @@ constexpr int kResidentMaxThreads = 1024;
 // store phases; two 512-thread CTAs of a cluster per SM interleave those phases (one loads while the
 // other reduces or stores).
 constexpr int kVecMaxThreadsWithClusters = 512;
+// On a kDeep device (memory_depth.h: the H200) the 16-bit forward of aligned rows stops vec at 320 threads
+// (D <= 10240), and long_row's clusters of two take the longer rows (softmax_vec_max_threads). Why (H200, 256 MB,
+// bf16, us, seven rounds of bench/repro/softmax_bwd_plans_diag.py, bench/NOTES.md fiftieth session; vec -> long_row
+// forced, torch.compile): D = 12288 164.2 -> 134.7 (294.1), 14336 157.1 -> 142.1 (288.9), 16384 150.3 -> 132.9
+// (287.6), log_softmax 12288 166.3 -> 131.1, 16384 153.2 -> 132.2, float16 12288 162.9 -> 132.8; vec kept: 8192
+// 139.0 against 154.9, 10240 146.5 against 152.0. The float forward keeps vec to 512 threads (16384: 132.7, long_row
+// 133.5).
+constexpr int kDeepVecForward16MaxThreads = 320;
 // vec: 128-bit accesses a thread aims for (forward; backward, each of grad_output and output), fewer
 // than its register cache holds, where that keeps a row within kVecMaxThreadsWithClusters threads.
 // Why (H100, 256 MB, bench/NOTES.md fifth session): float forward at 4096 with 8 accesses a thread
@@ -1007,6 +1015,13 @@ inline bool softmax_vec_backward_one_unit(const SoftmaxProblem& p, int vec) {
 inline bool softmax_vec_full_cache(const SoftmaxProblem& p) {
   if (p.memory_depth != MemoryDepth::kDeep || p.in_bytes != p.out_bytes || p.out_bytes > 4) return false;
   return p.backward ? !p.term_uses_output : p.out_bytes == 4;
+}
+
+// The most threads a vec CTA takes where clusters are available (kVecMaxThreadsWithClusters; kDeepVecForward16MaxThreads
+// for the 16-bit forward of aligned rows on a deep-memory device); longer rows go to long_row.
+inline int softmax_vec_max_threads(const SoftmaxProblem& p) {
+  const bool deep16 = p.memory_depth == MemoryDepth::kDeep && !p.backward && p.in_bytes == 2 && p.out_bytes == 2;
+  return deep16 && softmax_rows_vectorizable(p) ? kDeepVecForward16MaxThreads : kVecMaxThreadsWithClusters;
 }
 
 // Columns (inner > 1) can move in 128-bit accesses along inner.
@@ -1782,8 +1797,9 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   }
   const bool vectorizable =
       softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p) || softmax_rows_shift_vectorizable(p);
-  const int block_threads = clusters_available(p) ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
-  const int64_t block_cap = int64_t(block_threads) * softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
+  const int block_threads = clusters_available(p) ? softmax_vec_max_threads(p) : kResidentMaxThreads;
+  const int64_t elems = softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
+  const int64_t block_cap = int64_t(block_threads) * elems;
   if (p.dim_size <= block_cap) {
     if (vectorizable) {
       s = plan_softmax(SoftmaxVariant::kVec, p);
@@ -1811,6 +1827,10 @@ inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
           : s.smem_elems > 0
               ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
                 "registers and shared memory, combined through distributed shared memory: one read"
+          : p.dim_size <= int64_t(kVecMaxThreadsWithClusters) * elems
+              ? "a 16-bit forward row past 320 threads of one block on a deep-memory device: "
+                "split over a thread-block cluster, cached in registers, combined through distributed shared "
+                "memory: one read"
               : "the row is longer than one block caches: split over a thread-block cluster, cached in "
                 "registers, combined through distributed shared memory: one read";
   return s;
