@@ -8,7 +8,9 @@ CASES: comma-separated op:dtype:D[:fwd] (op softmax | log_softmax, dtype bf16 | 
 y the op's forward of x, dy randn. Builds libsmplans_<dtype>.so into DIR with nvcc unless it is there (it needs no torch, so it can
 be built on another machine and carried). Rows: torch, torch.compile (twice: the second is its noise floor), the
 dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
-thread; backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows). CUDA events
+thread; backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
+the library compiles those two kernels only for the 16-bit backwards its dispatcher gives them, so other cases print
+"skip …: code 9"). CUDA events
 around each of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows in a rotated order.
 Prints each row's median over rounds, its ratio to torch.compile's (median and range over rounds), and its max |diff|
 from float64 (torch's own alongside).
