@@ -13,7 +13,6 @@ against the library launcher's.
 """
 import argparse
 import ctypes
-import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +80,15 @@ def time_rounds(calls, rounds, reps):
     return times
 
 
+def row_report(name, samples, base, base_name, width=34, behind=False):
+    """One row of a diag's table: the median of the row's round medians, its ratio to the base row's per round
+    (median, [min, max]) and, with behind, the rounds it was slower than the base."""
+    ratios = [t / b for t, b in zip(samples, base)]
+    line = (f"  {name:{width}s} {statistics.median(samples):8.2f}  /{base_name} {statistics.median(ratios):.4f} "
+            f"[{min(ratios):.4f}, {max(ratios):.4f}]")
+    return line + (f" behind {sum(x > 1 for x in ratios)}/{len(ratios)}" if behind else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -141,12 +149,9 @@ def main():
                   f"{args.reps} calls; us, median of round medians) ==", flush=True)
             base = times["torch"]
             for n in names:
-                ratios = [t / b for t, b in zip(times[n], base)]
                 chk = "" if n not in checks else (
                     f"  max|d| {checks[n][0]:.3g} differing {checks[n][1]} same-as-lib {checks[n][2]}")
-                print(f"  {n:34s} {statistics.median(times[n]):8.2f}  /torch {statistics.median(ratios):.4f} "
-                      f"[{min(ratios):.4f}, {max(ratios):.4f}] behind {sum(x > 1 for x in ratios)}/{len(ratios)}"
-                      + chk, flush=True)
+                print(row_report(n, times[n], base, "torch", behind=True) + chk, flush=True)
             del x, dy, y, ref, outs, rows
             torch.cuda.empty_cache()
 

@@ -12,13 +12,12 @@ the library launcher's and against torch's (max |diff|).
 """
 import argparse
 import ctypes
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from elementwise16_diag import build, time_rounds  # this folder's (the script's own folder leads sys.path)
+from elementwise16_diag import build, row_report, time_rounds  # this folder's (the script's own folder leads sys.path)
 
 OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", "sigmoid bwd (y strided)",
        "bias_gelu erf fwd", "bias_gelu tanh fwd"]
@@ -103,10 +102,8 @@ def main():
                   f"{args.reps} calls; us, median of round medians) ==", flush=True)
             base = times["torch.compile"]
             for n in names:
-                ratios = [t / b for t, b in zip(times[n], base)]
                 chk = "" if n not in checks else f"  max|d| {checks[n][0]:.3g} same-as-lib {checks[n][1]}"
-                print(f"  {n:40s} {statistics.median(times[n]):8.2f}  /compile {statistics.median(ratios):.4f} "
-                      f"[{min(ratios):.4f}, {max(ratios):.4f}]" + chk, flush=True)
+                print(row_report(n, times[n], base, "compile", width=40) + chk, flush=True)
             del x, in0, in1, ref, outs, rows_, compiled
             torch.cuda.empty_cache()
 

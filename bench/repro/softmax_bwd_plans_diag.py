@@ -17,12 +17,11 @@ from float64 (torch's own alongside).
 """
 import argparse
 import ctypes
-import statistics
 from pathlib import Path
 
 import torch
 
-from elementwise16_diag import build, time_rounds  # this folder's (the script's own folder leads sys.path)
+from elementwise16_diag import build, row_report, time_rounds  # this folder's (the script's own folder leads sys.path)
 
 DTYPES = {"bf16": (0, torch.bfloat16), "f16": (1, torch.float16), "f32": (2, torch.float32)}
 VARIANT_NAMES = ["auto", "warp", "vec", "scalar", "long_row", "strided", "split", "grid"]  # dispatch.h SoftmaxVariant
@@ -126,10 +125,8 @@ def main():
               f"medians) ==\n  dispatcher's plan: {plan}", flush=True)
         base = times["torch.compile"]
         for n in calls:
-            ratios = [t / b for t, b in zip(times[n], base)]
             err = f"  max|d| {errs[n]:.3g}" if n in errs else ""
-            print(f"  {n:34s} {statistics.median(times[n]):8.2f}  /compile {statistics.median(ratios):.4f} "
-                  f"[{min(ratios):.4f}, {max(ratios):.4f}]" + err, flush=True)
+            print(row_report(n, times[n], base, "compile") + err, flush=True)
         del a, b, calls, compiled, out0
         torch.cuda.empty_cache()
 
