@@ -26,9 +26,9 @@ OPS = ["gelu_tanh fwd", "sigmoid fwd", "gelu fwd", "gelu_tanh bwd", "gelu bwd", 
        "gelu16 bwd", "sigmoid16 fwd"]
 
 
-def build(folder, ops, source="elementwise16_diag", lib_prefix="libelt16", ptxas=False):
-    """One shared library a DIAG_OP of bench/repro/<source>.cu, <lib_prefix>_<op>.so in folder, built by nvcc in
-    parallel unless it is there; ptxas: each build's `-Xptxas -v` report into folder/ptxas_<op>.txt."""
+def build(folder, ops, source="elementwise16_diag", lib_prefix="libelt16", ptxas=False, macro="DIAG_OP"):
+    """One shared library a value of `macro` (DIAG_OP) of bench/repro/<source>.cu, <lib_prefix>_<op>.so in folder,
+    built by nvcc in parallel unless it is there; ptxas: each build's `-Xptxas -v` report into folder/ptxas_<op>.txt."""
     folder.mkdir(parents=True, exist_ok=True)
     procs = []
     for op in ops:
@@ -36,7 +36,7 @@ def build(folder, ops, source="elementwise16_diag", lib_prefix="libelt16", ptxas
         if lib.exists():
             continue
         cmd = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "--expt-relaxed-constexpr", f"-I{ROOT / 'include'}",
-               "-Xcompiler", "-fPIC", "-shared", *(["-Xptxas", "-v"] if ptxas else []), f"-DDIAG_OP={op}", "-o",
+               "-Xcompiler", "-fPIC", "-shared", *(["-Xptxas", "-v"] if ptxas else []), f"-D{macro}={op}", "-o",
                str(lib), str(ROOT / f"bench/repro/{source}.cu")]
         procs.append(subprocess.Popen(cmd, stderr=open(folder / f"ptxas_{op}.txt", "w") if ptxas else None))
     if any(p.wait() != 0 for p in procs):

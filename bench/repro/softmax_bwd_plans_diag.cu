@@ -14,7 +14,8 @@
 // A shared library for softmax_bwd_plans_diag.py (ctypes), one dtype a build:
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Iinclude -Xcompiler -fPIC -shared \
-//        -DDIAG_DTYPE=<0 bf16 | 1 f16 | 2 f32> -o libsmplans_<dtype>.so bench/repro/softmax_bwd_plans_diag.cu
+//        -DDIAG_DTYPE=<0 bf16 | 1 f16 | 2 f32 | 3 bf16 in, f32 out> -o libsmplans_<dtype>.so \
+//        bench/repro/softmax_bwd_plans_diag.cu
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,22 +32,33 @@
 namespace {
 
 using namespace fastact;
-using T = std::conditional_t<DIAG_DTYPE == 0, __nv_bfloat16, std::conditional_t<DIAG_DTYPE == 1, __half, float>>;
-constexpr int kW = softmax_vec_width(sizeof(T), sizeof(T));
+// In: the forward's input and the backward's grad_input; Out: the forward's output and the backward's grad_output
+// and output (the torch ops' dtype= casts: bfloat16 inputs, float outputs, where DIAG_DTYPE is 3).
+using In = std::conditional_t<DIAG_DTYPE == 0 || DIAG_DTYPE == 3, __nv_bfloat16,
+                              std::conditional_t<DIAG_DTYPE == 1, __half, float>>;
+using Out = std::conditional_t<DIAG_DTYPE == 3, float, In>;
+constexpr int kW = softmax_vec_width(sizeof(In), sizeof(Out));
+
+// The tensors of a call: forward x = a, y = c (b unused); backward dy = a, y = b, dx = c.
+struct Tensors {
+  const void* a;
+  const void* b;
+  void* c;
+};
 
 // The plan of `kind` (above) for rows x dim; false where the kind cannot run it.
-// fwd: x = a, y = c (b unused); else dy = a, y = b, dx = c.
 template <typename Epi>
-bool diag_plan(bool fwd, int kind, int threads, const T* a, const T* b, T* c, int64_t rows, int64_t dim,
-               SoftmaxPlan* out) {
+bool diag_plan(bool fwd, int kind, int threads, const Tensors& t, int64_t rows, int64_t dim, SoftmaxPlan* out) {
   int device = 0;
   SoftmaxDeviceProps dev;
   if (cudaGetDevice(&device) != cudaSuccess || softmax_device_props(device, &dev) != cudaSuccess) return false;
-  SoftmaxProblem p = fwd ? softmax_forward_problem(a, c, rows, dim, 1, dim, dev)
-                         : softmax_backward_problem(a, b, c, rows, dim, 1, dev);
+  SoftmaxProblem p =
+      fwd ? softmax_forward_problem(static_cast<const In*>(t.a), static_cast<Out*>(t.c), rows, dim, 1, dim, dev)
+          : softmax_backward_problem(static_cast<const Out*>(t.a), static_cast<const Out*>(t.b),
+                                     static_cast<In*>(t.c), rows, dim, 1, dev);
   if (!fwd) {
     p.term_uses_output = Epi::kTermUsesOutput;
-    p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<T, T, Epi>();
+    p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<In, Out, Epi>();
   }
   if (kind == 0) {
     *out = choose_softmax(p);
@@ -73,16 +85,15 @@ bool diag_plan(bool fwd, int kind, int threads, const T* a, const T* b, T* c, in
 }
 
 template <typename Epi>
-int run(bool fwd, int kind, int threads, const void* a_, const void* b_, void* c_, int64_t rows, int64_t dim,
-        cudaStream_t s) {
-  const T* a = static_cast<const T*>(a_);
-  const T* b = static_cast<const T*>(b_);
-  T* c = static_cast<T*>(c_);
+int run(bool fwd, int kind, int threads, const Tensors& t, int64_t rows, int64_t dim, cudaStream_t s) {
   SoftmaxPlan plan;
-  if (!diag_plan<Epi>(fwd, kind, threads, a, b, c, rows, dim, &plan)) return 1000;
+  if (!diag_plan<Epi>(fwd, kind, threads, t, rows, dim, &plan)) return 1000;
   if (fwd && kind == 3) plan.elems_per_thread = int(softmax_detail::ceil_div(dim, threads));
-  return static_cast<int>(fwd ? softmax_forward<T, T, Epi>(a, c, rows, dim, 1, dim, plan, s)
-                              : softmax_backward<T, T, Epi>(a, b, c, rows, dim, 1, plan, s));
+  return static_cast<int>(
+      fwd ? softmax_forward<In, Out, Epi>(static_cast<const In*>(t.a), static_cast<Out*>(t.c), rows, dim, 1, dim,
+                                          plan, s)
+          : softmax_backward<In, Out, Epi>(static_cast<const Out*>(t.a), static_cast<const Out*>(t.b),
+                                           static_cast<In*>(t.c), rows, dim, 1, plan, s));
 }
 
 }  // namespace
@@ -92,20 +103,19 @@ int run(bool fwd, int kind, int threads, const void* a_, const void* b_, void* c
 extern "C" int diag_run(int fwd, int log, int kind, int threads, const void* a, const void* b, void* c, int64_t rows,
                         int64_t dim, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return log ? run<math::LogSoftmaxEpilogue>(fwd, kind, threads, a, b, c, rows, dim, s)
-             : run<math::SoftmaxEpilogue>(fwd, kind, threads, a, b, c, rows, dim, s);
+  const Tensors t{a, b, c};
+  return log ? run<math::LogSoftmaxEpilogue>(fwd, kind, threads, t, rows, dim, s)
+             : run<math::SoftmaxEpilogue>(fwd, kind, threads, t, rows, dim, s);
 }
 
 // The plan kind 0 (the dispatcher) takes, as [variant, threads, elems_per_thread, two_pass, one_unit, chunks,
 // group_rows, cluster]; 1000 where there is none.
-extern "C" int diag_auto_plan(int fwd, int log, const void* a_, const void* b_, void* c_, int64_t rows, int64_t dim,
+extern "C" int diag_auto_plan(int fwd, int log, const void* a, const void* b, void* c, int64_t rows, int64_t dim,
                               int64_t* fields) {
   SoftmaxPlan s;
-  const T* a = static_cast<const T*>(a_);
-  const T* b = static_cast<const T*>(b_);
-  T* c = static_cast<T*>(c_);
-  const bool ok = log ? diag_plan<math::LogSoftmaxEpilogue>(fwd, 0, 0, a, b, c, rows, dim, &s)
-                      : diag_plan<math::SoftmaxEpilogue>(fwd, 0, 0, a, b, c, rows, dim, &s);
+  const Tensors t{a, b, c};
+  const bool ok = log ? diag_plan<math::LogSoftmaxEpilogue>(fwd, 0, 0, t, rows, dim, &s)
+                      : diag_plan<math::SoftmaxEpilogue>(fwd, 0, 0, t, rows, dim, &s);
   if (!ok) return 1000;
   const int64_t f[] = {int64_t(s.variant), s.threads, s.elems_per_thread, s.two_pass, s.one_unit, s.chunks,
                        s.group_rows, s.cluster};

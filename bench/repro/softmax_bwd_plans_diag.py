@@ -3,8 +3,8 @@ and torch.compile in one process (diagnostic, not part of the library; bench/NOT
 
     python3 bench/repro/softmax_bwd_plans_diag.py [--rounds 7] [--reps 40] [--build DIR] [--cases CASES]
 
-CASES: comma-separated op:dtype:D[:fwd] (op softmax | log_softmax, dtype bf16 | f16 | f32; the backward unless
-:fwd), e.g. log_softmax:bf16:8192. Each case is a 256 MB-class tensor, [2^28 / (D x itemsize), D], x randn (scale 3),
+CASES: comma-separated op:dtype:D[:fwd] (op softmax | log_softmax, dtype bf16 | f16 | f32 | bf16>f32, the last the
+ops' dtype= cast: bfloat16 x and dx, float y and dy; the backward unless :fwd), e.g. log_softmax:bf16:8192. Each case is a 256 MB-class tensor, [2^28 / (D x itemsize), D], x randn (scale 3),
 y the op's forward of x, dy randn. Builds libsmplans_<dtype>.so into DIR with nvcc unless it is there (it needs no torch, so it can
 be built on another machine and carried). Rows: torch, torch.compile (twice: the second is its noise floor), the
 dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
@@ -23,7 +23,10 @@ import torch
 
 from elementwise16_diag import build, row_report, time_rounds  # this folder's (the script's own folder leads sys.path)
 
-DTYPES = {"bf16": (0, torch.bfloat16), "f16": (1, torch.float16), "f32": (2, torch.float32)}
+# name: (DIAG_DTYPE, the input's dtype (the backward's grad_input's), the output's (the backward's grad_output's and
+# output's)); bf16>f32: the ops' dtype= cast.
+DTYPES = {"bf16": (0, torch.bfloat16, torch.bfloat16), "f16": (1, torch.float16, torch.float16),
+          "f32": (2, torch.float32, torch.float32), "bf16>f32": (3, torch.bfloat16, torch.float32)}
 VARIANT_NAMES = ["auto", "warp", "vec", "scalar", "long_row", "strided", "split", "grid"]  # dispatch.h SoftmaxVariant
 DEFAULT_CASES = ("log_softmax:bf16:8192,log_softmax:bf16:6144,log_softmax:bf16:12288,log_softmax:bf16:4096,"
                  "softmax:bf16:8192,log_softmax:f32:3072,log_softmax:f32:2048,log_softmax:f32:4096,"
@@ -45,7 +48,7 @@ def main():
     folder = Path(args.build)
     cases = [(c.split(":") + ["bwd"])[:4] for c in args.cases.split(",")]
     dts = sorted({DTYPES[c[1]][0] for c in cases})
-    build(folder, dts, source="softmax_bwd_plans_diag", lib_prefix="libsmplans")
+    build(folder, dts, source="softmax_bwd_plans_diag", lib_prefix="libsmplans", macro="DIAG_DTYPE")
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     libs = {}
     for d in dts:
@@ -57,29 +60,30 @@ def main():
         libs[d] = lib
     torch.manual_seed(0)
     for op, dname, dim, direction in cases:
-        d_i, dtype = DTYPES[dname]
+        d_i, in_dtype, out_dtype = DTYPES[dname]
         dim, fwd = int(dim), int(direction == "fwd")
         lib, log = libs[d_i], int(op == "log_softmax")
-        rows = (1 << 28) // (dim * dtype.itemsize)
+        rows = (1 << 28) // (dim * in_dtype.itemsize)
         torch._dynamo.reset()  # one compile a case, not the recompile limit's eager fallback
         x = torch.randn(rows, dim, device="cuda") * 3
         forward = torch.log_softmax if log else torch.softmax
+        cast = None if out_dtype == in_dtype else out_dtype  # the forward's dtype=
         if fwd:
-            a, b = x.to(dtype), None
+            a, b, result_dtype = x.to(in_dtype), None, out_dtype
             del x
-            fn = lambda t, _: forward(t, -1)  # noqa: E731
+            fn = lambda t, _: forward(t, -1, dtype=cast)  # noqa: E731
             ref64 = forward(a.double(), -1)
         else:
-            b = forward(x, -1).to(dtype)
+            b, result_dtype = forward(x, -1).to(out_dtype), in_dtype
             del x
-            a = torch.randn(rows, dim, device="cuda", dtype=dtype)
+            a = torch.randn(rows, dim, device="cuda", dtype=out_dtype)
             bwd = aten_bwd(op)
-            fn = lambda t, u: bwd(t, u, -1, dtype)  # noqa: E731
+            fn = lambda t, u: bwd(t, u, -1, in_dtype)  # noqa: E731
             ref64 = bwd(a.double(), b.double(), -1, torch.float64)
         compiled = torch.compile(fn, dynamic=False)
         calls = {"torch": lambda: fn(a, b), "torch.compile": lambda: compiled(a, b),
                  "torch.compile (again)": lambda: compiled(a, b)}
-        w = 16 // dtype.itemsize
+        w = 16 // min(in_dtype.itemsize, out_dtype.itemsize)  # dispatch.h softmax_vec_width
         units = dim // w
         kinds = {"dispatcher": (0, 0), "split": (1, 0), "long_row": (2, 0)}
         if dim % w == 0:
@@ -101,7 +105,7 @@ def main():
         errs = {"torch": (calls["torch"]().double() - ref64).abs().max().item()}
         for name, (kind, threads) in kinds.items():
             def call(kind=kind, threads=threads, name=name):
-                out = torch.empty_like(a)
+                out = torch.empty(rows, dim, device="cuda", dtype=result_dtype)
                 rc = lib.diag_run(fwd, log, kind, threads, a.data_ptr(), 0 if b is None else b.data_ptr(),
                                   out.data_ptr(), rows, dim, stream)
                 if rc != 0:
@@ -115,7 +119,7 @@ def main():
             calls[name] = call
         del ref64
         f = (ctypes.c_int64 * 8)()
-        out0 = torch.empty_like(a)
+        out0 = torch.empty(rows, dim, device="cuda", dtype=result_dtype)
         rc = lib.diag_auto_plan(fwd, log, a.data_ptr(), 0 if b is None else b.data_ptr(), out0.data_ptr(), rows, dim, f)
         plan = "?" if rc else (f"{VARIANT_NAMES[f[0]]}, {f[1]} threads, {f[2]} elems a thread, two_pass {f[3]}, "
                                f"one_unit {f[4]}, chunks {f[5]}, group_rows {f[6]}, cluster {f[7]}")
