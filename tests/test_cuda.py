@@ -1710,8 +1710,8 @@ for dtype in (torch.float16, torch.bfloat16):
             check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
 # Softmax: the vec plans that keep the whole register cache a thread on deep devices (dispatch.h
 # softmax_vec_full_cache: the float forward, log_softmax's backward) and softmax's 16-bit two passes at two units past
-# 512 threads (softmax_two_pass_units), rows around the halved plan's bounds (f32 1024-4096 forward and backward,
-# 16-bit 4096-8192 backward; 3074 / 8196: rows off the vector width, edges), forward and backward.
+# 512 threads (softmax_two_pass_units), rows around the halved plan's bounds and past them (f32 1032-8192, 16-bit
+# 4104-8196; 3074 / 8196: rows off the vector width, edges), forward and backward.
 for dtype, dims in ((torch.float32, (1032, 2048, 3072, 3074, 4096, 6144, 8192)),
                     (torch.bfloat16, (4104, 5120, 6144, 8192, 8196)), (torch.float16, (6144, 8192))):
     for op in SOFTMAX_OPS:
@@ -1746,8 +1746,8 @@ def test_elementwise_memory_depth(depth):
     op, dtype and tile edge, flat and rows kernels, forward and backward; the 16-bit softmax vec backward (deep: one
     unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
     backward), softmax's 16-bit two passes (deep: two units past 512 threads) and the 16-bit forward's vec rows (deep:
-    to 320 threads, then long_row) on rows around their bounds; against
-    float64 torch, with poisoned outputs; explain() names the class and the shape."""
+    to 320 threads, then long_row) on rows around their bounds; against float64 torch, with poisoned outputs;
+    explain() names the class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
