@@ -11,9 +11,9 @@ output written once; ``Case.nbytes``) over the median time. Every implementation
 charged the same bytes, so the GB/s of torch's extra passes shows up as a lower number. The limit is
 measured once per run: the better of ``y.copy_(x)`` and ``torch.mul(x, 2, out=y)`` on a large float32
 tensor, bytes read + written (``measure_limit``). CUDA times come from CUDA events around each call
-after warm-up (median), the rows of a case taking turns over rotated rounds (``bench_case``); CPU times
-from ``time.perf_counter`` around each call (median), at torch's default thread count. Inputs are
-random (never zeros).
+after warm-up, CPU times from ``time.perf_counter`` around each call at torch's default thread count;
+on both the rows of a case take turns over rotated rounds (``bench_case``, ``TIMING``) and each row's
+figure is the median of its calls. Inputs are random (never zeros).
 
 The case grid, byte counts, inputs, implementations, timers and limit live here; ``bench/``
 (pytest-benchmark) imports them, so both measure the same things the same way.
