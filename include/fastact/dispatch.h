@@ -975,7 +975,7 @@ inline bool softmax_rows_two_pass(const SoftmaxProblem& p) {
 // session): D = 6144 one unit at 768 threads 208.3, two at 384 188.8, torch.compile 189.5; D = 8192 one unit at 1024
 // threads 193.3, two at 512 189.5, torch.compile 189.3. D = 4096 keeps one unit at 512 threads (185.4, two at 256:
 // 191.9); D = 12288 already took two units (768 threads, 185.5 against torch.compile's 194.3).
-inline int softmax_two_pass_units(int64_t dim, int vec, MemoryDepth depth = MemoryDepth::kStandard) {
+inline int softmax_two_pass_units(int64_t dim, int vec, MemoryDepth depth) {
   const int one_unit_threads = depth == MemoryDepth::kDeep ? kVecMaxThreadsWithClusters : kResidentMaxThreads;
   if (dim <= int64_t(one_unit_threads) * vec) return 1;
   if (dim <= int64_t(kResidentMaxThreads) * 2 * vec) return 2;
