@@ -33,6 +33,11 @@ DEFAULT_CASES = ("log_softmax:bf16:8192,log_softmax:bf16:6144,log_softmax:bf16:1
                  "log_softmax:f32:6144,softmax:f32:3072")
 
 
+def cta_threads(units, per_thread):
+    """Threads, a whole number of warps, that cover `units` 128-bit units at `per_thread` units a thread."""
+    return -(-units // per_thread // 32) * 32
+
+
 def aten_bwd(op):
     return (torch.ops.aten._log_softmax_backward_data if op == "log_softmax"
             else torch.ops.aten._softmax_backward_data)
@@ -89,16 +94,17 @@ def main():
         if dim % w == 0:
             seen = set()
             for u in (1, 2, 4, 8):
-                t = -(-units // u // 32) * 32
+                t = cta_threads(units, u)
                 if 32 <= t <= 1024 and t not in seen:
                     seen.add(t)
                     kinds[f"vec {t} thr, {u} units"] = (3, t)
         if dim % w == 0 and not fwd:
             if units <= 1024:
-                kinds[f"vec one unit ({-(-units // 32) * 32} thr)"] = (4, 0)
-                kinds[f"two-pass 1 unit ({-(-units // 32) * 32} thr)"] = (5, -(-units // 32) * 32)
+                t = cta_threads(units, 1)
+                kinds[f"vec one unit ({t} thr)"] = (4, 0)
+                kinds[f"two-pass 1 unit ({t} thr)"] = (5, t)
             if units <= 2048:
-                t = -(-units // 2 // 32) * 32
+                t = cta_threads(units, 2)
                 if t * w < dim:
                     kinds[f"two-pass 2 units ({t} thr)"] = (5, t)
         stream = torch.cuda.current_stream().cuda_stream
