@@ -1723,6 +1723,23 @@ for dtype in (torch.bfloat16, torch.float16):
     for op in SOFTMAX_OPS:
         for d in (10240, 10248, 12288, 16384):
             check_op(op, make_tensor((11, d), dtype, "cuda", scale=3.0), note=depth)
+# Softmax: the warp forward packs rows whose 128-bit units are not a power of two on deep devices (dispatch.h
+# softmax_warp_packed: four accesses a lane, several rows a warp), every packable padded length of each vector width
+# (4 to 32 units), 37 rows (the last block of rows partial), rows with -inf runs, and the dtype= cast.
+for dtype, dims in ((torch.float32, (12, 20, 24, 40, 48, 96, 100, 124)), (torch.float64, (6, 10, 24, 40, 62)),
+                    (torch.bfloat16, (24, 40, 96, 136, 200, 248)), (torch.float16, (24, 96, 248))):
+    for op in SOFTMAX_OPS:
+        for d in dims:
+            check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
+            m = make_tensor((37, d), dtype, "cuda", scale=3.0)
+            m[1, : d // 2] = float("-inf")
+            m[6, 1::2] = float("-inf")
+            m[36, :-1] = float("-inf")
+            check_op(op, m, note=depth)
+for op in SOFTMAX_OPS:
+    check_op(op, make_tensor((37, 96), torch.bfloat16, "cuda", scale=3.0), dtype=torch.float32, note=depth)
+print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
+print(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
 for name, d in (("softmax", 10240), ("softmax", 10248), ("log_softmax", 16384)):
     print(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
 for op in SOFTMAX_OPS:
@@ -1745,15 +1762,17 @@ def test_elementwise_memory_depth(depth):
     kDeep, the H200's) on whatever GPU runs the test. Elementwise vector shapes (deep: more accesses a thread): every
     op, dtype and tile edge, flat and rows kernels, forward and backward; the 16-bit softmax vec backward (deep: one
     unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
-    backward), softmax's 16-bit two passes (deep: two units past 512 threads) and the 16-bit forward's vec rows (deep:
-    to 320 threads, then long_row) on rows around their bounds; against float64 torch, with poisoned outputs;
-    explain() names the class and the shape."""
+    backward), softmax's 16-bit two passes (deep: two units past 512 threads), the 16-bit forward's vec rows (deep:
+    to 320 threads, then long_row) on rows around their bounds, and the warp forward's packed rows (deep: 128-bit
+    units not a power of two, four accesses a lane); against float64 torch, with poisoned outputs; explain() names the
+    class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
+    f32_fwd96, bf16_log_fwd96 = lines[-17:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
     sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
     # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
@@ -1774,6 +1793,12 @@ def test_elementwise_memory_depth(depth):
     assert "whole register cache" not in f32_sm_bwd3072, f32_sm_bwd3072
     want = "512 threads x 16 elements per row" if deep else "1024 threads x 8 elements per row"
     assert want in sm8192 and "two passes" in sm8192, sm8192
+    # The warp forward of rows of 96: one 128-bit access a lane on standard devices (24 of 32 lanes a row for float,
+    # 12 of 16 for bf16), packed on deep ones (four accesses a lane: 8 lanes a row, or 4).
+    for s, standard, packed in ((f32_fwd96, "32 lanes per row, 4 elements", "8 lanes per row, 16 elements"),
+                                (bf16_log_fwd96, "16 lanes per row, 8 elements", "4 lanes per row, 32 elements")):
+        assert _variant(s) == "warp" and f"[{packed if deep else standard} per lane, 128-bit accesses" in s, s
+        assert ("rows packed several a warp (a deep-memory device)" in s) == deep, s
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
     # threads) on standard ones.
     assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240
@@ -1820,6 +1845,8 @@ cases = {
     "sigmoid f32": lambda: fastact.sigmoid(xf),
     "gelu_backward f64": lambda: torch.ops.fastact.gelu_backward(xd, xd, "none"),
     "log_softmax_backward f32": lambda: torch.ops.fastact.log_softmax_backward(yf, yf, -1, torch.float32),
+    "softmax f32 rows of 96": lambda: fastact.softmax(xf[:96 * 64].view(64, 96), -1),
+    "softmax f32 rows of 128": lambda: fastact.softmax(xf[:128 * 64].view(64, 128), -1),
 }
 for name, call in cases.items():
     call()
@@ -1834,9 +1861,9 @@ for name, call in cases.items():
 
 def test_memory_depth_kernels():
     """The kernels that run (torch.profiler's names) under each forced class: another instantiation where the class
-    changes the shape (16-bit elementwise, flat and rows; float backwards; the 16-bit softmax vec backward's one unit),
-    the same one where it does not (float forwards, double, float softmax), so the launchers' wiring is checked, not
-    only explain()'s report of the plan."""
+    changes the shape (16-bit elementwise, flat and rows; float backwards; the 16-bit softmax vec backward's one unit;
+    the warp forward's packed rows of 96), the same one where it does not (float forwards, double, float softmax
+    backward, rows of 128), so the launchers' wiring is checked, not only explain()'s report of the plan."""
     runs = {}
     for depth in ("standard", "deep"):
         env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
@@ -1849,7 +1876,8 @@ def test_memory_depth_kernels():
     for name, standard in runs["standard"].items():
         deep = runs["deep"][name]
         assert standard and deep, (name, standard, deep)
-        differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32", "log_softmax_backward bf16")
+        differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32", "log_softmax_backward bf16",
+                           "softmax f32 rows of 96")
         assert (standard != deep) == differs, (name, standard, deep)
 
 

@@ -10,6 +10,8 @@
 //   kind 4  backward: vec, one unit of dy and y a thread, the kernel sized for it (plan.one_unit)
 //   kind 5  backward: vec in two passes over the row, `threads` threads a CTA, one or two units a pass
 //           (plan.two_pass)
+//   kind 6  forward: warp, packed (plan.packed: kWarpPackedAccesses 128-bit accesses a lane, several rows a warp)
+//   kind 7  warp, not packed (one 128-bit access a lane where the row has them)
 //
 // A shared library for softmax_bwd_plans_diag.py (ctypes), one dtype a build:
 //
@@ -64,6 +66,15 @@ bool diag_plan(bool fwd, int kind, int threads, const Tensors& t, int64_t rows, 
     *out = choose_softmax(p);
     return true;
   }
+  if (kind == 6 || kind == 7) {
+    if (softmax_variant_rejects(SoftmaxVariant::kWarp, p) != nullptr) return false;
+    SoftmaxPlan s = plan_softmax(SoftmaxVariant::kWarp, p);
+    s.packed = kind == 6;
+    if (s.packed && (!fwd || !softmax_warp_packable(s.warp_log2, s.vec))) return false;
+    s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes, s.packed);
+    *out = s;
+    return true;
+  }
   if (kind == 1 || kind == 2) {
     const SoftmaxVariant v = kind == 1 ? SoftmaxVariant::kSplit : SoftmaxVariant::kLongRow;
     if (softmax_variant_rejects(v, p) != nullptr) return false;
@@ -109,7 +120,7 @@ extern "C" int diag_run(int fwd, int log, int kind, int threads, const void* a, 
 }
 
 // The plan kind 0 (the dispatcher) takes, as [variant, threads, elems_per_thread, two_pass, one_unit, chunks,
-// group_rows, cluster]; 1000 where there is none.
+// group_rows, cluster, packed]; 1000 where there is none.
 extern "C" int diag_auto_plan(int fwd, int log, const void* a, const void* b, void* c, int64_t rows, int64_t dim,
                               int64_t* fields) {
   SoftmaxPlan s;
@@ -118,7 +129,7 @@ extern "C" int diag_auto_plan(int fwd, int log, const void* a, const void* b, vo
                       : diag_plan<math::SoftmaxEpilogue>(fwd, 0, 0, t, rows, dim, &s);
   if (!ok) return 1000;
   const int64_t f[] = {int64_t(s.variant), s.threads, s.elems_per_thread, s.two_pass, s.one_unit, s.chunks,
-                       s.group_rows, s.cluster};
-  for (int i = 0; i < 8; ++i) fields[i] = f[i];
+                       s.group_rows, s.cluster, s.packed};
+  for (int i = 0; i < 9; ++i) fields[i] = f[i];
   return 0;
 }

@@ -8,7 +8,8 @@ ops' dtype= cast: bfloat16 x and dx, float y and dy; the backward unless :fwd), 
 y the op's forward of x, dy randn. Builds libsmplans_<dtype>.so into DIR with nvcc unless it is there (it needs no torch, so it can
 be built on another machine and carried). Rows: torch, torch.compile (twice: the second is its noise floor), the
 dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
-thread; backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
+thread; rows the warp kernel takes (D <= 1024, 128-bit units): warp at one access a lane and, in the forward, packed
+(four accesses a lane, several rows a warp, where dispatch.h softmax_warp_packable allows); backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
 the library compiles those two kernels only for the 16-bit backwards its dispatcher gives them, so other cases print
 "skip …: code 9"). CUDA events
 around each of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows in a rotated order.
@@ -98,6 +99,10 @@ def main():
                 if 32 <= t <= 1024 and t not in seen:
                     seen.add(t)
                     kinds[f"vec {t} thr, {u} units"] = (3, t)
+        if dim % w == 0 and dim <= 1024:
+            kinds["warp, one access a lane"] = (7, 0)
+            if fwd:
+                kinds["warp, packed"] = (6, 0)
         if dim % w == 0 and not fwd:
             if units <= 1024:
                 t = cta_threads(units, 1)
@@ -124,11 +129,11 @@ def main():
                 continue
             calls[name] = call
         del ref64
-        f = (ctypes.c_int64 * 8)()
+        f = (ctypes.c_int64 * 9)()
         out0 = torch.empty(rows, dim, device="cuda", dtype=result_dtype)
         rc = lib.diag_auto_plan(fwd, log, a.data_ptr(), 0 if b is None else b.data_ptr(), out0.data_ptr(), rows, dim, f)
         plan = "?" if rc else (f"{VARIANT_NAMES[f[0]]}, {f[1]} threads, {f[2]} elems a thread, two_pass {f[3]}, "
-                               f"one_unit {f[4]}, chunks {f[5]}, group_rows {f[6]}, cluster {f[7]}")
+                               f"one_unit {f[4]}, chunks {f[5]}, group_rows {f[6]}, cluster {f[7]}, packed {f[8]}")
         torch.cuda.synchronize()
         times = time_rounds(calls, args.rounds, args.reps)
         print(f"\n== {op} {direction} {dname} [{rows}, {dim}] ({args.rounds} rounds x {args.reps} calls; us, median of round "

@@ -221,12 +221,24 @@ constexpr int softmax_warp_element_lane(bool backward, int out_bytes, int log2_e
   return backward && (out_bytes == 4 || (out_bytes == 2 && log2_elems <= 4)) ? 4 : 8;
 }
 
+// 128-bit accesses a lane in the warp forward's packed plan (softmax_warp_packed): four, so that a lane holds three of
+// a row of 24 units (float D = 96) or 12 (16-bit D = 96), and a warp four or eight such rows.
+constexpr int kWarpPackedAccesses = 4;
+
+// Whether the warp forward has a packed kernel for padded rows of 2^log2_elems elements accessed `vec` at a time: with
+// 128-bit accesses, 4 to 32 units padded (below that kWarpPackedAccesses would not fit a row; above it a row fills the
+// warp's lanes whatever its length). launch.cuh instantiates these, and the dispatcher plans only these.
+constexpr bool softmax_warp_packable(int log2_elems, int vec) {
+  return vec > 1 && (1 << log2_elems) / vec >= kWarpPackedAccesses && (1 << log2_elems) / vec <= 32;
+}
+
 // Per-lane work of the warp kernel for a padded row of 2^log2_elems elements accessed `vec` at a
-// time: at least kWarpMinAccesses vectors, or softmax_warp_element_lane elements with element access, and
-// never fewer than elems / 32 (a row never spans more than a warp). out_bytes: the forward's output element, the
-// backward's grad_output and output element.
-constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec, bool backward, int out_bytes) {
-  const int aim = vec > 1 ? kWarpMinAccesses * vec : softmax_warp_element_lane(backward, out_bytes, log2_elems);
+// time: at least kWarpMinAccesses vectors (kWarpPackedAccesses where `packed`), or softmax_warp_element_lane
+// elements with element access, and never fewer than elems / 32 (a row never spans more than a warp). out_bytes: the
+// forward's output element, the backward's grad_output and output element.
+constexpr int softmax_warp_elems_per_thread(int log2_elems, int vec, bool backward, int out_bytes, bool packed) {
+  const int accesses = packed ? kWarpPackedAccesses : kWarpMinAccesses;
+  const int aim = vec > 1 ? accesses * vec : softmax_warp_element_lane(backward, out_bytes, log2_elems);
   return softmax_detail::cmax((1 << log2_elems) / 32, softmax_detail::cmin(1 << log2_elems, aim));
 }
 
@@ -859,6 +871,8 @@ struct SoftmaxPlan {
                            // (softmax_vec_backward_one_unit)
   bool full_cache = false;  // vec: the whole register cache a thread where kVec*Accesses would halve it
                             // (softmax_vec_full_cache; a deep-memory device)
+  bool packed = false;  // warp forward: kWarpPackedAccesses 128-bit accesses a lane, several rows a warp
+                        // (softmax_warp_packed; a deep-memory device)
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp)
   int smem_elems = 0;        // long_row resident forward, grid: of elems_per_thread, those in shared memory
   const char* why = "";    // auto: why this variant (static text)
@@ -1015,6 +1029,24 @@ inline bool softmax_vec_backward_one_unit(const SoftmaxProblem& p, int vec) {
 inline bool softmax_vec_full_cache(const SoftmaxProblem& p) {
   if (p.memory_depth != MemoryDepth::kDeep || p.in_bytes != p.out_bytes || p.out_bytes > 4) return false;
   return p.backward ? !p.term_uses_output : p.out_bytes == 4;
+}
+
+// On a kDeep device (memory_depth.h: the H200) the warp forward of 128-bit rows whose units (D / vec) are not a power
+// of two and pad to at most a warp's lanes takes kWarpPackedAccesses accesses a lane (softmax_warp_packable), so a
+// row of 24 units spans 8 lanes with three accesses each and a warp takes four rows, not one over 24 of its 32 lanes.
+// Why: a warp's loads in flight. The one-access plan pads the row to 32 units and leaves a quarter of the lanes idle,
+// so each warp has 384 bytes in flight, not the 512 of a row of 128 floats, and with an SM's 64 warps the H200 fell
+// short of its memory's depth. H200, 256 MB, us, seven rounds of bench/repro/softmax_bwd_plans_diag.py (bench/NOTES.md
+// fifty-first session), one access a lane -> packed (torch.compile): float D = 96 142.8 -> 131.7 (132.4),
+// log_softmax 144.2 -> 132.1 (140.8; torch 134.0); bf16 D = 96 147.8 -> 132.1 (179.0), log_softmax 164.1 -> 132.3
+// (179.5); float D = 48 142.3 -> 131.3 (130.0); bf16 D = 200 148.4 -> 141.3 (178.3). Rows of a power of two units
+// fill their lanes and stay: float D = 128 130.0 -> 132.7 packed, bf16 log_softmax D = 64 135.2 -> 165.9. The
+// backward, which keeps two arrays in flight, ran at the limit at D = 96 (187.1-187.4) and is not packed; the H100
+// (a standard device) was not measured, and its rows of 96 ran at 0.96-0.99 of its limit.
+inline bool softmax_warp_packed(const SoftmaxProblem& p, int vec, int log2_elems) {
+  if (p.backward || p.memory_depth != MemoryDepth::kDeep || !softmax_warp_packable(log2_elems, vec)) return false;
+  const int64_t units = p.dim_size / vec;
+  return (units & (units - 1)) != 0;
 }
 
 // The most threads a vec CTA takes where clusters are available (kVecMaxThreadsWithClusters; kDeepVecForward16MaxThreads
@@ -1723,7 +1755,8 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       s.vec = row_vec;
       s.warp_log2 = log2_ceil(p.dim_size);
       s.threads = kWarpBlockThreads;
-      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes);
+      s.packed = softmax_warp_packed(p, s.vec, s.warp_log2);
+      s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes, s.packed);
       return s;
     }
     case SoftmaxVariant::kVec: {
@@ -1870,8 +1903,9 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
   }
   switch (s.mode) {
     case SoftmaxMode::kWarp:
-      n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s]",
-                        (1 << s.warp_log2) / s.elems_per_thread, s.elems_per_thread, access);
+      n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s%s]",
+                        (1 << s.warp_log2) / s.elems_per_thread, s.elems_per_thread, access,
+                        s.packed ? ", rows packed several a warp (a deep-memory device)" : "");
       break;
     case SoftmaxMode::kResident:
       if (s.smem_elems > 0) {

@@ -9,7 +9,9 @@
 // backward: load, dot, stores) skips the others. Reductions are xor shuffles within the row's lanes;
 // no shared memory, no barriers. Blocks of 4 warps, one block of rows each. The forward of 16-bit rows
 // of 512 and 1024 keeps them as loaded (softmax_warp_raw), the others converted to the accumulation
-// type.
+// type. On a deep-memory device the forward of rows whose 128-bit units are not a power of two (D = 96:
+// 24 units of floats) is packed (kPacked, dispatch.h softmax_warp_packed): four accesses a lane, so a
+// row spans fewer lanes and a warp takes several whole rows, not one with a quarter of its lanes idle.
 //
 // Lanes of many accesses (WarpShape::kFill: 16 or more, element rows of 2^9 and 2^10) fill the
 // accesses past the row instead, with values that change nothing: -inf in the forward (the max keeps;
@@ -31,10 +33,11 @@
 namespace fastact::softmax_impl {
 
 // kBackward, kOutBytes: the direction and the output element (backward: grad_output and output), for
-// dispatch.h softmax_warp_elems_per_thread.
-template <int kLog2, int kVec, bool kBackward, int kOutBytes>
+// dispatch.h softmax_warp_elems_per_thread; kPacked: the forward's packed plan (dispatch.h softmax_warp_packed).
+template <int kLog2, int kVec, bool kBackward, int kOutBytes, bool kPacked = false>
 struct WarpShape {
-  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward, kOutBytes);  // per lane
+  static_assert(!kPacked || (!kBackward && softmax_warp_packable(kLog2, kVec)), "packed: forward, packable rows");
+  static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward, kOutBytes, kPacked);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
   static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
@@ -188,13 +191,13 @@ struct WarpRawRow {
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Rows
 // (first_block + blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr. The row's max, then its sum, each
 // by shuffles over the row's lanes, then the outputs; the lane's slice kept as WarpShape::kRaw says.
-template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked>
 __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x,
                                                                              out_t* __restrict__ y, int64_t rows,
                                                                              int dim, int64_t row_stride, Epi epi,
                                                                              int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t))>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked>;
   using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>,
                                  WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>>;
   const int lane_in_row = threadIdx.x % S::kTpr;
@@ -278,12 +281,12 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
 
 namespace detail {
 
-template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked = false>
 cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t))>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
-  return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec>>(
+  return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec, kPacked>>(
       blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
 }
 
@@ -297,22 +300,26 @@ cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t r
 }
 
 // Compile-time dispatch over log2(padded D) in [0, kMaxLog2]; only (kLog2, kVec) with 2^kLog2 >= kVec
-// and 2^kLog2 <= the type's warp limit are instantiated.
+// and 2^kLog2 <= the type's warp limit are instantiated, the packed forward only where softmax_warp_packable.
 template <typename in_t, typename out_t, typename Epi, int kVec, int kLog2 = 0>
-cudaError_t warp_forward(int log2, const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
-                         cudaStream_t stream) {
+cudaError_t warp_forward(int log2, bool packed, const in_t* x, out_t* y, int64_t rows, int64_t dim,
+                         int64_t row_stride, cudaStream_t stream) {
   constexpr int kMaxLog2 = sizeof(acc_t<out_t>) == 8 ? 9 : 10;
   if constexpr (kLog2 > kMaxLog2) {
     return cudaErrorInvalidValue;
   } else {
     if (log2 == kLog2) {
-      if constexpr ((1 << kLog2) >= kVec) {
-        return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec>(x, y, rows, dim, row_stride, stream);
-      } else {
+      if constexpr ((1 << kLog2) < kVec) {
         return cudaErrorInvalidValue;
+      } else if constexpr (softmax_warp_packable(kLog2, kVec)) {
+        return packed ? launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, true>(x, y, rows, dim, row_stride, stream)
+                      : launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false>(x, y, rows, dim, row_stride, stream);
+      } else {
+        return packed ? cudaErrorInvalidValue
+                      : launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false>(x, y, rows, dim, row_stride, stream);
       }
     }
-    return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, x, y, rows, dim, row_stride, stream);
+    return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, packed, x, y, rows, dim, row_stride, stream);
   }
 }
 
