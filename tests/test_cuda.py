@@ -411,7 +411,7 @@ def _variant(explanation):
 @pytest.mark.parametrize(
     "expected,shape,dim,layout",
     [
-        ("warp", (4096, 512), -1, "contiguous"),
+        ("warp", (4096, 256), -1, "contiguous"),  # 512: vec on a deep-memory device (kDeepVecForwardMinFloatDim)
         ("warp", (4096, 33), -1, "contiguous"),
         ("vec", (1024, 4096), -1, "contiguous"),
         ("vec", (1024, 4097), -1, "contiguous"),  # odd D, aligned base: 128-bit body, head and tail elements
@@ -486,15 +486,23 @@ def test_warp_element_rows(op, dtype, d):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("d", [256, 504, 512, 520, 768, 776, 888, 896, 904, 1000, 1024])
 def test_backward_rows_leave_warp(op, dtype, d):
-    """Aligned rows (D a multiple of the vector width): the forward stays on the warp kernel up to 1024, the
+    """Aligned rows (D a multiple of the vector width): the forward stays on the warp kernel up to 1024 (but float
+    rows leave it for vec from 512 on a deep-memory device: dispatch.h kDeepVecForwardMinFloatDim), the
     backward leaves it for vec from 896 (dispatch.h kVecBackwardMinAlignedDim), float rows from 512
-    (kVecBackwardMinAlignedFloatDim); both 128-bit. The backward that auto runs is bitwise the forced vec (or warp)
-    one and matches float64, outputs poisoned; rows of 13 blocks of 13."""
+    (kVecBackwardMinAlignedFloatDim); both 128-bit. The forward and backward that auto runs are bitwise the forced vec
+    (or warp) ones and match float64, outputs poisoned; rows of 13 blocks of 13."""
     log = op.name == "log_softmax"
+    fwd = getattr(ops, op.name).default
     bwd = getattr(ops, f"{op.name}_backward").default
     torch_fn = torch.log_softmax if log else torch.softmax
     x = make_tensor((169, d), dtype, "cuda")
-    assert _variant(fastact.explain(op.name, x, -1)) == "warp"
+    s = fastact.explain(op.name, x, -1)
+    want = "vec" if _deep_memory() and dtype == torch.float32 and d >= 512 else "warp"
+    assert _variant(s) == want and "128-bit" in s, s
+    poison_allocator("cuda", x.numel() * dtype.itemsize)
+    auto = fwd(x, -1, None)
+    assert torch.equal(auto, fwd(x, -1, None, variant=want))
+    assert_close(auto, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1), msg=f"{op.name} forward {dtype} D={d}")
     y = torch_fn(x, -1)
     s = fastact.explain(op.name + "_backward", y, -1)
     want = "vec" if d >= (512 if dtype == torch.float32 else 896) else "warp"
@@ -1738,8 +1746,14 @@ for dtype, dims in ((torch.float32, (12, 20, 24, 40, 48, 96, 100, 124)), (torch.
             check_op(op, m, note=depth)
 for op in SOFTMAX_OPS:
     check_op(op, make_tensor((37, 96), torch.bfloat16, "cuda", scale=3.0), dtype=torch.float32, note=depth)
+# Softmax: the float forward of aligned rows leaves warp for vec from 512 on deep devices (dispatch.h
+# kDeepVecForwardMinFloatDim: one warp a row, the whole register cache), rows around that bound and to 1024.
+for op in SOFTMAX_OPS:
+    for d in (504, 512, 516, 768, 1000, 1024):
+        check_op(op, make_tensor((37, d), torch.float32, "cuda", scale=3.0), note=depth)
 print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
 print(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
+print(fastact.explain("log_softmax", torch.randn(8, 1024, device="cuda"), -1))
 for name, d in (("softmax", 10240), ("softmax", 10248), ("log_softmax", 16384)):
     print(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
 for op in SOFTMAX_OPS:
@@ -1772,7 +1786,7 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    f32_fwd96, bf16_log_fwd96 = lines[-17:-15]
+    f32_fwd96, bf16_log_fwd96, f32_log_fwd1024 = lines[-18:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
     sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
     # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
@@ -1799,6 +1813,9 @@ def test_elementwise_memory_depth(depth):
                                 (bf16_log_fwd96, "16 lanes per row, 8 elements", "4 lanes per row, 32 elements")):
         assert _variant(s) == "warp" and f"[{packed if deep else standard} per lane, 128-bit accesses" in s, s
         assert ("rows packed several a warp (a deep-memory device)" in s) == deep, s
+    # The float forward of rows of 1024: warp on standard devices, vec's one warp a row on deep ones.
+    want = "[1 CTA(s) x 32 threads x 32 elements per row" if deep else "[32 lanes per row, 32 elements per lane"
+    assert _variant(f32_log_fwd1024) == ("vec" if deep else "warp") and want in f32_log_fwd1024, f32_log_fwd1024
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
     # threads) on standard ones.
     assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240

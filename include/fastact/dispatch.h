@@ -920,7 +920,7 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
          p.dim_size % w == 0 && !softmax_rows_vectorizable(p) && !softmax_rows_edge_vectorizable(p);
 }
 
-// Backwards that leave the warp kernel for vec, which moves them in 128-bit accesses: 16-bit rows off the vector
+// Rows that leave the warp kernel for vec, which moves them in 128-bit accesses. Backwards: 16-bit rows off the vector
 // width longer than kWarpBackwardMaxDim (the warp kernel reads those element by element; vec takes 128-bit bodies
 // and head / tail elements, softmax_rows_edge_vectorizable), and aligned rows of any 16-bit or float dtype from
 // kVecBackwardMinAlignedDim, of float alone from kVecBackwardMinAlignedFloatDim (both kernels 128-bit there). Float
@@ -942,13 +942,24 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 //   267.3 / 266.6), 640 (267.8 / 266.4, 267.4 / 265.5), 768 and 776 (up to 1.1%); at 256 they tied (267.1 / 267.2).
 // The forwards stay: bf16 gains as much from 769 (1023: 195.1 / 181.6), but the f16 vec forward is slower there
 // (769: 200.5 / 222.4; 1023: 195.1 / 190.7), and SoftmaxProblem does not tell the two apart.
+// On a kDeep device (memory_depth.h: the H200) the float forward of aligned rows leaves warp from
+// kDeepVecForwardMinFloatDim too: vec's block of one warp a row, which keeps the whole register cache there
+// (softmax_vec_full_cache: 32 threads of 4-8 units). Why (H200, 256 MB, us, seven rounds of
+// bench/repro/softmax_bwd_plans_diag.py, bench/NOTES.md fifty-first session; warp -> vec at 32 threads, torch.compile):
+// softmax D = 512 132.3 -> 130.7 (129.8), 1024 132.1 -> 131.0 (130.0), log_softmax 1024 132.8 -> 131.2 (131.3). The
+// 16-bit forwards stay: vec at 32 threads of 4 units lost at 1024 (bf16 136.1 against warp's 132.8, log_softmax 138.4
+// against 132.4), and the warp kernel's plain loads in place of .cg changed nothing (within 0.1%).
 constexpr int kWarpBackwardMaxDim = 768;
 constexpr int kVecBackwardMinAlignedDim = 896;
 constexpr int kVecBackwardMinAlignedFloatDim = 512;
+constexpr int kDeepVecForwardMinFloatDim = 512;
 inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
-  if (!p.backward) return false;
+  const bool is_float = p.in_bytes == 4 && p.out_bytes == 4 && p.acc_bytes == 4;
+  if (!p.backward) {
+    return p.memory_depth == MemoryDepth::kDeep && is_float && softmax_rows_vectorizable(p) &&
+           p.dim_size >= kDeepVecForwardMinFloatDim;
+  }
   if (softmax_rows_vectorizable(p)) {
-    const bool is_float = p.in_bytes == 4 && p.out_bytes == 4 && p.acc_bytes == 4;
     return p.dim_size >= (is_float ? kVecBackwardMinAlignedFloatDim : kVecBackwardMinAlignedDim);
   }
   return p.dim_size > kWarpBackwardMaxDim && p.in_bytes == 2 && p.out_bytes == 2 && softmax_rows_edge_vectorizable(p);
