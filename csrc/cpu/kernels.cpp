@@ -448,9 +448,13 @@ inline Vec<float> exp_nonpos(const Vec<float>& xv) {
 #endif
 
 // exp for any input, with exp's own results at +inf/overflow and NaN (log_softmax backward takes
-// exp of user data).
+// exp of user data). On AVX512 a vector whose lanes are all <= 0 (log_softmax's own outputs; NaN fails the
+// compare) takes exp_nonpos's cheaper form.
 C10_ALWAYS_INLINE Vec<float> exp_any(const Vec<float>& x) {
   using V = Vec<float>;
+#if defined(CPU_CAPABILITY_AVX512)
+  if (_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LE_OQ) == 0xFFFF) return exp_nonpos(x);
+#endif
   V r = x.exp_u20();  // saturates at FLT_MAX above ln(FLT_MAX)
   r = V::blendv(r, V(std::numeric_limits<float>::infinity()), x > V(88.72283935546875f));  // ln(FLT_MAX)
   return keep_nan(x, r);
