@@ -104,7 +104,7 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
     thread, vector pairs (their last columns in the runs' lanes) at more, forward and backward. Inner 7, 37, 3 and 20
     (D under 16, or inner under 128): the columns past a slab's last vector in lanes across slabs, in groups whose
     width and split follow the thread count (turned_group_width), or for float backwards of slabs wider than a
-    vector in the slab's own task's padded lanes."""
+    vector in the slab's own task's padded lanes. log_softmax's backward of any y too (positive values: its exp)."""
     old = torch.get_num_threads()
     x = make_tensor(shape, dtype, "cpu")
     g = make_tensor(shape, dtype, "cpu")
@@ -117,6 +117,13 @@ def test_cpu_strided_thread_invariant(dtype, shape, dim):
                 y = fn(xr, dim)
                 y.backward(g)
                 runs.setdefault(name, []).append((threads, y.detach(), xr.grad))
+            # log_softmax's backward of a y that is not a log_softmax output: mostly <= 0 with a sparse few positive
+            # values, so that some vectors hold one and others none whatever the grouping; its exp must take the
+            # same arithmetic in every lane, whatever the lane's neighbours hold.
+            y_any = -x.detach().abs()
+            y_any.view(-1)[::37] = 1.5
+            dx = torch.ops.fastact.log_softmax_backward(g, y_any, dim, dtype)
+            runs.setdefault("log_softmax_backward of any y", []).append((threads, dx, dx))
     finally:
         torch.set_num_threads(old)
     for name, rs in runs.items():

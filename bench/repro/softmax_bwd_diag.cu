@@ -761,7 +761,7 @@ struct LibraryV {
     if constexpr (kDim == 1024) {
       if (!warp_plan(s)) return kPlanDiffers;
       if constexpr (kBackward) return kernel_info<&softmax_warp_bwd_kernel<T, T, Epi, 10, kW>>(s.threads, out);
-      else return kernel_info<&softmax_warp_fwd_kernel<T, T, Epi, 10, kW>>(s.threads, out);
+      else return kernel_info<&softmax_warp_fwd_kernel<T, T, Epi, 10, kW, false>>(s.threads, out);
     } else {
       if (!vec_plan(s)) return kPlanDiffers;
       if constexpr (kBackward) {

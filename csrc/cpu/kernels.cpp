@@ -448,16 +448,26 @@ inline Vec<float> exp_nonpos(const Vec<float>& xv) {
 #endif
 
 // exp for any input, with exp's own results at +inf/overflow and NaN (log_softmax backward takes
-// exp of user data). On AVX512 a vector whose lanes are all <= 0 (log_softmax's own outputs; NaN fails the
-// compare) takes exp_nonpos's cheaper form.
+// exp of user data). Lanes <= 0 (log_softmax's own outputs) by exp_nonpos, which on AVX512 is the cheaper form above;
+// other lanes by ATen's exp_u20, saturated to +inf above ln(FLT_MAX), NaN kept. A lane's result does not depend on
+// its neighbours (the thread-count invariance of the strided kernels rests on that): where every lane is <= 0 the
+// vector skips exp_u20, else both forms run and each lane takes its own. Why AVX512's form (Zen 4 VM, two threads,
+// bench/NOTES.md fifty-first session): the 16-bit log_softmax backward, an exp an element, bf16 [262144, 128] 8.3-12.0
+// -> 6.4-6.5 ms (torch 10.8-14.1).
 C10_ALWAYS_INLINE Vec<float> exp_any(const Vec<float>& x) {
   using V = Vec<float>;
 #if defined(CPU_CAPABILITY_AVX512)
-  if (_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LE_OQ) == 0xFFFF) return exp_nonpos(x);
+  const __mmask16 nonpos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LE_OQ);  // false for NaN
+  const V e = exp_nonpos(x);
+  if (nonpos == 0xFFFF) return e;
 #endif
   V r = x.exp_u20();  // saturates at FLT_MAX above ln(FLT_MAX)
   r = V::blendv(r, V(std::numeric_limits<float>::infinity()), x > V(88.72283935546875f));  // ln(FLT_MAX)
-  return keep_nan(x, r);
+  r = keep_nan(x, r);
+#if defined(CPU_CAPABILITY_AVX512)
+  r = _mm512_mask_mov_ps(r, nonpos, e);
+#endif
+  return r;
 }
 inline Vec<double> exp_any(const Vec<double>& x) { return x.exp(); }
 

@@ -179,7 +179,8 @@ constexpr int softmax_stream_unroll(int vec, int value_bytes) {
 }
 
 // Whether the warp forward keeps its rows as loaded rather than converted to the accumulation type:
-// 16-bit inputs in 128-bit accesses where a lane reads several vectors (rows of 512 and 1024). Why:
+// 16-bit inputs in 128-bit accesses where a lane reads several vectors (rows of 512 and 1024, and the packed rows
+// of softmax_warp_packed: four accesses a lane). Why:
 // half the registers (ptxas: 56 -> 32 at rows of 1024, so 16 blocks of 128 threads fit an SM instead
 // of 9); softmax then computes exp twice per element, as the strided forward does. H100, 256 MB
 // (bench/NOTES.md tenth session): softmax / log_softmax bf16 and f16 at 1024 183.6-183.8 -> 182.3-182.6

@@ -7,11 +7,12 @@
 // so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). A lane's first nvalid
 // accesses lie inside the row (kVec divides D when kVec > 1); each phase (load, max, sum, stores;
 // backward: load, dot, stores) skips the others. Reductions are xor shuffles within the row's lanes;
-// no shared memory, no barriers. Blocks of 4 warps, one block of rows each. The forward of 16-bit rows
-// of 512 and 1024 keeps them as loaded (softmax_warp_raw), the others converted to the accumulation
-// type. On a deep-memory device the forward of rows whose 128-bit units are not a power of two (D = 96:
-// 24 units of floats) is packed (kPacked, dispatch.h softmax_warp_packed): four accesses a lane, so a
-// row spans fewer lanes and a warp takes several whole rows, not one with a quarter of its lanes idle.
+// no shared memory, no barriers. Blocks of 4 warps, one block of rows each. On a deep-memory device the
+// forward of rows whose 128-bit units are not a power of two (D = 96: 24 units of floats) is packed
+// (kPacked, dispatch.h softmax_warp_packed): four accesses a lane, so a row spans fewer lanes and a warp
+// takes several whole rows, not one with a quarter of its lanes idle. The forward of 16-bit rows whose
+// lanes read several vectors (rows of 512 and 1024, and packed rows) keeps them as loaded
+// (softmax_warp_raw), the others converted to the accumulation type.
 //
 // Lanes of many accesses (WarpShape::kFill: 16 or more, element rows of 2^9 and 2^10) fill the
 // accesses past the row instead, with values that change nothing: -inf in the forward (the max keeps;
