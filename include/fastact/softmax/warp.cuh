@@ -312,12 +312,12 @@ cudaError_t warp_forward(int log2, bool packed, const in_t* x, out_t* y, int64_t
     if (log2 == kLog2) {
       if constexpr ((1 << kLog2) < kVec) {
         return cudaErrorInvalidValue;
-      } else if constexpr (softmax_warp_packable(kLog2, kVec)) {
-        return packed ? launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, true>(x, y, rows, dim, row_stride, stream)
-                      : launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false>(x, y, rows, dim, row_stride, stream);
       } else {
-        return packed ? cudaErrorInvalidValue
-                      : launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false>(x, y, rows, dim, row_stride, stream);
+        if (!packed) return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec>(x, y, rows, dim, row_stride, stream);
+        if constexpr (softmax_warp_packable(kLog2, kVec)) {
+          return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, true>(x, y, rows, dim, row_stride, stream);
+        }
+        return cudaErrorInvalidValue;
       }
     }
     return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, packed, x, y, rows, dim, row_stride, stream);
