@@ -1754,6 +1754,13 @@ for op in SOFTMAX_OPS:
 print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
 print(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
 print(fastact.explain("log_softmax", torch.randn(8, 1024, device="cuda"), -1))
+# Softmax: the 16-bit warp forward of rows padded to 1024 in blocks of two warps on deep devices (dispatch.h
+# softmax_warp_small_blocks), 37 rows (the last block of rows partial).
+for dtype in (torch.bfloat16, torch.float16):
+    for op in SOFTMAX_OPS:
+        for d in (520, 1000, 1024):
+            check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
+print(fastact.explain("softmax", torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16), -1))
 for name, d in (("softmax", 10240), ("softmax", 10248), ("log_softmax", 16384)):
     print(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
 for op in SOFTMAX_OPS:
@@ -1778,7 +1785,8 @@ def test_elementwise_memory_depth(depth):
     unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
     backward), softmax's 16-bit two passes (deep: two units past 512 threads), the 16-bit forward's vec rows (deep:
     to 320 threads, then long_row) on rows around their bounds, and the warp forward's packed rows (deep: 128-bit
-    units not a power of two, four accesses a lane); against float64 torch, with poisoned outputs; explain() names the
+    units not a power of two, four accesses a lane; 16-bit rows padded to 1024 in blocks of two warps); against
+    float64 torch, with poisoned outputs; explain() names the
     class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
@@ -1786,7 +1794,7 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    f32_fwd96, bf16_log_fwd96, f32_log_fwd1024 = lines[-18:-15]
+    f32_fwd96, bf16_log_fwd96, f32_log_fwd1024, bf16_fwd1024 = lines[-19:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
     sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
     # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
@@ -1816,6 +1824,9 @@ def test_elementwise_memory_depth(depth):
     # The float forward of rows of 1024: warp on standard devices, vec's one warp a row on deep ones.
     want = "[1 CTA(s) x 32 threads x 32 elements per row" if deep else "[32 lanes per row, 32 elements per lane"
     assert _variant(f32_log_fwd1024) == ("vec" if deep else "warp") and want in f32_log_fwd1024, f32_log_fwd1024
+    # The 16-bit forward of rows of 1024: warp in both classes, in blocks of two warps on deep devices.
+    assert _variant(bf16_fwd1024) == "warp" and "[32 lanes per row, 32 elements per lane" in bf16_fwd1024, bf16_fwd1024
+    assert ("blocks of two warps (a deep-memory device)" in bf16_fwd1024) == deep, bf16_fwd1024
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
     # threads) on standard ones.
     assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240
@@ -1864,6 +1875,7 @@ cases = {
     "log_softmax_backward f32": lambda: torch.ops.fastact.log_softmax_backward(yf, yf, -1, torch.float32),
     "softmax f32 rows of 96": lambda: fastact.softmax(xf[:96 * 64].view(64, 96), -1),
     "softmax f32 rows of 128": lambda: fastact.softmax(xf[:128 * 64].view(64, 128), -1),
+    "softmax bf16 rows of 1024": lambda: fastact.softmax(xb[:1024 * 64].view(64, 1024), -1),
 }
 for name, call in cases.items():
     call()
@@ -1879,7 +1891,7 @@ for name, call in cases.items():
 def test_memory_depth_kernels():
     """The kernels that run (torch.profiler's names) under each forced class: another instantiation where the class
     changes the shape (16-bit elementwise, flat and rows; float backwards; the 16-bit softmax vec backward's one unit;
-    the warp forward's packed rows of 96), the same one where it does not (float forwards, double, float softmax
+    the warp forward's packed rows of 96 and its 16-bit rows of 1024 in blocks of two warps), the same one where it does not (float forwards, double, float softmax
     backward, rows of 128), so the launchers' wiring is checked, not only explain()'s report of the plan."""
     runs = {}
     for depth in ("standard", "deep"):
@@ -1894,7 +1906,7 @@ def test_memory_depth_kernels():
         deep = runs["deep"][name]
         assert standard and deep, (name, standard, deep)
         differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32", "log_softmax_backward bf16",
-                           "softmax f32 rows of 96")
+                           "softmax f32 rows of 96", "softmax bf16 rows of 1024")
         assert (standard != deep) == differs, (name, standard, deep)
 
 

@@ -11,7 +11,8 @@
 //   kind 5  backward: vec in two passes over the row, `threads` threads a CTA, one or two units a pass
 //           (plan.two_pass)
 //   kind 6  forward: warp, packed (plan.packed: kWarpPackedAccesses 128-bit accesses a lane, several rows a warp)
-//   kind 7  warp, not packed (one 128-bit access a lane where the row has them)
+//   kind 7  warp, not packed (one 128-bit access a lane where the row has them), blocks of kWarpBlockThreads
+//   kind 8  forward: warp, not packed, blocks of kWarpSmallBlockThreads (where softmax_warp_small_blockable)
 //
 // A shared library for softmax_bwd_plans_diag.py (ctypes), one dtype a build:
 //
@@ -66,11 +67,13 @@ bool diag_plan(bool fwd, int kind, int threads, const Tensors& t, int64_t rows, 
     *out = choose_softmax(p);
     return true;
   }
-  if (kind == 6 || kind == 7) {
+  if (kind >= 6 && kind <= 8) {
     if (softmax_variant_rejects(SoftmaxVariant::kWarp, p) != nullptr) return false;
     SoftmaxPlan s = plan_softmax(SoftmaxVariant::kWarp, p);
     s.packed = kind == 6;
+    s.threads = kind == 8 ? kWarpSmallBlockThreads : kWarpBlockThreads;
     if (s.packed && (!fwd || !softmax_warp_packable(s.warp_log2, s.vec))) return false;
+    if (kind == 8 && (!fwd || !softmax_warp_small_blockable(s.warp_log2, s.vec))) return false;
     s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes, s.packed);
     *out = s;
     return true;

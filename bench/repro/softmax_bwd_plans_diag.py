@@ -9,7 +9,8 @@ y the op's forward of x, dy randn. Builds libsmplans_<dtype>.so into DIR with nv
 be built on another machine and carried). Rows: torch, torch.compile (twice: the second is its noise floor), the
 dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
 thread; rows the warp kernel takes (D <= 1024, 128-bit units): warp at one access a lane and, in the forward, packed
-(four accesses a lane, several rows a warp, where dispatch.h softmax_warp_packable allows); backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
+(four accesses a lane, several rows a warp, where dispatch.h softmax_warp_packable allows) and at blocks of 64
+threads (where softmax_warp_small_blockable allows); backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
 the library compiles those two kernels only for the 16-bit backwards its dispatcher gives them, so other cases print
 "skip …: code 9"). CUDA events
 around each of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows in a rotated order.
@@ -103,6 +104,7 @@ def main():
             kinds["warp, one access a lane"] = (7, 0)
             if fwd:
                 kinds["warp, packed"] = (6, 0)
+                kinds["warp, blocks of 64 threads"] = (8, 0)
         if dim % w == 0 and not fwd:
             if units <= 1024:
                 t = cta_threads(units, 1)

@@ -199,6 +199,16 @@ constexpr int softmax_warp_max_dim(int acc_bytes) { return acc_bytes == 8 ? kWar
 // Threads per block of the warp kernel: 4 warps. Why: small blocks let the scheduler fill an SM
 // with up to 16 of them (2048 threads) and keep the tail of the grid short.
 constexpr int kWarpBlockThreads = 128;
+// The warp forward's smaller blocks (softmax_warp_small_blocks): 2 warps.
+constexpr int kWarpSmallBlockThreads = 64;
+
+// Whether the warp forward has a kernel of kWarpSmallBlockThreads threads for padded rows of 2^log2_elems elements
+// accessed `vec` at a time: 128-bit rows of 128 units or more padded (a lane holds four or more accesses: 16-bit rows
+// of 1024, float rows of 512-1024, double rows of 256-512). launch.cuh instantiates these, and the dispatcher plans
+// only these.
+constexpr bool softmax_warp_small_blockable(int log2_elems, int vec) {
+  return vec > 1 && (1 << log2_elems) / vec >= 128;
+}
 
 // 128-bit accesses per lane the warp kernel aims at (more where a row needs them: a row never spans
 // more than a warp), forward and backward. Why 1: sweeps of lanes per row at D = 128 on the H100
@@ -1061,6 +1071,19 @@ inline bool softmax_warp_packed(const SoftmaxProblem& p, int vec, int log2_elems
   return (units & (units - 1)) != 0;
 }
 
+// On a kDeep device (memory_depth.h: the H200) the warp forward of 16-bit 128-bit rows of 1024 (padded) runs blocks of
+// kWarpSmallBlockThreads (two rows a block, not four). Why (H200, 256 MB, us, five rounds of
+// bench/repro/softmax_bwd_plans_diag.py with the block size patched, bench/NOTES.md fifty-first session; 128 -> 64
+// threads, torch.compile): bf16 D = 1024 132.2 -> 130.1 (128.8-129.5), log_softmax 132.1 -> 130.0 (128.8-128.9): an
+// SM's block slots free as each smaller block retires rather than when the slowest of four rows does. Not below: bf16
+// log_softmax D = 128 ran 134.9 -> 162.9 at 64 threads (a block moves 1 KB there; the launch rate of 2^18 blocks sets
+// the pace). The float rows of 512-1024 take vec on deep devices (softmax_rows_leave_warp), whose one-warp blocks
+// gained the same way.
+inline bool softmax_warp_small_blocks(const SoftmaxProblem& p, int vec, int log2_elems) {
+  return !p.backward && p.memory_depth == MemoryDepth::kDeep && p.in_bytes == 2 && p.out_bytes == 2 &&
+         softmax_warp_small_blockable(log2_elems, vec);
+}
+
 // The most threads a vec CTA takes where clusters are available (kVecMaxThreadsWithClusters; kDeepVecForward16MaxThreads
 // for the 16-bit forward of aligned rows on a deep-memory device); longer rows go to long_row.
 inline int softmax_vec_max_threads(const SoftmaxProblem& p) {
@@ -1766,7 +1789,7 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
       s.mode = SoftmaxMode::kWarp;
       s.vec = row_vec;
       s.warp_log2 = log2_ceil(p.dim_size);
-      s.threads = kWarpBlockThreads;
+      s.threads = softmax_warp_small_blocks(p, s.vec, s.warp_log2) ? kWarpSmallBlockThreads : kWarpBlockThreads;
       s.packed = softmax_warp_packed(p, s.vec, s.warp_log2);
       s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes, s.packed);
       return s;
@@ -1917,7 +1940,9 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
     case SoftmaxMode::kWarp:
       n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s%s]",
                         (1 << s.warp_log2) / s.elems_per_thread, s.elems_per_thread, access,
-                        s.packed ? ", rows packed several a warp (a deep-memory device)" : "");
+                        s.packed                           ? ", rows packed several a warp (a deep-memory device)"
+                        : s.threads == kWarpSmallBlockThreads ? ", blocks of two warps (a deep-memory device)"
+                                                               : "");
       break;
     case SoftmaxMode::kResident:
       if (s.smem_elems > 0) {

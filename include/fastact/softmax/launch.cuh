@@ -255,10 +255,10 @@ cudaError_t softmax_forward(const in_t* x, out_t* y, int64_t outer, int64_t dim,
     case SoftmaxVariant::kWarp:
       if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2))
         return cudaErrorInvalidValue;
-      return vec ? warp_forward<in_t, out_t, Epilogue, kW>(plan.warp_log2, plan.packed, x, y, outer, dim, row_stride,
-                                                           stream)
-                 : warp_forward<in_t, out_t, Epilogue, 1>(plan.warp_log2, plan.packed, x, y, outer, dim, row_stride,
-                                                          stream);
+      return vec ? warp_forward<in_t, out_t, Epilogue, kW>(plan.warp_log2, plan.packed, plan.threads, x, y, outer, dim,
+                                                           row_stride, stream)
+                 : warp_forward<in_t, out_t, Epilogue, 1>(plan.warp_log2, plan.packed, plan.threads, x, y, outer, dim,
+                                                          row_stride, stream);
     case SoftmaxVariant::kVec:
       if (!vec) return cudaErrorInvalidValue;
       return vec_forward<in_t, out_t, Epilogue>(x, y, outer, dim, row_stride, plan, stream);
@@ -334,7 +334,8 @@ cudaError_t softmax_backward(const out_t* grad_output, const out_t* output, in_t
   }
   switch (plan.variant) {
     case SoftmaxVariant::kWarp:
-      if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2) || plan.packed)
+      if (plan.warp_log2 < 0 || plan.warp_log2 > 30 || dim > (int64_t(1) << plan.warp_log2) || plan.packed ||
+          plan.threads != kWarpBlockThreads)
         return cudaErrorInvalidValue;
       return vec ? warp_backward<in_t, out_t, Epilogue, kW>(plan.warp_log2, dy, y, dx, outer, dim, stream)
                  : warp_backward<in_t, out_t, Epilogue, 1>(plan.warp_log2, dy, y, dx, outer, dim, stream);

@@ -35,13 +35,16 @@ namespace fastact::softmax_impl {
 
 // kBackward, kOutBytes: the direction and the output element (backward: grad_output and output), for
 // dispatch.h softmax_warp_elems_per_thread; kPacked: the forward's packed plan (dispatch.h softmax_warp_packed).
-template <int kLog2, int kVec, bool kBackward, int kOutBytes, bool kPacked = false>
+// kThreads: the block (kWarpBlockThreads; the forward's kWarpSmallBlockThreads, dispatch.h softmax_warp_small_blocks).
+template <int kLog2, int kVec, bool kBackward, int kOutBytes, bool kPacked = false, int kThreads = kWarpBlockThreads>
 struct WarpShape {
   static_assert(!kPacked || (!kBackward && softmax_warp_packable(kLog2, kVec)), "packed: forward, packable rows");
+  static_assert(kThreads == kWarpBlockThreads || (!kBackward && softmax_warp_small_blockable(kLog2, kVec)),
+                "small blocks: forward, rows of 128 or more 128-bit units");
   static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward, kOutBytes, kPacked);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
-  static constexpr int kRowsPerBlock = kWarpBlockThreads / kTpr;
+  static constexpr int kRowsPerBlock = kThreads / kTpr;
   static_assert(kTpr >= 1 && kTpr <= kWarpSize && (kTpr & (kTpr - 1)) == 0, "lanes per row: power of two <= 32");
   static_assert(kElems % kVec == 0 && kVecs >= 1, "a lane holds whole accesses");
   // The forward's loads: cached in L2 only (load_vector_l2) where a lane reads several vectors, plain
@@ -192,13 +195,12 @@ struct WarpRawRow {
 // x: rows of D elements, row r at x + r * row_stride; y: [rows, D] dense. Rows
 // (first_block + blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr. The row's max, then its sum, each
 // by shuffles over the row's lanes, then the outputs; the lane's slice kept as WarpShape::kRaw says.
-template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked>
-__global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x,
-                                                                             out_t* __restrict__ y, int64_t rows,
-                                                                             int dim, int64_t row_stride, Epi epi,
-                                                                             int64_t first_block) {
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked, int kThreads>
+__global__ __launch_bounds__(kThreads) void softmax_warp_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y,
+                                                                    int64_t rows, int dim, int64_t row_stride, Epi epi,
+                                                                    int64_t first_block) {
   using A = acc_t<out_t>;
-  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked, kThreads>;
   using Row = std::conditional_t<S::template kRaw<in_t, A>, WarpRawRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>,
                                  WarpConvertedRow<in_t, A, Epi, kVec, S::kVecs, S::kFill>>;
   const int lane_in_row = threadIdx.x % S::kTpr;
@@ -282,13 +284,14 @@ __global__ __launch_bounds__(kWarpBlockThreads) void softmax_warp_bwd_kernel(con
 
 namespace detail {
 
-template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked = false>
+template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec, bool kPacked = false,
+          int kThreads = kWarpBlockThreads>
 cudaError_t launch_warp_fwd(const in_t* x, out_t* y, int64_t rows, int64_t dim, int64_t row_stride,
                             cudaStream_t stream) {
-  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked>;
+  using S = WarpShape<kLog2, kVec, false, int(sizeof(out_t)), kPacked, kThreads>;
   const int64_t blocks = (rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
-  return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec, kPacked>>(
-      blocks, kWarpBlockThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
+  return launch_items<softmax_warp_fwd_kernel<in_t, out_t, Epi, kLog2, kVec, kPacked, kThreads>>(
+      blocks, kThreads, 0, 1, stream, x, y, rows, static_cast<int>(dim), row_stride, Epi{});
 }
 
 template <typename in_t, typename out_t, typename Epi, int kLog2, int kVec>
@@ -301,26 +304,39 @@ cudaError_t launch_warp_bwd(const out_t* dy, const out_t* y, in_t* dx, int64_t r
 }
 
 // Compile-time dispatch over log2(padded D) in [0, kMaxLog2]; only (kLog2, kVec) with 2^kLog2 >= kVec
-// and 2^kLog2 <= the type's warp limit are instantiated, the packed forward only where softmax_warp_packable.
+// and 2^kLog2 <= the type's warp limit are instantiated, the packed forward only where softmax_warp_packable, its
+// blocks of kWarpSmallBlockThreads only where softmax_warp_small_blockable (`threads`: the plan's block).
 template <typename in_t, typename out_t, typename Epi, int kVec, int kLog2 = 0>
-cudaError_t warp_forward(int log2, bool packed, const in_t* x, out_t* y, int64_t rows, int64_t dim,
+cudaError_t warp_forward(int log2, bool packed, int threads, const in_t* x, out_t* y, int64_t rows, int64_t dim,
                          int64_t row_stride, cudaStream_t stream) {
   constexpr int kMaxLog2 = sizeof(acc_t<out_t>) == 8 ? 9 : 10;
   if constexpr (kLog2 > kMaxLog2) {
     return cudaErrorInvalidValue;
   } else {
     if (log2 == kLog2) {
+      const bool small = threads == kWarpSmallBlockThreads;
+      if (!small && threads != kWarpBlockThreads) return cudaErrorInvalidValue;
       if constexpr ((1 << kLog2) < kVec) {
         return cudaErrorInvalidValue;
       } else {
-        if (!packed) return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec>(x, y, rows, dim, row_stride, stream);
-        if constexpr (softmax_warp_packable(kLog2, kVec)) {
-          return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, true>(x, y, rows, dim, row_stride, stream);
+        if (packed) {  // the packed rows take the usual blocks
+          if constexpr (softmax_warp_packable(kLog2, kVec)) {
+            if (!small) return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, true>(x, y, rows, dim, row_stride, stream);
+          }
+          return cudaErrorInvalidValue;
         }
-        return cudaErrorInvalidValue;
+        if (small) {
+          if constexpr (softmax_warp_small_blockable(kLog2, kVec)) {
+            return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false, kWarpSmallBlockThreads>(x, y, rows, dim,
+                                                                                              row_stride, stream);
+          }
+          return cudaErrorInvalidValue;
+        }
+        return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false>(x, y, rows, dim, row_stride, stream);
       }
     }
-    return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, packed, x, y, rows, dim, row_stride, stream);
+    return warp_forward<in_t, out_t, Epi, kVec, kLog2 + 1>(log2, packed, threads, x, y, rows, dim, row_stride,
+                                                           stream);
   }
 }
 
