@@ -725,8 +725,9 @@ struct LibraryV {
     if (kBackward) p.bwd_two_cta_threads = softmax_impl::detail::block_backward_two_cta_threads<T, T, Epi>();
     return choose_softmax(p);
   }
-  static bool warp_plan(const SoftmaxPlan& s) {
-    return s.variant == SoftmaxVariant::kWarp && s.mode == SoftmaxMode::kWarp && s.vec == kW && s.warp_log2 == 10;
+  static bool warp_plan(const SoftmaxPlan& s) {  // the library's 128-thread blocks (not a deep device's forward)
+    return s.variant == SoftmaxVariant::kWarp && s.mode == SoftmaxMode::kWarp && s.vec == kW && s.warp_log2 == 10 &&
+           s.threads == kWarpBlockThreads && !s.packed;
   }
   static bool vec_plan(const SoftmaxPlan& s) {
     return s.variant == SoftmaxVariant::kVec && s.mode == SoftmaxMode::kResident && s.vec == kW && !s.edges &&
@@ -761,7 +762,7 @@ struct LibraryV {
     if constexpr (kDim == 1024) {
       if (!warp_plan(s)) return kPlanDiffers;
       if constexpr (kBackward) return kernel_info<&softmax_warp_bwd_kernel<T, T, Epi, 10, kW>>(s.threads, out);
-      else return kernel_info<&softmax_warp_fwd_kernel<T, T, Epi, 10, kW, false>>(s.threads, out);
+      else return kernel_info<&softmax_warp_fwd_kernel<T, T, Epi, 10, kW, false, kWarpBlockThreads>>(s.threads, out);
     } else {
       if (!vec_plan(s)) return kPlanDiffers;
       if constexpr (kBackward) {

@@ -73,7 +73,8 @@ bool diag_plan(bool fwd, int kind, int threads, const Tensors& t, int64_t rows, 
     s.packed = kind == 6;
     s.threads = kind == 8 ? kWarpSmallBlockThreads : kWarpBlockThreads;
     if (s.packed && (!fwd || !softmax_warp_packable(s.warp_log2, s.vec))) return false;
-    if (kind == 8 && (!fwd || !softmax_warp_small_blockable(s.warp_log2, s.vec))) return false;
+    if (kind == 8 && (!fwd || !softmax_warp_small_blockable(s.warp_log2, s.vec, p.in_bytes, p.out_bytes)))
+      return false;
     s.elems_per_thread = softmax_warp_elems_per_thread(s.warp_log2, s.vec, p.backward, p.out_bytes, s.packed);
     *out = s;
     return true;

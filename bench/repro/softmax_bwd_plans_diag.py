@@ -10,10 +10,10 @@ be built on another machine and carried). Rows: torch, torch.compile (twice: the
 dispatcher's plan, split and long_row forced, vec (the kernel sized for the longest row) at 1, 2, 4 and 8 units a
 thread; rows the warp kernel takes (D <= 1024, 128-bit units): warp at one access a lane and, in the forward, packed
 (four accesses a lane, several rows a warp, where dispatch.h softmax_warp_packable allows) and at blocks of 64
-threads (where softmax_warp_small_blockable allows); backward also vec one unit a thread, two passes at one and at two units a pass (each where the row allows;
-the library compiles those two kernels only for the 16-bit backwards its dispatcher gives them, so other cases print
-"skip …: code 9"). CUDA events
-around each of `reps` back-to-back calls after warm-up, the median; rounds interleave the rows in a rotated order.
+threads (where softmax_warp_small_blockable allows); backward also vec one unit a thread, two passes at one and at
+two units a pass (each where the row allows; the library compiles those two kernels only for the 16-bit backwards its
+dispatcher gives them, so other cases print "skip …: code 9"). CUDA events around each of `reps` back-to-back calls
+after warm-up, the median; rounds interleave the rows in a rotated order.
 Prints each row's median over rounds, its ratio to torch.compile's (median and range over rounds), and its max |diff|
 from float64 (torch's own alongside).
 """

@@ -196,18 +196,18 @@ constexpr bool softmax_warp_raw(int vecs_per_lane, int vec, int in_bytes, int ac
 constexpr int kWarpMaxDim = 1024;
 constexpr int softmax_warp_max_dim(int acc_bytes) { return acc_bytes == 8 ? kWarpMaxDim / 2 : kWarpMaxDim; }
 
-// Threads per block of the warp kernel: 4 warps. Why: small blocks let the scheduler fill an SM
-// with up to 16 of them (2048 threads) and keep the tail of the grid short.
+// Threads per block of the warp kernel: 4 warps (but kWarpSmallBlockThreads for the forwards of
+// softmax_warp_small_blocks). Why: small blocks let the scheduler fill an SM with up to 16 of them
+// (2048 threads) and keep the tail of the grid short.
 constexpr int kWarpBlockThreads = 128;
 // The warp forward's smaller blocks (softmax_warp_small_blocks): 2 warps.
 constexpr int kWarpSmallBlockThreads = 64;
 
 // Whether the warp forward has a kernel of kWarpSmallBlockThreads threads for padded rows of 2^log2_elems elements
-// accessed `vec` at a time: 128-bit rows of 128 units or more padded (a lane holds four or more accesses: 16-bit rows
-// of 1024, float rows of 512-1024, double rows of 256-512). launch.cuh instantiates these, and the dispatcher plans
-// only these.
-constexpr bool softmax_warp_small_blockable(int log2_elems, int vec) {
-  return vec > 1 && (1 << log2_elems) / vec >= 128;
+// accessed `vec` at a time, in_bytes in and out_bytes out: 16-bit in and out, 128-bit rows of 128 units padded (rows
+// of 1024: a lane holds four accesses). launch.cuh instantiates these alone, and the dispatcher plans no others.
+constexpr bool softmax_warp_small_blockable(int log2_elems, int vec, int in_bytes, int out_bytes) {
+  return in_bytes == 2 && out_bytes == 2 && vec > 1 && (1 << log2_elems) / vec >= 128;
 }
 
 // 128-bit accesses per lane the warp kernel aims at (more where a row needs them: a row never spans
@@ -1080,8 +1080,8 @@ inline bool softmax_warp_packed(const SoftmaxProblem& p, int vec, int log2_elems
 // the pace). The float rows of 512-1024 take vec on deep devices (softmax_rows_leave_warp), whose one-warp blocks
 // gained the same way.
 inline bool softmax_warp_small_blocks(const SoftmaxProblem& p, int vec, int log2_elems) {
-  return !p.backward && p.memory_depth == MemoryDepth::kDeep && p.in_bytes == 2 && p.out_bytes == 2 &&
-         softmax_warp_small_blockable(log2_elems, vec);
+  return !p.backward && p.memory_depth == MemoryDepth::kDeep &&
+         softmax_warp_small_blockable(log2_elems, vec, p.in_bytes, p.out_bytes);
 }
 
 // The most threads a vec CTA takes where clusters are available (kVecMaxThreadsWithClusters; kDeepVecForward16MaxThreads

@@ -7,7 +7,8 @@
 // so for each j the kTpr lanes of a row touch consecutive accesses (coalesced). A lane's first nvalid
 // accesses lie inside the row (kVec divides D when kVec > 1); each phase (load, max, sum, stores;
 // backward: load, dot, stores) skips the others. Reductions are xor shuffles within the row's lanes;
-// no shared memory, no barriers. Blocks of 4 warps, one block of rows each. On a deep-memory device the
+// no shared memory, no barriers. Blocks of 4 warps (2 for the 16-bit forward of rows of 1024 on a
+// deep-memory device: dispatch.h softmax_warp_small_blocks), one block of rows each. On a deep-memory device the
 // forward of rows whose 128-bit units are not a power of two (D = 96: 24 units of floats) is packed
 // (kPacked, dispatch.h softmax_warp_packed): four accesses a lane, so a row spans fewer lanes and a warp
 // takes several whole rows, not one with a quarter of its lanes idle. The forward of 16-bit rows whose
@@ -39,8 +40,8 @@ namespace fastact::softmax_impl {
 template <int kLog2, int kVec, bool kBackward, int kOutBytes, bool kPacked = false, int kThreads = kWarpBlockThreads>
 struct WarpShape {
   static_assert(!kPacked || (!kBackward && softmax_warp_packable(kLog2, kVec)), "packed: forward, packable rows");
-  static_assert(kThreads == kWarpBlockThreads || (!kBackward && softmax_warp_small_blockable(kLog2, kVec)),
-                "small blocks: forward, rows of 128 or more 128-bit units");
+  static_assert(kThreads == kWarpBlockThreads || (!kBackward && kThreads == kWarpSmallBlockThreads),
+                "small blocks: the forward's");
   static constexpr int kElems = softmax_warp_elems_per_thread(kLog2, kVec, kBackward, kOutBytes, kPacked);  // per lane
   static constexpr int kTpr = (1 << kLog2) / kElems;                          // lanes per row
   static constexpr int kVecs = kElems / kVec;                                 // accesses per lane
@@ -326,7 +327,7 @@ cudaError_t warp_forward(int log2, bool packed, int threads, const in_t* x, out_
           return cudaErrorInvalidValue;
         }
         if (small) {
-          if constexpr (softmax_warp_small_blockable(kLog2, kVec)) {
+          if constexpr (softmax_warp_small_blockable(kLog2, kVec, sizeof(in_t), sizeof(out_t))) {
             return launch_warp_fwd<in_t, out_t, Epi, kLog2, kVec, false, kWarpSmallBlockThreads>(x, y, rows, dim,
                                                                                               row_stride, stream);
           }
