@@ -677,23 +677,28 @@ def _clusters_capped(below=8):
 
 
 @pytest.mark.parametrize(
-    "dtype,d,columns,threads,cluster",
+    "dtype,d,standard,deep",  # (columns, threads, cluster) on a standard-memory device, on a deep one
     [
-        (torch.bfloat16, 256, 8, 256, 1),  # a whole line (128 bytes) in one CTA of 256 threads
-        (torch.bfloat16, 512, 8, 256, 2),  # not one CTA of 512: 256-thread CTAs in a cluster
-        (torch.float16, 1024, 8, 256, 4),
-        (torch.float32, 512, 8, 512, 1),  # float keeps whole lines in CTAs of up to 512 threads
+        (torch.bfloat16, 256, (8, 256, 1), (8, 256, 1)),  # a whole line (128 bytes) in one CTA of 256 threads
+        (torch.bfloat16, 512, (8, 256, 2), (4, 256, 1)),  # not one CTA of 512: 256-thread CTAs in a cluster (deep:
+        (torch.float16, 1024, (8, 256, 4), (4, 256, 2)),  # half lines, see below)
+        (torch.float32, 512, (8, 512, 1), (8, 256, 2)),  # float keeps whole lines in CTAs of up to 512 threads (deep: 256)
     ],
 )
-def test_strided_forward_tile_plan(dtype, d, columns, threads, cluster):
+def test_strided_forward_tile_plan(dtype, d, standard, deep):
     """dispatch.h kStridedRawCtaThreads / kStridedRawClusterThreads: the strided forward of raw 16-bit
-    rows takes whole lines in CTAs of at most 256 threads, clusters beyond; float keeps its rule."""
+    rows takes whole lines in CTAs of at most 256 threads, clusters beyond; float keeps its rule. On a deep-memory
+    device (strided_deep_forward) float takes the raw rows' shapes and the raw rows half lines where a whole one needs
+    a cluster."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     x = make_tensor((2, d, 2048), dtype, "cuda")
     s = fastact.explain("softmax", x, 1)
     m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), cached", s)
-    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (columns, threads, cluster), s
+    want = deep if _deep_memory() else standard
+    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == want, s
+    poison_allocator("cuda", x.numel() * dtype.itemsize)
+    assert_close(fastact.softmax(x, 1), torch.softmax(x.double(), 1), torch_actual=torch.softmax(x, 1), msg=s)
 
 
 # (dtype, shape, dim, backward, the launch shapes explain may report: (columns, threads, cluster, mode)).
@@ -879,7 +884,7 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
 # just past the device's L2 size prefetches the tiles ahead into L2).
 _PREFETCH_CASES = [
     (torch.float32, 1024, 2056, True),   # 128-bit accesses, a CTA a tile (the last partial where n x 514 is odd)
-    (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4
+    (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4 (not on a deep-memory device)
     (torch.float16, 1024, 2056, True),
     (torch.float32, 100, 1023, False),   # element accesses
     (torch.bfloat16, 100, 1023, False),  # 16-bit element accesses, staged in shared memory: no prefetch
@@ -897,7 +902,8 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     """dispatch.h kStridedPrefetchDivisor / strided_prefetches: the cached strided forward of an input of at least
     the L2 size, float accumulation, 128-bit accesses and D >= 8 asks L2 for the tiles a quarter of the device's
     resident tiles ahead (explain says so); one just under the L2 size, float64, D = 7, element accesses, the staged
-    16-bit forward and the backward do not. The prefetching forward gives the right result (outputs poisoned), its
+    16-bit forward and the backward do not; nor, on a deep-memory device, the raw 16-bit rows (128-bit accesses).
+    The prefetching forward gives the right result (outputs poisoned), its
     last tiles included, whose counterparts ahead lie past the end. The plans named above are the H100's; without
     clusters (or with FASTACT_MAX_CLUSTER below 8) a case whose plan streams instead is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -915,6 +921,8 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
     if not clusters and f", {mode}" not in s:
         pytest.skip(f"without clusters this plan is neither cached nor staged: {s}")
     assert (mode == "staged") == (dtype.itemsize == 2 and inner % 8 != 0), s
+    if prefetch and dtype.itemsize == 2 and mode == "cached" and _deep_memory():
+        prefetch = False
     assert ("the tiles ahead prefetched into L2" in s) == prefetch, s
     if prefetch:
         s_under = fastact.explain(op.name, make_tensor(under, dtype, "cuda"), dim)
@@ -1751,6 +1759,19 @@ for op in SOFTMAX_OPS:
 for op in SOFTMAX_OPS:
     for d in (504, 512, 516, 768, 1000, 1024):
         check_op(op, make_tensor((37, d), torch.float32, "cuda", scale=3.0), note=depth)
+# Softmax: the strided cached forward of 128-bit accesses on deep devices (dispatch.h strided_deep_forward): float's
+# whole lines in CTAs of up to 256 threads over clusters, 16-bit rows' half lines where a whole one needs a cluster;
+# D around the single-CTA bound (256-300) and the clusters' (520, 1000, 1024, 4096), inner a line or two (64) and with a
+# partial last tile (136), forward and backward, and the bf16 -> float cast.
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for op in SOFTMAX_OPS:
+        for d, inner in ((256, 136), (300, 64), (520, 136), (1000, 64), (1024, 136), (4096, 64)):
+            check_op(op, make_tensor((2, d, inner), dtype, "cuda", scale=3.0), dim=1, note=depth)
+for op in SOFTMAX_OPS:
+    check_op(op, make_tensor((2, 1024, 136), torch.bfloat16, "cuda", scale=3.0), dim=1, dtype=torch.float32,
+             note=depth)
+for dtype in (torch.float32, torch.bfloat16):
+    print(fastact.explain("softmax", torch.randn(4, 1024, 2048, device="cuda", dtype=dtype), 1))
 print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
 print(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
 print(fastact.explain("log_softmax", torch.randn(8, 1024, device="cuda"), -1))
@@ -1785,7 +1806,8 @@ def test_elementwise_memory_depth(depth):
     unit a thread), the vec plans that keep the whole register cache (deep: the float forward, log_softmax's
     backward), softmax's 16-bit two passes (deep: two units past 512 threads), the 16-bit forward's vec rows (deep:
     to 320 threads, then long_row) on rows around their bounds, and the warp forward's packed rows (deep: 128-bit
-    units not a power of two, four accesses a lane; 16-bit rows padded to 1024 in blocks of two warps); against
+    units not a power of two, four accesses a lane; 16-bit rows padded to 1024 in blocks of two warps), and the
+    strided forward's cached shapes (deep: float whole lines over clusters of small CTAs, 16-bit half lines); against
     float64 torch, with poisoned outputs; explain() names the
     class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
@@ -1794,6 +1816,7 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
+    f32_dim1, bf16_dim1 = lines[-21:-19]
     f32_fwd96, bf16_log_fwd96, f32_log_fwd1024, bf16_fwd1024 = lines[-19:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
     sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
@@ -1827,6 +1850,14 @@ def test_elementwise_memory_depth(depth):
     # The 16-bit forward of rows of 1024: warp in both classes, in blocks of two warps on deep devices.
     assert _variant(bf16_fwd1024) == "warp" and "[32 lanes per row, 32 elements per lane" in bf16_fwd1024, bf16_fwd1024
     assert ("blocks of two warps (a deep-memory device)" in bf16_fwd1024) == deep, bf16_fwd1024
+    # The strided forward of [4, 1024, 2048] dim 1: float half lines in one CTA of 512 threads (standard) or whole
+    # lines over clusters of 256-thread CTAs (deep); bf16 whole lines over a cluster of 4 (standard) or half lines
+    # over a cluster of 2 (deep).
+    for s, standard, deep_shape in ((f32_dim1, "4 column(s) x 512 threads per CTA, cluster 1",
+                                     "8 column(s) x 256 threads per CTA, cluster 4"),
+                                    (bf16_dim1, "8 column(s) x 256 threads per CTA, cluster 4",
+                                     "4 column(s) x 256 threads per CTA, cluster 2")):
+        assert _variant(s) == "strided" and f"[{deep_shape if deep else standard}, cached" in s, s
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
     # threads) on standard ones.
     assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240

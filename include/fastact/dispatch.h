@@ -594,6 +594,18 @@ constexpr int kStridedSectorBytes = 32;
 // float keeps the half-line rule above (kStridedMinRowBytes).
 constexpr int kStridedRawCtaThreads = 256;
 constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
+// strided cached forward of 128-bit accesses on a deep-memory device (memory_depth.h; strided_deep_forward):
+// - float accumulation from float inputs (not raw) takes the raw rows' shapes above (whole lines, CTAs of at
+//   most kStridedRawCtaThreads, clusters of the smallest CTAs first), not the half lines in one CTA of up to 512;
+// - raw 16-bit rows whose whole line needs a cluster take half lines (kStridedMinRowBytes) where those fit a cluster
+//   of CTAs of kStridedRawCtaThreads, and no L2 prefetch.
+// Why (H200, [32, 1024, 2048] dim 1, the plans forced in one process, µs, fraction of the limit; bench/NOTES.md
+// fifty-second session): f32 softmax 512 x 4 cols x 1 prefetched (the plan before) 157.6 (0.82), without the
+// prefetch 146.9; whole lines 256 x 8 x 4 133.4 (0.97), 128 x 8 x 8 133.4, 512 x 8 x 2 134.8, 1024 x 8 x 1 140.8;
+// log_softmax alike (157.9 -> 133.7). bf16 (the tensor half as large: a copy of its bytes reaches ~0.88 of the
+// limit): 256 x 8 x 4 prefetched (the plan before) 86.2 (0.75), without the prefetch 84.4; half lines 256 x 4 x 2
+// 84.1 prefetched, 79.3 (0.82) without; log_softmax 84.5 -> 77.5. The prefetch lost in every bf16 plan tried
+// (0.5-10%) and gained 1-1.5% in float's whole lines, as on the H100 (thirty-third session).
 // strided forward, cached mode: each thread asks L2 for the D-rows its counterpart in the tile this many
 // tiles on will load: the tiles the device runs at once over kStridedPrefetchDivisor (softmax/strided.cuh
 // strided_prefetch_ahead). Why (H100, 256 MB, distances forced as multiples of the resident tiles, fraction
@@ -1580,7 +1592,14 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
 // (kStridedPrefetchDivisor says why).
 inline bool strided_prefetches(const SoftmaxProblem& p, int vec) {
   return p.prefetch && !p.backward && p.acc_bytes == 4 && vec > 1 && p.dim_size >= kStridedPrefetchMinRows &&
-         p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
+         p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes &&
+         !(p.memory_depth == MemoryDepth::kDeep && softmax_strided_raw(p.backward, vec, p.in_bytes, p.acc_bytes));
+}
+
+// Whether a strided cached forward of `vec`-element accesses takes the deep-memory shapes
+// (kStridedRawCtaThreads says which and why).
+inline bool strided_deep_forward(const SoftmaxProblem& p, int vec) {
+  return p.memory_depth == MemoryDepth::kDeep && !p.backward && vec > 1 && p.acc_bytes == 4 && clusters_available(p);
 }
 
 inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
@@ -1668,10 +1687,16 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       return streamed(e.columns, e.threads, e.cluster);
   }
   const bool whole_line = c_line * load_bytes == kStridedRowBytes;
-  // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads.
+  // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads; on a deep-memory device
+  // the float forward too, and the raw rows half lines where a whole one needs a cluster (strided_deep_forward).
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
-  if (c * g_needed > (raw ? kStridedRawCtaThreads : single_cap)) {
-    if (!raw && clusters_available(p)) {
+  const bool deep = strided_deep_forward(p, s.vec);
+  const bool small_ctas = raw || deep;
+  if (raw && deep && c * s.vec * load_bytes == kStridedRowBytes && c * g_needed > kStridedRawCtaThreads &&
+      pow2_ceil(ceil_div(c / 2 * g_needed, kStridedRawCtaThreads)) <= cluster_cap(p, kStridedRawCtaThreads, false))
+    c /= 2;  // half lines where their cluster of 256-thread CTAs exists (as measured: D <= 4096), else as before
+  if (c * g_needed > (small_ctas ? kStridedRawCtaThreads : single_cap)) {
+    if (!small_ctas && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
       // down to kStridedMinElementColumns where that is narrower).
       auto narrow_ok = [&](int64_t cols) {
@@ -1692,7 +1717,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       }
     }
   }
-  if (c * g_needed <= (raw ? kStridedRawCtaThreads : single_cap)) {
+  if (c * g_needed <= (small_ctas ? kStridedRawCtaThreads : single_cap)) {
     // Short D: widen the tile (more columns) until a block has kStridedMinThreads threads
     // (kStridedMinFloatElementThreads for forwards of 4-byte inputs in element accesses whose outer
     // index holds a whole line).
@@ -1706,7 +1731,7 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   }
   if (!clusters_available(p)) return stream();
   for (int t : kStridedRawClusterThreads) {
-    if (!raw && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured
+    if (!small_ctas && t < kStridedClusterAbove) continue;  // float: 512 threads first, as measured (H100)
     // >= 2 at the first size tried: c * g_needed exceeds the single-CTA cap above
     const int64_t cl = pow2_ceil(ceil_div(c * g_needed, t));
     if (cl > cluster_cap(p, t, false)) continue;
