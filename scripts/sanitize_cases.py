@@ -203,9 +203,11 @@ def prefetch_cases(dtype, synccheck=False):
     size (the last tiles' counterparts ahead lie past the end and prefetch nothing) and dim 0 of [16384, m]
     (tiles over clusters of 16; not under synccheck, which stops on that forward as on the backward of
     SYNCCHECK_SKIPS, with the prefetch off as well: H100, thirty-third session). A case whose plan is not cached
-    (without clusters) is left out. 16-bit: also the long_row forward of rows of 262144 in shared memory
-    (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end)."""
+    (without clusters) is left out. On a deep-memory device the 16-bit dim-1 case runs in half lines without the
+    prefetch (dispatch.h kStridedRawCtaThreads), checked all the same. 16-bit: also the long_row forward of rows of
+    262144 in shared memory (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    deep = "memory depth deep" in fastact.explain("sigmoid", torch.randn(8, device="cuda"))
     cases = [((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1)]
     if not synccheck:
         cases.append(((16384, -(-l2 // (16384 * dtype.itemsize * 8)) * 8), 0))
@@ -215,7 +217,7 @@ def prefetch_cases(dtype, synccheck=False):
             s = fastact.explain("log_softmax" if log else "softmax", x, dim)
             if ", cached" not in s:
                 continue
-            if "prefetched into L2" not in s:
+            if "prefetched into L2" not in s and not (deep and dtype.itemsize == 2 and dim == 1):
                 raise AssertionError(f"prefetch case {shape} {dtype}: {s}")
             want = (torch.log_softmax if log else torch.softmax)(x.double(), dim)
             check(f"{'log_' if log else ''}softmax prefetch {shape} {dtype}",

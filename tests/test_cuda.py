@@ -681,7 +681,7 @@ def _clusters_capped(below=8):
     [
         (torch.bfloat16, 256, (8, 256, 1), (8, 256, 1)),  # a whole line (128 bytes) in one CTA of 256 threads
         (torch.bfloat16, 512, (8, 256, 2), (4, 256, 1)),  # not one CTA of 512: 256-thread CTAs in a cluster (deep:
-        (torch.float16, 1024, (8, 256, 4), (4, 256, 2)),  # half lines, see below)
+        (torch.float16, 1024, (8, 256, 4), (4, 256, 2)),  # half lines, as the docstring says)
         (torch.float32, 512, (8, 512, 1), (8, 256, 2)),  # float keeps whole lines in CTAs of up to 512 threads (deep: 256)
     ],
 )
@@ -922,7 +922,7 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
         pytest.skip(f"without clusters this plan is neither cached nor staged: {s}")
     assert (mode == "staged") == (dtype.itemsize == 2 and inner % 8 != 0), s
     if prefetch and dtype.itemsize == 2 and mode == "cached" and _deep_memory():
-        prefetch = False
+        prefetch = False  # D = 1024: half lines on a deep device, not prefetched
     assert ("the tiles ahead prefetched into L2" in s) == prefetch, s
     if prefetch:
         s_under = fastact.explain(op.name, make_tensor(under, dtype, "cuda"), dim)

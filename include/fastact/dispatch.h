@@ -594,11 +594,13 @@ constexpr int kStridedSectorBytes = 32;
 // float keeps the half-line rule above (kStridedMinRowBytes).
 constexpr int kStridedRawCtaThreads = 256;
 constexpr int kStridedRawClusterThreads[] = {256, kStridedClusterAbove, kStridedMaxThreads};
-// strided cached forward of 128-bit accesses on a deep-memory device (memory_depth.h; strided_deep_forward):
+// strided cached forward of vector accesses on a deep-memory device (memory_depth.h; strided_deep_forward):
 // - float accumulation from float inputs (not raw) takes the raw rows' shapes above (whole lines, CTAs of at
-//   most kStridedRawCtaThreads, clusters of the smallest CTAs first), not the half lines in one CTA of up to 512;
-// - raw 16-bit rows whose whole line needs a cluster take half lines (kStridedMinRowBytes) where those fit a cluster
-//   of CTAs of kStridedRawCtaThreads, and no L2 prefetch.
+//   most kStridedRawCtaThreads, clusters of the smallest CTAs first), not float's own rule (CTAs of up to 512
+//   threads, half lines where a whole one would need a cluster);
+// - raw 16-bit rows whose whole line needs more than one CTA of kStridedRawCtaThreads take half lines
+//   (kStridedMinRowBytes) where those fit a cluster of at most kMaxPortableCluster such CTAs (D <= 4096, the
+//   range measured), and then no L2 prefetch.
 // Why (H200, [32, 1024, 2048] dim 1, the plans forced in one process, µs, fraction of the limit; bench/NOTES.md
 // fifty-second session): f32 softmax 512 x 4 cols x 1 prefetched (the plan before) 157.6 (0.82), without the
 // prefetch 146.9; whole lines 256 x 8 x 4 133.4 (0.97), 128 x 8 x 8 133.4, 512 x 8 x 2 134.8, 1024 x 8 x 1 140.8;
@@ -1592,12 +1594,11 @@ inline int strided_stream_cluster(const SoftmaxProblem& p, int64_t tiles, int64_
 // (kStridedPrefetchDivisor says why).
 inline bool strided_prefetches(const SoftmaxProblem& p, int vec) {
   return p.prefetch && !p.backward && p.acc_bytes == 4 && vec > 1 && p.dim_size >= kStridedPrefetchMinRows &&
-         p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes &&
-         !(p.memory_depth == MemoryDepth::kDeep && softmax_strided_raw(p.backward, vec, p.in_bytes, p.acc_bytes));
+         p.outer * p.dim_size * p.inner * p.in_bytes >= p.l2_bytes;
 }
 
-// Whether a strided cached forward of `vec`-element accesses takes the deep-memory shapes
-// (kStridedRawCtaThreads says which and why).
+// Whether a strided cached forward of `vec`-element accesses (vec > 1: vector accesses) takes the deep-memory
+// shapes (kStridedRawCtaThreads says which and why).
 inline bool strided_deep_forward(const SoftmaxProblem& p, int vec) {
   return p.memory_depth == MemoryDepth::kDeep && !p.backward && vec > 1 && p.acc_bytes == 4 && clusters_available(p);
 }
@@ -1654,12 +1655,13 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     }
     return streamed(cols, threads, cl);
   };
+  bool half_lines = false;  // deep raw 16-bit rows in half lines (kStridedRawCtaThreads): not prefetched
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
     s.columns = int(cols);
     s.cluster = int(cl);
     s.threads = int(threads);
     s.streaming = false;
-    s.prefetch = strided_prefetches(p, s.vec);
+    s.prefetch = strided_prefetches(p, s.vec) && !half_lines;
     return s;
   };
   // Element accesses at short D: staged (strided_staged_shape; backwards, and 16-bit forwards); also 128-bit
@@ -1692,9 +1694,10 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
   const bool deep = strided_deep_forward(p, s.vec);
   const bool small_ctas = raw || deep;
-  if (raw && deep && c * s.vec * load_bytes == kStridedRowBytes && c * g_needed > kStridedRawCtaThreads &&
-      pow2_ceil(ceil_div(c / 2 * g_needed, kStridedRawCtaThreads)) <= cluster_cap(p, kStridedRawCtaThreads, false))
-    c /= 2;  // half lines where their cluster of 256-thread CTAs exists (as measured: D <= 4096), else as before
+  half_lines = raw && deep && c * s.vec * load_bytes == kStridedRowBytes && c * g_needed > kStridedRawCtaThreads &&
+               pow2_ceil(ceil_div(c / 2 * g_needed, kStridedRawCtaThreads)) <=
+                   std::min(kMaxPortableCluster, cluster_cap(p, kStridedRawCtaThreads, false));
+  if (half_lines) c /= 2;
   if (c * g_needed > (small_ctas ? kStridedRawCtaThreads : single_cap)) {
     if (!small_ctas && clusters_available(p)) {
       // Narrower lines in one CTA rather than a cluster (kStridedMinRowBytes; element accesses also
