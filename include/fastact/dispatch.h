@@ -1655,7 +1655,16 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
     }
     return streamed(cols, threads, cl);
   };
-  bool half_lines = false;  // deep raw 16-bit rows in half lines (kStridedRawCtaThreads): not prefetched
+  // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads; on a deep-memory device
+  // the float forward too, and the raw rows half lines where a whole one needs a cluster (strided_deep_forward), not
+  // prefetched.
+  const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
+  const bool deep = strided_deep_forward(p, s.vec);
+  const bool small_ctas = raw || deep;
+  const bool half_lines = raw && deep && c * s.vec * load_bytes == kStridedRowBytes &&
+                          c * g_needed > kStridedRawCtaThreads &&
+                          pow2_ceil(ceil_div(c / 2 * g_needed, kStridedRawCtaThreads)) <=
+                              std::min(kMaxPortableCluster, cluster_cap(p, kStridedRawCtaThreads, false));
   auto cached = [&](int64_t cols, int64_t cl, int64_t threads) {
     s.columns = int(cols);
     s.cluster = int(cl);
@@ -1689,14 +1698,6 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
       return streamed(e.columns, e.threads, e.cluster);
   }
   const bool whole_line = c_line * load_bytes == kStridedRowBytes;
-  // Raw 16-bit rows with clusters: whole lines in CTAs of at most kStridedRawCtaThreads; on a deep-memory device
-  // the float forward too, and the raw rows half lines where a whole one needs a cluster (strided_deep_forward).
-  const bool raw = clusters_available(p) && softmax_strided_raw(p.backward, s.vec, p.in_bytes, p.acc_bytes);
-  const bool deep = strided_deep_forward(p, s.vec);
-  const bool small_ctas = raw || deep;
-  half_lines = raw && deep && c * s.vec * load_bytes == kStridedRowBytes && c * g_needed > kStridedRawCtaThreads &&
-               pow2_ceil(ceil_div(c / 2 * g_needed, kStridedRawCtaThreads)) <=
-                   std::min(kMaxPortableCluster, cluster_cap(p, kStridedRawCtaThreads, false));
   if (half_lines) c /= 2;
   if (c * g_needed > (small_ctas ? kStridedRawCtaThreads : single_cap)) {
     if (!small_ctas && clusters_available(p)) {
