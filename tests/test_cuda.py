@@ -240,7 +240,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
     16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). 16-bit forward rows
     past 16 x 512 x 64 keep a register part as loaded besides, at 16 x 288-512 (2^20; 600000: a partial slice,
-    524296 and 600000: the last CTA none). Beyond what a
+    524296 and 600000: the last CTA none); on a deep-memory device past 8 x 256 x 64, at 16 x 96-512, and float's
+    shared-memory forwards at 16 x 160-256 (dispatch.h kDeepClusterWideThreads). Beyond what a
     cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
     their partials; an odd D takes element accesses. Backwards whose cluster CTAs would run one an SM
     (151936 in float, 300000 in 16-bit) take the grid mode too. Twice, bitwise equal: partials fold in a
@@ -292,8 +293,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
 def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype, log):
     """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a 16-CTA cluster only
     where two of its CTAs fit an SM (the size launch.cuh's block_backward_two_cta_threads probes from the
-    kernel's registers, at least 512 threads) or its CTAs are 1024 threads; in between it takes the grid mode.
-    8-CTA clusters and rows off the vector width keep their cluster."""
+    kernel's registers, at least 512 threads) or its CTAs are 1024 threads (not float's on a deep-memory device);
+    in between it takes the grid mode. 8-CTA clusters and rows off the vector width keep their cluster."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     op = "log_softmax_backward" if log else "softmax_backward"
@@ -643,9 +644,13 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
     (16-bit: beyond 8 x 256 x 64); registers as loaded in 16-bit forwards with 128-bit accesses
     (softmax_resident_raw, 64 elements a thread); both in 16-bit forwards past 16 x 512 x 64 elements
     (softmax_cluster_smem_raw_regs: 64 as loaded and 64 in shared memory, 16 x 512 x 128 = 2^20); converted
-    registers otherwise, and in every backward. Past what a cluster caches: the grid mode."""
+    registers otherwise, and in every backward. Past what a cluster caches: the grid mode. On a deep-memory
+    device (kDeepClusterWideThreads) the 16-bit forwards past 8 x 256 x 64 take both, 16 CTAs a row, and the float
+    backward of 16 CTAs of 1024 threads the grid mode (cluster_backward_yields_to_grid)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    if _deep_memory():
+        cache = _DEEP_LONG_ROW_CACHE.get((dtype, d, direction, layout), cache)
     x = make_tensor((2, d), dtype, "cuda", layout)
     s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
     assert _variant(s) == "long_row", s
@@ -662,11 +667,23 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
         m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \(the rest kept as loaded, (\d+) in "
                       r"shared memory\)", s)
         assert m and int(m.group(1)) == 16 and int(m.group(3)) == 128 and int(m.group(4)) == 64, s
+        if _deep_memory() and d == 262144:  # the fewest threads: 16 x 128 x 128
+            assert int(m.group(2)) == 128, s
     if cache == "shared":  # 64 elements a thread: 32 in registers, 32 in shared memory (32-bit); 64 there (16-bit)
-        m = re.search(r"x (\d+) elements per row \((\d+) in shared memory\)", s)
-        assert m and int(m.group(1)) == 64 and int(m.group(2)) == (32 if dtype.itemsize == 4 else 64), s
+        m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \((\d+) in shared memory\)", s)
+        assert m and int(m.group(3)) == 64 and int(m.group(4)) == (32 if dtype.itemsize == 4 else 64), s
+        if d == 262144 and _deep_memory() and not _clusters_capped(16):  # 16 x 256 (kDeepClusterWideThreads)
+            assert (int(m.group(1)), int(m.group(2))) == (16, 256), s
     if cache == "raw":
         assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s
+
+
+# test_long_row_cache_plan's cases whose cache differs on a deep-memory device.
+_DEEP_LONG_ROW_CACHE = {
+    (torch.bfloat16, 262144, "fwd", "contiguous"): "shared_raw",
+    (torch.float16, 262144, "fwd", "contiguous"): "shared_raw",
+    (torch.float32, 262144, "bwd", "contiguous"): "grid",
+}
 
 
 def _clusters_capped(below=8):
@@ -938,7 +955,7 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
 # dispatch.h long_row_prefetches: (dtype, D, whether part of the slice is in shared memory, whether the long_row
 # forward of an input just past the device's L2 size prefetches the rows ahead into L2).
 _LONG_ROW_PREFETCH_CASES = [
-    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory
+    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory (deep: a register part, unprefetched)
     (torch.float16, 151936, True, True),
     (torch.float32, 262144, True, False),    # float rows: half the slice in registers
     (torch.bfloat16, 131072, False, False),  # 16-bit rows in portable register-only clusters, kept as loaded
@@ -953,8 +970,9 @@ def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
     """dispatch.h kLongRowPrefetchDivisor / long_row_prefetches: the long_row forward of 16-bit rows cached in
     shared memory (long_row.cuh softmax_cluster_smem_fwd_kernel), of an input of at least the L2 size, asks L2 for
     the slices of the rows a quarter of the device's resident clusters ahead (explain says so); one just under the
-    L2 size, float rows, the register-only clusters, 16-bit rows with a register part besides (past 2^19) and the
-    backward do not. The prefetching forward gives the right
+    L2 size, float rows, the register-only clusters, 16-bit rows with a register part besides (past 2^19; on a
+    deep-memory device past 2^17, so none there: the memory-depth test runs this kernel under the standard class)
+    and the backward do not. The prefetching forward gives the right
     result (outputs poisoned), its last rows included, whose counterparts ahead lie past the end. Without clusters
     (or with FASTACT_MAX_CLUSTER capping them) a case whose plan is not a cluster one is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -963,6 +981,9 @@ def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
     s = fastact.explain(op.name, x)
     if "variant=long_row" not in s or "global memory" in s:
         pytest.skip(f"not a cluster plan here: {s}")
+    if _deep_memory() and dtype.itemsize == 2 and d > 131072:  # a register part besides (kDeepClusterWideThreads)
+        assert "the rest kept as loaded" in s, s
+        prefetch = False
     assert ("in shared memory)" in s) == smem, s
     assert ("the rows ahead prefetched into L2" in s) == prefetch, s
     if prefetch:
@@ -1000,7 +1021,9 @@ def test_forward_prefetch_off(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         strided, long_row = out.stdout.splitlines()[:2]
         assert "cached" in strided and ("prefetched into L2" in strided) == (flag == "1"), out.stdout
-        if "in shared memory)" in long_row and "global memory" not in long_row:  # a cluster plan, not the grid's
+        # The shared-memory cluster plan without a register part (not the grid's; on a deep-memory device these rows
+        # keep one, unprefetched: dispatch.h kDeepClusterWideThreads).
+        if "in shared memory)" in long_row and "global memory" not in long_row and "kept as loaded" not in long_row:
             assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
         runs[flag] = torch.load(path)
     assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
@@ -1770,6 +1793,23 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 for op in SOFTMAX_OPS:
     check_op(op, make_tensor((2, 1024, 136), torch.bfloat16, "cuda", scale=3.0), dim=1, dtype=torch.float32,
              note=depth)
+# Softmax: long rows (dispatch.h kDeepClusterWideThreads, cluster_backward_yields_to_grid). Deep: 16-bit forwards
+# past 131072 with a register part as loaded over clusters of the fewest threads, at least 128 (139264: 8 x 160,
+# 262144: 16 x 128), float forwards of the shared-memory kernel over 16 CTAs (16 x 160, 16 x 256), the float
+# backward of 16 x 1024 the grid mode;
+# standard: 8 x 512 shared memory, and the 16-bit rows of an input of at least the L2 size prefetched ahead.
+l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+for dtype in (torch.float32, torch.bfloat16):
+    for op in SOFTMAX_OPS:
+        for d in (139264, 262144):
+            check_op(op, make_tensor((3, d), dtype, "cuda", scale=3.0), note=depth)
+x_l2 = make_tensor((-(-l2 // (262144 * 2)), 262144), torch.bfloat16, "cuda", scale=3.0)
+for op in SOFTMAX_OPS:
+    check_op(op, x_l2, backward=False, note=depth)
+print(fastact.explain("softmax", x_l2))
+del x_l2
+print(fastact.explain("softmax", torch.randn(2, 262144, device="cuda")))
+print(fastact.explain("softmax_backward", torch.randn(2, 262144, device="cuda")))
 for dtype in (torch.float32, torch.bfloat16):
     print(fastact.explain("softmax", torch.randn(4, 1024, 2048, device="cuda", dtype=dtype), 1))
 print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
@@ -1807,7 +1847,9 @@ def test_elementwise_memory_depth(depth):
     backward), softmax's 16-bit two passes (deep: two units past 512 threads), the 16-bit forward's vec rows (deep:
     to 320 threads, then long_row) on rows around their bounds, and the warp forward's packed rows (deep: 128-bit
     units not a power of two, four accesses a lane; 16-bit rows padded to 1024 in blocks of two warps), and the
-    strided forward's cached shapes (deep: float whole lines over clusters of small CTAs, 16-bit half lines); against
+    strided forward's cached shapes (deep: float whole lines over clusters of small CTAs, 16-bit half lines), long
+    rows (deep: 16-bit forwards past 131072 with a register part, unprefetched; float forwards over 16 x 256; the
+    float backward at 16 x 1024 in the grid mode); against
     float64 torch, with poisoned outputs; explain() names the
     class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
@@ -1816,6 +1858,7 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
+    bf16_fwd_l2, f32_fwd262144, f32_bwd262144 = lines[-24:-21]
     f32_dim1, bf16_dim1 = lines[-21:-19]
     f32_fwd96, bf16_log_fwd96, f32_log_fwd1024, bf16_fwd1024 = lines[-19:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
@@ -1858,6 +1901,20 @@ def test_elementwise_memory_depth(depth):
                                     (bf16_dim1, "8 column(s) x 256 threads per CTA, cluster 4",
                                      "4 column(s) x 256 threads per CTA, cluster 2")):
         assert _variant(s) == "strided" and f"[{deep_shape if deep else standard}, cached" in s, s
+    # Rows of 262144: the 16-bit forward over 16 x 128 with a register part as loaded, unprefetched (deep), or over
+    # 8 x 512 in shared memory, the rows ahead prefetched (standard); float's over 16 x 256 (deep) or 8 x 512; the
+    # float backward in the grid mode (deep) or over 16 x 1024.
+    if deep:
+        assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_l2, (
+            bf16_fwd_l2)
+        assert "prefetched" not in bf16_fwd_l2, bf16_fwd_l2
+        assert "[16 CTA(s) x 256 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
+        assert "partials through global memory" in f32_bwd262144, f32_bwd262144
+    else:
+        assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in bf16_fwd_l2, bf16_fwd_l2
+        assert "the rows ahead prefetched into L2" in bf16_fwd_l2, bf16_fwd_l2
+        assert "[8 CTA(s) x 512 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
+        assert "[16 CTA(s) x 1024 threads x 16 elements per row" in f32_bwd262144, f32_bwd262144
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
     # threads) on standard ones.
     assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240

@@ -308,6 +308,11 @@ constexpr int kClusterBackwardMinThreads = 512;
 // The two-CTA size where the probe is missing (a SoftmaxProblem built without it, or a query that failed): nvcc
 // 13.0's for sm_90 by element size, as the rule took it before the probe.
 constexpr int block_backward_two_cta_threads_unprobed(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
+// On a deep-memory device the 16-CTA cluster of kResidentMaxThreads threads (one CTA an SM) gives way to the grid mode
+// too. Why (H200, 256 MB, us, session 53's diag): f32 [256, 262144] softmax / log_softmax 16 x 1024 229.0 / 231.9
+// against the grid's 13 x 512 212.6 / 214.0; bf16 softmax [256, 524288] 233.1 against 212.9 (the H100 had them
+// level, above).
+
 inline int cluster_backward_two_cta_threads(int probed, int out_bytes) {
   return probed > 0 ? probed : block_backward_two_cta_threads_unprobed(out_bytes);
 }
@@ -363,6 +368,26 @@ constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_byte
 // report timing, two rounds each, bench/NOTES.md forty-seventh session: bf16 [128, 2^20] softmax 193.3 against
 // 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag).
 constexpr int kLongRowPrefetchDivisor = 4;
+// long_row forward on a deep-memory device (memory_depth.h), the shared-memory cluster kernel (plan_cluster):
+// - its CTAs of at most kDeepClusterWideThreads threads take clusters of 16 in the first pass. The probe's
+//   wide_cluster_threads asks about CTAs of 512 and 1024 threads, whose 16-CTA clusters leave the H200's SMs idle;
+//   smaller CTAs share SMs.
+// - 16-bit rows past the register-only portable clusters (8 x 256 x 64 = 131072 elements) take the shape with a
+//   register part as loaded (softmax_cluster_smem_raw_regs: 128 elements a thread, no prefetch) in the first pass,
+//   at the fewest threads of kDeepClusterRawThreads, before the shapes with shared memory alone; a CTA at least
+//   kDeepClusterRawMinThreads threads with work.
+// Why (H200, 256 MB, us, softmax unless named; session 53's diag of forced plans, bench/NOTES.md fifty-third
+// session), the plan before -> after:
+// - f32 8 x (D / 512) -> 16 x (D / 1024) threads (shared memory): 163840 137.3 -> 137.0, 196608 143.3 -> 136.8,
+//   log_softmax 229376 142.1 -> 138.9, [256, 262144] 145.4 / 145.4 -> 142.9 / 144.0 (softmax / log_softmax);
+// - bf16 8 (16 past 262144) CTAs in shared memory, prefetched -> the register part: 139264 8 x 288 157.0 -> 8 x 160
+//   151.2, 163840 151.8 -> 8 x 160 143.3 (log_softmax 144.6 -> 141.2), 196608 152.0 -> 8 x 192 143.7 (f16 147.3 ->
+//   141.7), [512, 262144] 161.7 / 154.7 -> 16 x 128 145.5 / 146.4 (8 x 256 148.3 / 146.9; f16 159.0 -> 144.5),
+//   393216 16 x 384 162.4 -> 16 x 192 148.3 (log_softmax 155.6 -> 147.4), 524288 16 x 512 176.0 -> 16 x 256 153.6.
+//   CTAs of 96 threads lost: 16 x 96 at 139264 / 163840 / 196608 ran 188.9 / 168.3 / 152.2.
+constexpr int kDeepClusterWideThreads = 256;
+constexpr int kDeepClusterRawThreads[] = {128, 256, 512};
+constexpr int kDeepClusterRawMinThreads = 128;
 // Portable cluster size limit; 16 needs the non-portable attribute and a device that schedules it
 // (the CUDA side probes cudaOccupancyMaxActiveClusters: max_cluster, wide_cluster_threads).
 constexpr int kMaxPortableCluster = 8;
@@ -1251,7 +1276,9 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool r
 // threads) come right after the register-only 256-thread ones and replace the larger ones. Rows with
 // edges (block.cuh's RowEdges) take only the register-only CTAs. 16-bit forwards keep the register
 // cache as loaded (softmax_resident_raw: twice the elements a thread); their rows past every shape before
-// take the shared-memory CTAs with such a register part besides (softmax_cluster_smem_raw_regs).
+// take the shared-memory CTAs with such a register part besides (softmax_cluster_smem_raw_regs). On a deep-memory
+// device those come right after the register-only CTAs, from 128 threads, and the shared-memory CTAs of up to
+// kDeepClusterWideThreads threads take clusters of 16 in the first pass (kDeepClusterWideThreads says why).
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
@@ -1260,6 +1287,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
   const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
   const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
   const bool raw_regs = with_smem && softmax_cluster_smem_raw_regs(p.backward, vec, p.in_bytes, p.acc_bytes);
+  const bool deep = p.memory_depth == MemoryDepth::kDeep;
   // (threads, whether part of the slice is in shared memory, whether the shared-memory kernel also keeps
   // registers as loaded), in the order tried.
   struct Shape {
@@ -1267,18 +1295,21 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
     bool smem;
     bool raw_regs;
   };
-  Shape shapes[3 * (sizeof(kClusterThreads) / sizeof(int))];
+  Shape shapes[3 * (sizeof(kClusterThreads) / sizeof(int)) + sizeof(kDeepClusterRawThreads) / sizeof(int)];
   int n = 0;
   for (int t : kClusterThreads) {
     if (p.backward && t < kClusterBackwardMinThreads) continue;
     if (!with_smem || t < kClusterSmemMaxThreads) shapes[n++] = {t, false, false};
+  }
+  if (raw_regs && deep) {
+    for (int t : kDeepClusterRawThreads) shapes[n++] = {t, true, true};
   }
   if (with_smem) {
     for (int t : kClusterThreads) {
       if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true, false};
     }
   }
-  if (raw_regs) {
+  if (raw_regs && !deep) {
     for (int t : kClusterThreads) {
       if (t <= kClusterSmemMaxThreads) shapes[n++] = {t, true, true};
     }
@@ -1289,7 +1320,8 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       const int e = shapes[i].raw_regs ? reg_e + smem_e : shapes[i].smem ? smem_total : reg_e;
       int64_t s = pow2_ceil(ceil_div(p.dim_size, int64_t(t) * e));
       if (s < 2) s = 2;  // long_row always runs as a cluster here (tests force it on short rows too)
-      if (s > cluster_cap(p, t, last_resort)) continue;
+      const bool deep_wide = deep && shapes[i].smem && t <= kDeepClusterWideThreads;
+      if (s > cluster_cap(p, t, last_resort || deep_wide)) continue;
       // Raw 16-bit register CTAs stop at portable clusters (8 x 256 x 64 = 131072 elements) where the
       // shared-memory CTAs can take the row: those keep as many elements a thread at 40 registers
       // (three 512-thread CTAs an SM), the plan of the 262144 bar cells (0.92-0.93, tenth session).
@@ -1297,8 +1329,10 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       // The shapes with a register part besides shared memory only where no other shape takes the row at any
       // cluster size (softmax_cluster_smem_raw_regs): in the first pass, where 16-CTA clusters may not count (a
       // device whose clusters of 16 leave SMs idle, as the H100's do), they would take rows of 2^18-2^19 in 8-CTA
-      // clusters from the 16 x 512 shared-memory shape.
-      if (shapes[i].raw_regs && !last_resort) continue;
+      // clusters from the 16 x 512 shared-memory shape. On a deep-memory device they come first of the
+      // shared-memory shapes and count in the first pass (kDeepClusterWideThreads says why).
+      if (shapes[i].raw_regs && !last_resort && !deep) continue;
+      if (shapes[i].raw_regs && deep && ceil_div(ceil_div(p.dim_size, s), e) < kDeepClusterRawMinThreads) continue;
       SoftmaxPlan plan;
       plan.variant = SoftmaxVariant::kLongRow;
       plan.mode = SoftmaxMode::kResident;
@@ -1358,9 +1392,10 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   if (!p.backward || s.vec == 1 || s.edges || p.in_bytes != p.out_bytes || (p.out_bytes != 2 && p.out_bytes != 4))
     return false;
+  const bool deep = p.memory_depth == MemoryDepth::kDeep;
   return s.cluster > kMaxPortableCluster &&
          s.threads > cluster_backward_two_cta_threads(p.bwd_two_cta_threads, p.out_bytes) &&
-         s.threads < kResidentMaxThreads;
+         (s.threads < kResidentMaxThreads || (deep && s.threads == kResidentMaxThreads));
 }
 
 // long_row beyond a cluster, or in place of one (cluster_backward_yields_to_grid) (grid.cuh): the row over `chunks`
