@@ -128,7 +128,8 @@ def long_row_cases(dtype, synccheck=False):
     and the backward of rows of 262144 in the largest clusters (float: 16 CTAs of 1024 threads; the grid mode on a
     deep-memory device); its
     grid mode beyond a cluster (float rows of 2^20, and 2^20 + 1: 128-bit and element accesses). Under synccheck,
-    not the plans synccheck_cannot_run names (16-bit rows of 2^20 and 2^19 + 8 forward)."""
+    not the plans synccheck_cannot_run names (16-bit rows of 2^20 and 2^19 + 8 forward; on a deep-memory device also
+    the forwards of 262136 and 262144 in every dtype, over 16-CTA clusters)."""
     for rows, d in ((6, 262136), (3, 131072), (4, 262144), (3, 1 << 20), (2, (1 << 19) + 8), (2, (1 << 20) + 1)):
         x = torch.randn(rows, d, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
@@ -230,6 +231,8 @@ def prefetch_cases(dtype, synccheck=False):
         for log in (False, True):
             s = fastact.explain("log_softmax" if log else "softmax", x)
             if "in shared memory)" not in s or "global memory" in s:  # the cluster kernel only, not the grid mode
+                continue
+            if synccheck and synccheck_cannot_run(s):  # deep: 16 x 128 CTAs that share SMs
                 continue
             # On a deep-memory device these rows take the shape with a register part as loaded, unprefetched
             # (dispatch.h kDeepClusterWideThreads), checked all the same.

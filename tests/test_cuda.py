@@ -240,8 +240,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     of each slice in shared memory (include/fastact/softmax/long_row.cuh), at 8 x 256, 8 x 512 and
     16 x 512; 65544 and 262136 leave its last CTAs a partial slice (and none at all). 16-bit forward rows
     past 16 x 512 x 64 keep a register part as loaded besides, at 16 x 288-512 (2^20; 600000: a partial slice,
-    524296 and 600000: the last CTA none); on a deep-memory device past 8 x 256 x 64, at 16 x 96-512, and float's
-    shared-memory forwards at 16 x 160-256 (dispatch.h kDeepClusterWideThreads). Beyond what a
+    524296 and 600000: the last CTA none); on a deep-memory device past 8 x 256 x 64, at 8 x 160-256 and 16 x
+    128-512, and float's shared-memory forwards at 16 x 160-256 (dispatch.h kDeepClusterWideThreads). Beyond what a
     cluster caches, the grid mode (include/fastact/softmax/grid.cuh): rows start while others wait for
     their partials; an odd D takes element accesses. Backwards whose cluster CTAs would run one an SM
     (151936 in float, 300000 in 16-bit) take the grid mode too. Twice, bitwise equal: partials fold in a
@@ -293,8 +293,8 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
 def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype, log):
     """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a 16-CTA cluster only
     where two of its CTAs fit an SM (the size launch.cuh's block_backward_two_cta_threads probes from the
-    kernel's registers, at least 512 threads) or its CTAs are 1024 threads (not float's on a deep-memory device);
-    in between it takes the grid mode. 8-CTA clusters and rows off the vector width keep their cluster."""
+    kernel's registers, at least 512 threads) or its CTAs are 1024 threads (not on a deep-memory device); in
+    between it takes the grid mode. 8-CTA clusters and rows off the vector width keep their cluster."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     op = "log_softmax_backward" if log else "softmax_backward"
@@ -645,7 +645,7 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
     (softmax_resident_raw, 64 elements a thread); both in 16-bit forwards past 16 x 512 x 64 elements
     (softmax_cluster_smem_raw_regs: 64 as loaded and 64 in shared memory, 16 x 512 x 128 = 2^20); converted
     registers otherwise, and in every backward. Past what a cluster caches: the grid mode. On a deep-memory
-    device (kDeepClusterWideThreads) the 16-bit forwards past 8 x 256 x 64 take both, 16 CTAs a row, and the float
+    device (kDeepClusterWideThreads) the 16-bit forwards past 8 x 256 x 64 take both (16 x 128 at 262144), and the
     backward of 16 CTAs of 1024 threads the grid mode (cluster_backward_yields_to_grid)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
@@ -1903,14 +1903,16 @@ def test_elementwise_memory_depth(depth):
         assert _variant(s) == "strided" and f"[{deep_shape if deep else standard}, cached" in s, s
     # Rows of 262144: the 16-bit forward over 16 x 128 with a register part as loaded, unprefetched (deep), or over
     # 8 x 512 in shared memory, the rows ahead prefetched (standard); float's over 16 x 256 (deep) or 8 x 512; the
-    # float backward in the grid mode (deep) or over 16 x 1024.
-    if deep:
+    # float backward in the grid mode (deep) or over 16 x 1024. (Not with FASTACT_MAX_CLUSTER below 16; the standard
+    # shapes are those of a device whose 16-CTA clusters leave SMs idle, as the H100's and the H200's do.)
+    wide = not _clusters_capped(16)
+    if deep and wide:
         assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_l2, (
             bf16_fwd_l2)
         assert "prefetched" not in bf16_fwd_l2, bf16_fwd_l2
         assert "[16 CTA(s) x 256 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
         assert "partials through global memory" in f32_bwd262144, f32_bwd262144
-    else:
+    elif wide:
         assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in bf16_fwd_l2, bf16_fwd_l2
         assert "the rows ahead prefetched into L2" in bf16_fwd_l2, bf16_fwd_l2
         assert "[8 CTA(s) x 512 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144

@@ -282,7 +282,8 @@ constexpr int kVecForwardAccesses = 4;
 constexpr int kVecBackwardAccesses = 2;
 // long_row cluster CTAs, in the order tried: the smallest whose cluster the device fills (clusters of
 // 16 count only where they hold >= 90% of the CTAs; else only as the last resort before the two-read
-// mode: plan_cluster). Why small first: more CTAs per SM overlap each other's load, reduce and store
+// mode: plan_cluster; on a deep-memory device the shared-memory kernel's small CTAs also: kDeepClusterWideThreads).
+// Why small first: more CTAs per SM overlap each other's load, reduce and store
 // phases; on the H100, 8 x 256 beat 4 x 512 at rows of 65536 (f32 205.0 vs 207.9 us, bf16 230.7 vs
 // 239.2) and 4 x 512 beat 2 x 1024 (207.9 vs 223.9, 239.2 vs 256.3). The backward starts at 512: its
 // 4 x 512 and 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
@@ -311,7 +312,7 @@ constexpr int block_backward_two_cta_threads_unprobed(int out_bytes) { return ou
 // On a deep-memory device the 16-CTA cluster of kResidentMaxThreads threads (one CTA an SM) gives way to the grid mode
 // too. Why (H200, 256 MB, us, session 53's diag): f32 [256, 262144] softmax / log_softmax 16 x 1024 229.0 / 231.9
 // against the grid's 13 x 512 212.6 / 214.0; bf16 softmax [256, 524288] 233.1 against 212.9 (the H100 had them
-// level, above).
+// level, above). Not measured: the 16-bit log_softmax and f16 ones. The rule: cluster_backward_yields_to_grid.
 
 inline int cluster_backward_two_cta_threads(int probed, int out_bytes) {
   return probed > 0 ? probed : block_backward_two_cta_threads_unprobed(out_bytes);
@@ -344,7 +345,8 @@ constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_byt
 }
 // Whether that kernel also keeps a register part as loaded (softmax_resident_raw_elems, besides its shared-memory
 // part) for 16-bit rows longer than the shared-memory part alone covers in a cluster (16 x 512 x 64 = 2^19):
-// 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM. Tried after every other cluster shape at
+// 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM (on a deep-memory device, from 131072 on, before
+// the shared-memory-only shapes: kDeepClusterWideThreads). Tried after every other cluster shape at
 // every cluster size (plan_cluster), so shorter rows keep theirs. Why: such rows otherwise leave the cluster
 // for the grid mode (partials through global memory), which ran the H100's bf16 rows of 2^20 at 0.85-0.86 of
 // the limit (wide report, bench/NOTES.md forty-seventh session); a cluster slice of 256 bytes a thread is the
@@ -367,15 +369,18 @@ constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_byte
 // size (the strided rule's reason); not the 16-bit shape with a register part (softmax_cluster_smem_raw_regs: H100,
 // report timing, two rounds each, bench/NOTES.md forty-seventh session: bf16 [128, 2^20] softmax 193.3 against
 // 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag).
+// On a deep-memory device no 16-bit row up to 2^20 takes that kernel without a register part
+// (kDeepClusterWideThreads), so none prefetches there.
 constexpr int kLongRowPrefetchDivisor = 4;
 // long_row forward on a deep-memory device (memory_depth.h), the shared-memory cluster kernel (plan_cluster):
 // - its CTAs of at most kDeepClusterWideThreads threads take clusters of 16 in the first pass. The probe's
 //   wide_cluster_threads asks about CTAs of 512 and 1024 threads, whose 16-CTA clusters leave the H200's SMs idle;
 //   smaller CTAs share SMs.
 // - 16-bit rows past the register-only portable clusters (8 x 256 x 64 = 131072 elements) take the shape with a
-//   register part as loaded (softmax_cluster_smem_raw_regs: 128 elements a thread, no prefetch) in the first pass,
-//   at the fewest threads of kDeepClusterRawThreads, before the shapes with shared memory alone; a CTA at least
-//   kDeepClusterRawMinThreads threads with work.
+//   register part as loaded (softmax_cluster_smem_raw_regs: 128 elements a thread, no prefetch), at the fewest
+//   threads of kDeepClusterRawThreads, before the shapes with shared memory alone; a CTA at least
+//   kDeepClusterRawMinThreads threads with work. Those of up to kDeepClusterWideThreads threads count clusters of 16
+//   in the first pass (the 512-thread ones, rows past 2^19, stay a last resort where wide_cluster_threads is 0).
 // Why (H200, 256 MB, us, softmax unless named; session 53's diag of forced plans, bench/NOTES.md fifty-third
 // session), the plan before -> after:
 // - f32 8 x (D / 512) -> 16 x (D / 1024) threads (shared memory): 163840 137.3 -> 137.0, 196608 143.3 -> 136.8,
@@ -873,8 +878,8 @@ struct SoftmaxProblem {
   // no); softmax_rows_two_pass takes only the former. The launchers set it from the epilogue; a problem built
   // without it plans as log_softmax's (no two passes), as before the field existed.
   bool term_uses_output = false;
-  // The device's memory depth (memory_depth.h): a kDeep one runs the 16-bit vec backward one unit a thread
-  // (softmax_vec_backward_one_unit).
+  // The device's memory depth (memory_depth.h): the rules that read it say "deep-memory device" (the vec, warp,
+  // strided and long_row plans; grep kDeep).
   MemoryDepth memory_depth = MemoryDepth::kStandard;
 };
 
@@ -886,7 +891,8 @@ struct SoftmaxDeviceProps {
   int max_cluster = 1;  // largest cluster the device schedules for these kernels: 1 (none), 8 or 16
   // Largest block (512 or 1024 threads; 0: neither) at which clusters of 16 still fill the device
   // (hold >= 90% of the CTAs it holds without clusters). Below it, 16 is used like 8; above it, only
-  // when no smaller cluster caches the row (a cluster that leaves SMs idle still beats two passes).
+  // when no smaller cluster caches the row (a cluster that leaves SMs idle still beats two passes); on a
+  // deep-memory device also the long_row shared-memory kernel's CTAs of up to kDeepClusterWideThreads.
   int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
   bool prefetch = true;  // the L2 prefetches of the strided and long-row forwards allowed (FASTACT_PREFETCH=0: not)
