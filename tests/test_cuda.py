@@ -649,7 +649,8 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
     backward of 16 CTAs of 1024 threads the grid mode (cluster_backward_yields_to_grid)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    if _deep_memory():
+    deep = _deep_memory()
+    if deep:
         cache = _DEEP_LONG_ROW_CACHE.get((dtype, d, direction, layout), cache)
     x = make_tensor((2, d), dtype, "cuda", layout)
     s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
@@ -667,12 +668,12 @@ def test_long_row_cache_plan(dtype, d, direction, layout, cache):
         m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \(the rest kept as loaded, (\d+) in "
                       r"shared memory\)", s)
         assert m and int(m.group(1)) == 16 and int(m.group(3)) == 128 and int(m.group(4)) == 64, s
-        if _deep_memory() and d == 262144:  # the fewest threads: 16 x 128 x 128
+        if deep and d == 262144:  # the fewest threads: 16 x 128 x 128
             assert int(m.group(2)) == 128, s
     if cache == "shared":  # 64 elements a thread: 32 in registers, 32 in shared memory (32-bit); 64 there (16-bit)
         m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \((\d+) in shared memory\)", s)
         assert m and int(m.group(3)) == 64 and int(m.group(4)) == (32 if dtype.itemsize == 4 else 64), s
-        if d == 262144 and _deep_memory() and not _clusters_capped(16):  # 16 x 256 (kDeepClusterWideThreads)
+        if d == 262144 and deep and not _clusters_capped(16):  # 16 x 256 (kDeepClusterWideThreads)
             assert (int(m.group(1)), int(m.group(2))) == (16, 256), s
     if cache == "raw":
         assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s

@@ -309,11 +309,6 @@ constexpr int kClusterBackwardMinThreads = 512;
 // The two-CTA size where the probe is missing (a SoftmaxProblem built without it, or a query that failed): nvcc
 // 13.0's for sm_90 by element size, as the rule took it before the probe.
 constexpr int block_backward_two_cta_threads_unprobed(int out_bytes) { return out_bytes == 4 ? 576 : 512; }
-// On a deep-memory device the 16-CTA cluster of kResidentMaxThreads threads (one CTA an SM) gives way to the grid mode
-// too. Why (H200, 256 MB, us, session 53's diag): f32 [256, 262144] softmax / log_softmax 16 x 1024 229.0 / 231.9
-// against the grid's 13 x 512 212.6 / 214.0; bf16 softmax [256, 524288] 233.1 against 212.9 (the H100 had them
-// level, above). Not measured: the 16-bit log_softmax and f16 ones. The rule: cluster_backward_yields_to_grid.
-
 inline int cluster_backward_two_cta_threads(int probed, int out_bytes) {
   return probed > 0 ? probed : block_backward_two_cta_threads_unprobed(out_bytes);
 }
@@ -1338,7 +1333,9 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       // clusters from the 16 x 512 shared-memory shape. On a deep-memory device they come first of the
       // shared-memory shapes and count in the first pass (kDeepClusterWideThreads says why).
       if (shapes[i].raw_regs && !last_resort && !deep) continue;
-      if (shapes[i].raw_regs && deep && ceil_div(ceil_div(p.dim_size, s), e) < kDeepClusterRawMinThreads) continue;
+      // Balance: the fewest threads that still cache the row over s CTAs.
+      const int64_t threads = ceil_div(ceil_div(p.dim_size, s), e);
+      if (shapes[i].raw_regs && deep && threads < kDeepClusterRawMinThreads) continue;
       SoftmaxPlan plan;
       plan.variant = SoftmaxVariant::kLongRow;
       plan.mode = SoftmaxMode::kResident;
@@ -1349,8 +1346,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
       plan.smem_elems = shapes[i].smem ? smem_e : 0;
       plan.prefetch = long_row_prefetches(p, shapes[i].smem, shapes[i].raw_regs);
       plan.cluster = int(s);
-      // Balance: the fewest threads that still cache the row over s CTAs.
-      plan.threads = int(round_up(ceil_div(ceil_div(p.dim_size, s), e), 32));
+      plan.threads = int(round_up(threads, 32));
       *out = plan;
       return true;
     }
@@ -1394,14 +1390,18 @@ inline SoftmaxPlan plan_split(const SoftmaxProblem& p, SoftmaxVariant v, int vec
   return s;
 }
 
-// Whether a long_row backward's cluster plan `s` gives way to the grid mode (cluster_backward_two_cta_threads).
+// Whether a long_row backward's cluster plan `s` gives way to the grid mode (cluster_backward_two_cta_threads). On a
+// deep-memory device the 16-CTA cluster of kResidentMaxThreads threads (one CTA an SM) does too. Why (H200, 256 MB,
+// us, session 53's diag): f32 [256, 262144] softmax / log_softmax 16 x 1024 229.0 / 231.9 against the grid's 13 x 512
+// 212.6 / 214.0; bf16 softmax [256, 524288] 233.1 against 212.9 (the H100 had them level: the comment above
+// block_backward_two_cta_threads_unprobed). Not measured: the 16-bit log_softmax and f16 ones.
 inline bool cluster_backward_yields_to_grid(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   if (!p.backward || s.vec == 1 || s.edges || p.in_bytes != p.out_bytes || (p.out_bytes != 2 && p.out_bytes != 4))
     return false;
-  const bool deep = p.memory_depth == MemoryDepth::kDeep;
+  const bool deep = p.memory_depth == MemoryDepth::kDeep;  // cluster CTAs are at most kResidentMaxThreads
   return s.cluster > kMaxPortableCluster &&
          s.threads > cluster_backward_two_cta_threads(p.bwd_two_cta_threads, p.out_bytes) &&
-         (s.threads < kResidentMaxThreads || (deep && s.threads == kResidentMaxThreads));
+         (deep || s.threads < kResidentMaxThreads);
 }
 
 // long_row beyond a cluster, or in place of one (cluster_backward_yields_to_grid) (grid.cuh): the row over `chunks`
