@@ -1027,6 +1027,8 @@ def test_forward_prefetch_off(tmp_path):
         # keep one, unprefetched: dispatch.h kDeepClusterWideThreads).
         if "in shared memory)" in long_row and "global memory" not in long_row and "kept as loaded" not in long_row:
             assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
+        elif "kept as loaded" in long_row:  # never prefetched, whatever the flag
+            assert "prefetched" not in long_row, out.stdout
         runs[flag] = torch.load(path)
     assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
 
