@@ -200,7 +200,7 @@ def staged_cases(dtype):
                   softmax_backward_reference(dy, y.double(), 1, log), dtype)
 
 
-def prefetch_cases(dtype, synccheck=False):
+def prefetch_cases(dtype, synccheck=False, quick=False):
     """The cached strided forward that prefetches the tiles ahead into L2 (dispatch.h strided_prefetches:
     inputs of at least the L2 size, float accumulation, D >= 8): dim 1 of [n, 1024, 2056] just past the L2
     size (the last tiles' counterparts ahead lie past the end and prefetch nothing) and dim 0 of [16384, m]
@@ -209,7 +209,8 @@ def prefetch_cases(dtype, synccheck=False):
     (without clusters) is left out. On a deep-memory device the 16-bit dim-1 case runs in half lines without the
     prefetch (dispatch.h kStridedRawCtaThreads), checked all the same. 16-bit: also the long_row forward of rows of
     262144 in shared memory (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end; on a
-    deep-memory device with a register part as loaded besides, unprefetched: kDeepClusterWideThreads)."""
+    deep-memory device with a register part as loaded besides, prefetched from four times the L2 size:
+    kDeepRawPrefetchL2Multiple)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     deep = "memory depth deep" in fastact.explain("sigmoid", torch.randn(8, device="cuda"))
     cases = [((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1)]
@@ -227,20 +228,25 @@ def prefetch_cases(dtype, synccheck=False):
             check(f"{'log_' if log else ''}softmax prefetch {shape} {dtype}",
                   (ops.log_softmax if log else ops.softmax)(x, dim, None), want, dtype)
     if dtype.itemsize == 2:  # the long_row forward of 16-bit rows in shared memory (dispatch.h long_row_prefetches)
-        x = torch.randn(-(-l2 // (262144 * 2)), 262144, device="cuda", dtype=dtype)
-        for log in (False, True):
-            s = fastact.explain("log_softmax" if log else "softmax", x)
-            if "in shared memory)" not in s or "global memory" in s:  # the cluster kernel only, not the grid mode
-                continue
-            if synccheck and synccheck_cannot_run(s):  # deep: 16 x 128 CTAs that share SMs
-                continue
-            # On a deep-memory device these rows take the shape with a register part as loaded, unprefetched
-            # (dispatch.h kDeepClusterWideThreads), checked all the same.
-            if "prefetched into L2" not in s and not (deep and "the rest kept as loaded" in s):
-                raise AssertionError(f"long_row prefetch case {dtype}: {s}")
-            want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
-            check(f"{'log_' if log else ''}softmax long_row prefetch {tuple(x.shape)} {dtype}",
-                  (ops.log_softmax if log else ops.softmax)(x, -1, None), want, dtype)
+        # On a deep-memory device these rows take the shape with a register part as loaded, prefetched from four
+        # times the L2 size (dispatch.h kDeepRawPrefetchL2Multiple): both sizes there, the smaller unprefetched (not
+        # the larger under racecheck's quick run: the prefetch touches no shared memory, and the smaller runs the
+        # same shared-memory code).
+        for times in (1, 4) if deep and not quick else (1,):
+            x = torch.randn(-(-times * l2 // (262144 * 2)), 262144, device="cuda", dtype=dtype)
+            for log in (False, True):
+                s = fastact.explain("log_softmax" if log else "softmax", x)
+                if "in shared memory)" not in s or "global memory" in s:  # the cluster kernel only, not the grid mode
+                    continue
+                if synccheck and synccheck_cannot_run(s):  # deep: 16 x 128 CTAs that share SMs
+                    continue
+                if "prefetched into L2" not in s and not (deep and times == 1 and "the rest kept as loaded" in s):
+                    raise AssertionError(f"long_row prefetch case {dtype}: {s}")
+                want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+                check(f"{'log_' if log else ''}softmax long_row prefetch {tuple(x.shape)} {dtype}",
+                      (ops.log_softmax if log else ops.softmax)(x, -1, None), want, dtype)
+                del want
+            del x
 
 
 def check_gelu(label, x, dy, dtype):
@@ -306,7 +312,7 @@ def main():
         if dtype.itemsize == 2:
             shifted_cases(dtype)
         if dtype != torch.float64:
-            prefetch_cases(dtype, synccheck=synccheck)
+            prefetch_cases(dtype, synccheck=synccheck, quick="--quick" in sys.argv)
         if dtype.itemsize <= 4:
             staged_cases(dtype)
         elementwise_cases(dtype)

@@ -973,8 +973,8 @@ def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
     shared memory (long_row.cuh softmax_cluster_smem_fwd_kernel), of an input of at least the L2 size, asks L2 for
     the slices of the rows a quarter of the device's resident clusters ahead (explain says so); one just under the
     L2 size, float rows, the register-only clusters, 16-bit rows with a register part besides (past 2^19; on a
-    deep-memory device past 2^17, so none there: the memory-depth test runs this kernel under the standard class)
-    and the backward do not. The prefetching forward gives the right
+    deep-memory device past 2^17, prefetched only from four times the L2 size, so none here: the memory-depth test
+    runs both) and the backward do not. The prefetching forward gives the right
     result (outputs poisoned), its last rows included, whose counterparts ahead lie past the end. Without clusters
     (or with FASTACT_MAX_CLUSTER capping them) a case whose plan is not a cluster one is skipped."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -983,7 +983,7 @@ def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
     s = fastact.explain(op.name, x)
     if "variant=long_row" not in s or "global memory" in s:
         pytest.skip(f"not a cluster plan here: {s}")
-    if _deep_memory() and dtype.itemsize == 2 and d > 131072:  # a register part besides (kDeepClusterWideThreads)
+    if _deep_memory() and dtype.itemsize == 2 and d > 131072:  # a register part (kDeepRawPrefetchL2Multiple)
         assert "the rest kept as loaded" in s, s
         prefetch = False
     assert ("in shared memory)" in s) == smem, s
@@ -1024,10 +1024,10 @@ def test_forward_prefetch_off(tmp_path):
         strided, long_row = out.stdout.splitlines()[:2]
         assert "cached" in strided and ("prefetched into L2" in strided) == (flag == "1"), out.stdout
         # The shared-memory cluster plan without a register part (not the grid's; on a deep-memory device these rows
-        # keep one, unprefetched: dispatch.h kDeepClusterWideThreads).
+        # keep one, unprefetched under four times the L2 size: dispatch.h kDeepRawPrefetchL2Multiple).
         if "in shared memory)" in long_row and "global memory" not in long_row and "kept as loaded" not in long_row:
             assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
-        elif "kept as loaded" in long_row:  # never prefetched, whatever the flag
+        elif "kept as loaded" in long_row:  # not prefetched at this size, whatever the flag
             assert "prefetched" not in long_row, out.stdout
         runs[flag] = torch.load(path)
     assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
@@ -1813,6 +1813,16 @@ for op in SOFTMAX_OPS:
 print(fastact.explain("softmax", torch.randn(2, 139264, device="cuda", dtype=torch.bfloat16)))
 print(fastact.explain("softmax", x_l2))
 del x_l2
+# Inputs of at least four times the L2 size (dispatch.h kDeepRawPrefetchL2Multiple): deep, the 16-bit forward with the
+# register part prefetches the rows ahead as well (both 16-bit types checked; one row fewer: unprefetched).
+rows_4l2 = -(-4 * l2 // (262144 * 2))
+for dtype in (torch.float16, torch.bfloat16):
+    x_4l2 = make_tensor((rows_4l2, 262144), dtype, "cuda", scale=3.0)
+    for op in SOFTMAX_OPS:
+        check_op(op, x_4l2, backward=False, note=depth)
+print(fastact.explain("softmax", x_4l2))
+print(fastact.explain("log_softmax", x_4l2[:rows_4l2 - 1]))
+del x_4l2
 print(fastact.explain("softmax", torch.randn(2, 262144, device="cuda")))
 print(fastact.explain("softmax_backward", torch.randn(2, 262144, device="cuda")))
 for dtype in (torch.float32, torch.bfloat16):
@@ -1853,17 +1863,16 @@ def test_elementwise_memory_depth(depth):
     to 320 threads, then long_row) on rows around their bounds, and the warp forward's packed rows (deep: 128-bit
     units not a power of two, four accesses a lane; 16-bit rows padded to 1024 in blocks of two warps), and the
     strided forward's cached shapes (deep: float whole lines over clusters of small CTAs, 16-bit half lines), long
-    rows (deep: 16-bit forwards past 131072 with a register part, unprefetched; float forwards over 16 x 256; the
-    float backward at 16 x 1024 in the grid mode); against
-    float64 torch, with poisoned outputs; explain() names the
-    class and the shape."""
+    rows (deep: 16-bit forwards past 131072 with a register part, prefetched from four times the L2 size; float
+    forwards over 16 x 256; the float backward at 16 x 1024 in the grid mode); against float64 torch, with poisoned
+    outputs; explain() names the class and the shape."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_SCRIPT, tests, depth], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    bf16_fwd139264, bf16_fwd_l2, f32_fwd262144, f32_bwd262144 = lines[-25:-21]
+    bf16_fwd139264, bf16_fwd_l2, bf16_fwd_4l2, bf16_log_fwd_under_4l2, f32_fwd262144, f32_bwd262144 = lines[-27:-21]
     f32_dim1, bf16_dim1 = lines[-21:-19]
     f32_fwd96, bf16_log_fwd96, f32_log_fwd1024, bf16_fwd1024 = lines[-19:-15]
     fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
@@ -1906,10 +1915,11 @@ def test_elementwise_memory_depth(depth):
                                     (bf16_dim1, "8 column(s) x 256 threads per CTA, cluster 4",
                                      "4 column(s) x 256 threads per CTA, cluster 2")):
         assert _variant(s) == "strided" and f"[{deep_shape if deep else standard}, cached" in s, s
-    # Rows of 262144: the 16-bit forward over 16 x 128 with a register part as loaded, unprefetched (deep), or over
-    # 8 x 512 in shared memory, the rows ahead prefetched (standard); float's over 16 x 256 (deep) or 8 x 512; the
-    # float backward in the grid mode (deep) or over 16 x 1024. (Not with FASTACT_MAX_CLUSTER below 16; the standard
-    # shapes are those of a device whose 16-CTA clusters leave SMs idle, as the H100's and the H200's do.)
+    # Rows of 262144: the 16-bit forward over 16 x 128 with a register part as loaded, the rows ahead prefetched from
+    # four times the L2 size (deep), or over 8 x 512 in shared memory, prefetched from the L2 size (standard); float's
+    # over 16 x 256 (deep) or 8 x 512; the float backward in the grid mode (deep) or over 16 x 1024. (Not with
+    # FASTACT_MAX_CLUSTER below 16; the standard shapes are those of a device whose 16-CTA clusters leave SMs idle, as
+    # the H100's and the H200's do.)
     wide = not _clusters_capped(16)
     # Rows of 139264: the 16-bit forward with the register part over 8 x 160 (deep: not 16 CTAs of 96 threads, which
     # lost) or 8 x 288 in shared memory alone (standard).
@@ -1919,12 +1929,21 @@ def test_elementwise_memory_depth(depth):
         assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_l2, (
             bf16_fwd_l2)
         assert "prefetched" not in bf16_fwd_l2, bf16_fwd_l2
+        # From four times the L2 size, prefetched as well (dispatch.h kDeepRawPrefetchL2Multiple).
+        assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_4l2, (
+            bf16_fwd_4l2)
+        assert "the rows ahead prefetched into L2" in bf16_fwd_4l2, bf16_fwd_4l2
+        assert "the rest kept as loaded" in bf16_log_fwd_under_4l2, bf16_log_fwd_under_4l2
+        assert "prefetched" not in bf16_log_fwd_under_4l2, bf16_log_fwd_under_4l2
         assert "[16 CTA(s) x 256 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
         assert "partials through global memory" in f32_bwd262144, f32_bwd262144
     elif wide:
         assert "[8 CTA(s) x 288 threads x 64 elements per row (64 in shared memory)" in bf16_fwd139264, bf16_fwd139264
         assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in bf16_fwd_l2, bf16_fwd_l2
         assert "the rows ahead prefetched into L2" in bf16_fwd_l2, bf16_fwd_l2
+        for s in (bf16_fwd_4l2, bf16_log_fwd_under_4l2):
+            assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in s, s
+            assert "the rows ahead prefetched into L2" in s, s
         assert "[8 CTA(s) x 512 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
         assert "[16 CTA(s) x 1024 threads x 16 elements per row" in f32_bwd262144, f32_bwd262144
     # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512

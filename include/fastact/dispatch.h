@@ -363,19 +363,27 @@ constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_byte
 // 1.02-1.03x at 256 MB but 0.94-0.95x at 64 MB; float and the backwards 0.85-0.93x); not inputs under the L2
 // size (the strided rule's reason); not the 16-bit shape with a register part (softmax_cluster_smem_raw_regs: H100,
 // report timing, two rounds each, bench/NOTES.md forty-seventh session: bf16 [128, 2^20] softmax 193.3 against
-// 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag).
-// On a deep-memory device no 16-bit row up to 2^20 takes that kernel without a register part
-// (kDeepClusterWideThreads), so none prefetches there.
+// 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag),
+// except on a deep-memory device (kDeepRawPrefetchL2Multiple). There no 16-bit row up to 2^20 takes that kernel
+// without a register part (kDeepClusterWideThreads).
 constexpr int kLongRowPrefetchDivisor = 4;
+// On a deep-memory device the 16-bit shape with a register part as loaded (softmax_cluster_smem_raw_regs) prefetches
+// the rows ahead as the shared-memory-only one does, on inputs of at least this many times the L2 size. Why (H200,
+// 256 MB, forced prefetch on against off at the dispatcher's plans, five rounds of CUDA events, bench/NOTES.md
+// fifty-fourth session), us: bf16 rows of 163840 (8 x 160) 141.3 -> 139.6, 262144 (16 x 128) 140.9 -> 140.3
+// (log_softmax 141.8 -> 138.7), 393216 log_softmax (16 x 192) 143.0 -> 142.6, 524288 (16 x 256) 152.6 -> 145.3;
+// f16 2^20 (16 x 512) 157.8 either way. Smaller inputs were not measured there; on the H100, 64 MB lost 0.87-0.94x.
+constexpr int kDeepRawPrefetchL2Multiple = 4;
 // long_row forward on a deep-memory device (memory_depth.h), the shared-memory cluster kernel (plan_cluster):
 // - its CTAs of at most kDeepClusterWideThreads threads take clusters of 16 in the first pass. The probe's
 //   wide_cluster_threads asks about CTAs of 512 and 1024 threads, whose 16-CTA clusters leave the H200's SMs idle;
 //   smaller CTAs share SMs.
 // - 16-bit rows past the register-only portable clusters (8 x 256 x 64 = 131072 elements) take the shape with a
-//   register part as loaded (softmax_cluster_smem_raw_regs: 128 elements a thread, no prefetch), at the fewest
-//   threads of kDeepClusterRawThreads, before the shapes with shared memory alone; a CTA at least
-//   kDeepClusterRawMinThreads threads with work. Those of up to kDeepClusterWideThreads threads count clusters of 16
-//   in the first pass (the 512-thread ones, rows past 2^19, stay a last resort where wide_cluster_threads is 0).
+//   register part as loaded (softmax_cluster_smem_raw_regs: 128 elements a thread; large inputs prefetched,
+//   kDeepRawPrefetchL2Multiple), at the fewest threads of kDeepClusterRawThreads, before the shapes with shared
+//   memory alone; a CTA at least kDeepClusterRawMinThreads threads with work. Those of up to
+//   kDeepClusterWideThreads threads count clusters of 16 in the first pass (the 512-thread ones, rows past 2^19,
+//   stay a last resort where wide_cluster_threads is 0).
 // Why (H200, 256 MB, us, softmax unless named; session 53's diag of forced plans, bench/NOTES.md fifty-third
 // session), the plan before -> after:
 // - f32 8 x (D / 512) -> 16 x (D / 1024) threads (shared memory): 163840 137.3 -> 137.0, 196608 143.3 -> 136.8,
@@ -1267,8 +1275,12 @@ inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
 // Whether a long_row cluster forward (smem_slice: in the shared-memory kernel; raw_regs: with a register part as
 // loaded, softmax_cluster_smem_raw_regs) prefetches the rows ahead into L2 (kLongRowPrefetchDivisor says why).
 inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool raw_regs) {
-  return p.prefetch && !p.backward && smem_slice && !raw_regs &&
-         softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) == 0 && p.outer * p.dim_size * p.in_bytes >= p.l2_bytes;
+  if (!p.prefetch || p.backward || !smem_slice || softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) != 0)
+    return false;
+  const int64_t bytes = p.outer * p.dim_size * p.in_bytes;
+  if (raw_regs)  // a register part besides: deep-memory devices, large inputs (kDeepRawPrefetchL2Multiple)
+    return p.memory_depth == MemoryDepth::kDeep && bytes >= kDeepRawPrefetchL2Multiple * p.l2_bytes;
+  return bytes >= p.l2_bytes;
 }
 
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that

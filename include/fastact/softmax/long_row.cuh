@@ -79,7 +79,7 @@ struct SharedUnits : LoadedUnits<SharedUnits<Epi, in_t, kVec, kFirst, kUnits>, E
 // from shared memory through the epilogue itself (KeepInput: softmax computes those exps twice).
 // kRawRegs (16-bit rows past what shared memory alone covers: dispatch.h softmax_cluster_smem_raw_regs): the
 // register units kept as loaded (block.cuh's RegisterUnits), the two parts processed alike through the
-// epilogue (KeepInput); no prefetch (dispatch.h long_row_prefetches).
+// epilogue (KeepInput).
 // With plan.prefetch (16-bit rows: dispatch.h long_row_prefetches), once its own loads are out each
 // thread asks L2 for the units its counterpart in the row `ahead` rows on will load (prefetch_slice):
 // rows start in launch order as clusters finish, so with `ahead` a fraction of the clusters the device
@@ -119,6 +119,7 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
     for (int j = 0; j < kRegVecs; ++j) {
       if (j < s.nvalid) units.r[j] = load_vector<in_t, kVec>(xr + j * s.step);
     }
+    if (ahead > 0 && row + ahead < rows) prefetch_slice<Shape::kVecs>(x + (row + ahead) * row_stride, s);
     A none[1][kVec];  // no converted units: the slice is in `units` and `shared`
     resident_forward<Epi, kVec, 0>(none, s, yr, epi, scratch, round, cluster,
                                    BothExtras<RegisterUnits<Epi, in_t, kVec, kRegVecs>,
@@ -148,7 +149,7 @@ cudaError_t cluster_smem_forward(const in_t* x, out_t* y, int64_t rows, int64_t 
     constexpr auto kKernel = softmax_cluster_smem_fwd_kernel<in_t, out_t, Epi, kVec, kRawRegs>;
     constexpr int kMaxSmem = Shape::kSmemVecs * kClusterSmemMaxThreads * 16;
     const int threads = plan.threads;
-    if (plan.edges || plan.raw != kRawRegs || (kRawRegs && plan.prefetch) ||
+    if (plan.edges || plan.raw != kRawRegs ||
         plan.smem_elems != Shape::kSmemVecs * kVec || plan.elems_per_thread != Shape::kVecs * kVec || threads <= 0 ||
         threads > kClusterSmemMaxThreads ||
         threads % kWarpSize != 0 || plan.cluster < 2 || plan.cluster > kMaxCluster ||
