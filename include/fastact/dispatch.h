@@ -369,10 +369,11 @@ constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_byte
 constexpr int kLongRowPrefetchDivisor = 4;
 // On a deep-memory device the 16-bit shape with a register part as loaded (softmax_cluster_smem_raw_regs) prefetches
 // the rows ahead as the shared-memory-only one does, on inputs of at least this many times the L2 size. Why (H200,
-// 256 MB, forced prefetch on against off at the dispatcher's plans, five rounds of CUDA events, bench/NOTES.md
-// fifty-fourth session), us: bf16 rows of 163840 (8 x 160) 141.3 -> 139.6, 262144 (16 x 128) 140.9 -> 140.3
-// (log_softmax 141.8 -> 138.7), 393216 log_softmax (16 x 192) 143.0 -> 142.6, 524288 (16 x 256) 152.6 -> 145.3;
-// f16 2^20 (16 x 512) 157.8 either way. Smaller inputs were not measured there; on the H100, 64 MB lost 0.87-0.94x.
+// forced prefetch on against off at the dispatcher's plans, 4-5 rounds of CUDA events, bench/NOTES.md fifty-fourth
+// session), us: 256 MB bf16 rows of 163840 (8 x 160) 141.3 -> 139.6, 262144 (16 x 128) 140.9 -> 140.3 (log_softmax
+// 141.8 -> 138.7), 393216 log_softmax (16 x 192) 143.0 -> 142.6, 524288 (16 x 256) 152.6 -> 145.3; 1 GB of rows of
+// 262144 538.9 -> 525.4; level within 0.5% at 139264 / 196608 (8 x 160 / 8 x 192) and f16 2^20 (16 x 512). Smaller
+// inputs lose: 64 MB (rows of 262144 / 163840) 43.4 / 43.3 -> 44.6 / 44.1; 128 MB is level (75.2 -> 75.0).
 constexpr int kDeepRawPrefetchL2Multiple = 4;
 // long_row forward on a deep-memory device (memory_depth.h), the shared-memory cluster kernel (plan_cluster):
 // - its CTAs of at most kDeepClusterWideThreads threads take clusters of 16 in the first pass. The probe's
