@@ -230,8 +230,8 @@ def prefetch_cases(dtype, synccheck=False, quick=False):
     if dtype.itemsize == 2:  # the long_row forward of 16-bit rows in shared memory (dispatch.h long_row_prefetches)
         # On a deep-memory device these rows take the shape with a register part as loaded, prefetched from four
         # times the L2 size (dispatch.h kDeepRawPrefetchL2Multiple): both sizes there, the smaller unprefetched (not
-        # the larger under racecheck's quick run: the prefetch touches no shared memory, and the smaller runs the
-        # same shared-memory code).
+        # the larger under --quick, which sanitize.sh gives racecheck alone: the prefetch touches no shared memory,
+        # and the smaller runs the same shared-memory code).
         for times in (1, 4) if deep and not quick else (1,):
             x = torch.randn(-(-times * l2 // (262144 * 2)), 262144, device="cuda", dtype=dtype)
             for log in (False, True):

@@ -961,7 +961,8 @@ def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
 # dispatch.h long_row_prefetches: (dtype, D, whether part of the slice is in shared memory, whether the long_row
 # forward of an input just past the device's L2 size prefetches the rows ahead into L2).
 _LONG_ROW_PREFETCH_CASES = [
-    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory (deep: a register part, unprefetched)
+    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory (deep: a register part, unprefetched
+                                             # at this size)
     (torch.float16, 151936, True, True),
     (torch.float32, 262144, True, False),    # float rows: half the slice in registers
     (torch.bfloat16, 131072, False, False),  # 16-bit rows in portable register-only clusters, kept as loaded
@@ -1010,14 +1011,17 @@ x = torch.randn(-(-l2 // (1024 * 2056 * 4)), 1024, 2056, device="cuda")
 print(fastact.explain("softmax", x, 1))
 r = torch.randn(-(-l2 // (262144 * 2)), 262144, device="cuda", dtype=torch.bfloat16)
 print(fastact.explain("softmax", r))
-torch.save((fastact.softmax(x, 1).cpu(), fastact.softmax(r).cpu()), sys.argv[1])
+r4 = torch.randn(-(-4 * l2 // (262144 * 2)), 262144, device="cuda", dtype=torch.bfloat16)
+print(fastact.explain("log_softmax", r4))
+torch.save((fastact.softmax(x, 1).cpu(), fastact.softmax(r).cpu(), fastact.log_softmax(r4).cpu()), sys.argv[1])
 """
 
 
 def test_forward_prefetch_off(tmp_path):
     """FASTACT_PREFETCH=0 (read once, with the device's properties) turns the L2 prefetches off (the strided
-    forward's; the 16-bit long_row forward's where clusters run it): the plans say so, and the results are bitwise
-    the prefetching run's (a prefetch changes no value)."""
+    forward's; the 16-bit long_row forward's where clusters run it, on a deep-memory device with the register part
+    from four times the L2 size): the plans say so, and the results are bitwise the prefetching run's (a prefetch
+    changes no value)."""
     runs = {}
     for flag in ("0", "1"):
         path = tmp_path / f"prefetch{flag}.pt"
@@ -1025,7 +1029,7 @@ def test_forward_prefetch_off(tmp_path):
         out = subprocess.run([sys.executable, "-c", _PREFETCH_OFF_SCRIPT, str(path)], env=env, capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr[-3000:]
-        strided, long_row = out.stdout.splitlines()[:2]
+        strided, long_row, long_row_4l2 = out.stdout.splitlines()[:3]
         assert "cached" in strided and ("prefetched into L2" in strided) == (flag == "1"), out.stdout
         # The shared-memory cluster plan without a register part (not the grid's; on a deep-memory device these rows
         # keep one, unprefetched under four times the L2 size: dispatch.h kDeepRawPrefetchL2Multiple).
@@ -1033,6 +1037,10 @@ def test_forward_prefetch_off(tmp_path):
             assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
         elif "kept as loaded" in long_row:  # not prefetched at this size, whatever the flag
             assert "prefetched" not in long_row, out.stdout
+        # Four times the L2 size: any shared-memory cluster plan prefetches (on a deep-memory device the register part
+        # too: dispatch.h kDeepRawPrefetchL2Multiple).
+        if "in shared memory)" in long_row_4l2 and "global memory" not in long_row_4l2:
+            assert ("prefetched into L2" in long_row_4l2) == (flag == "1"), out.stdout
         runs[flag] = torch.load(path)
     assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
 
