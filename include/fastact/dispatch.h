@@ -281,12 +281,12 @@ constexpr int kDeepVecForward16MaxThreads = 320;
 constexpr int kVecForwardAccesses = 4;
 constexpr int kVecBackwardAccesses = 2;
 // long_row cluster CTAs, in the order tried: the smallest whose cluster the device fills (clusters of
-// 16 count only where they hold >= 90% of the CTAs; else only as the last resort before the two-read
-// mode: plan_cluster; on a deep-memory device the shared-memory kernel's small CTAs also: kDeepClusterWideThreads).
-// Why small first: more CTAs per SM overlap each other's load, reduce and store
-// phases; on the H100, 8 x 256 beat 4 x 512 at rows of 65536 (f32 205.0 vs 207.9 us, bf16 230.7 vs
-// 239.2) and 4 x 512 beat 2 x 1024 (207.9 vs 223.9, 239.2 vs 256.3). The backward starts at 512: its
-// 4 x 512 and 8 x 512 clusters already run at 1.0 of the limit, and 256 was not measured there.
+// 16 count only where they hold >= 90% of the CTAs, or, on a deep-memory device, for the shared-memory kernel's
+// small CTAs (kDeepClusterWideThreads); else only as the last resort before the two-read mode: plan_cluster).
+// Why small first: more CTAs per SM overlap each other's load, reduce and store phases; on the H100, 8 x 256
+// beat 4 x 512 at rows of 65536 (f32 205.0 vs 207.9 us, bf16 230.7 vs 239.2) and 4 x 512 beat 2 x 1024 (207.9
+// vs 223.9, 239.2 vs 256.3). The backward starts at 512: its 4 x 512 and 8 x 512 clusters already run at 1.0 of
+// the limit, and 256 was not measured there.
 constexpr int kClusterThreads[] = {256, 512, kResidentMaxThreads};
 constexpr int kClusterBackwardMinThreads = 512;
 // long_row backward of 128-bit accesses, 2- or 4-byte grad_output and grad_input of the same type (the fused
@@ -1266,10 +1266,11 @@ inline SoftmaxPlan plan_block(const SoftmaxProblem& p, SoftmaxVariant v, int vec
 }
 
 // Largest cluster of `threads`-thread CTAs the dispatcher uses: 16 only where such clusters fill the
-// device, unless `last_resort`.
-inline int cluster_cap(const SoftmaxProblem& p, int threads, bool last_resort) {
+// device (wide_cluster_threads), unless `any_size`: a last resort, or CTAs a caller knows share SMs in such
+// clusters (plan_cluster's deep shared-memory ones, kDeepClusterWideThreads).
+inline int cluster_cap(const SoftmaxProblem& p, int threads, bool any_size) {
   const int cap = p.max_cluster < kMaxCluster ? p.max_cluster : kMaxCluster;
-  if (cap <= kMaxPortableCluster || last_resort || threads <= p.wide_cluster_threads) return cap;
+  if (cap <= kMaxPortableCluster || any_size || threads <= p.wide_cluster_threads) return cap;
   return kMaxPortableCluster;
 }
 
