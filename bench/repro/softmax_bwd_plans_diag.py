@@ -45,6 +45,61 @@ def aten_bwd(op):
             else torch.ops.aten._softmax_backward_data)
 
 
+def load_lib(folder, d):
+    """libsmplans_<d>.so from folder, its entry points typed."""
+    lib = ctypes.CDLL(str(Path(folder) / f"libsmplans_{d}.so"))
+    lib.diag_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.diag_auto_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+    return lib
+
+
+def case_tensors(op, in_dtype, out_dtype, rows, dim, fwd):
+    """A case's inputs from the current random state: x randn (scale 3); forward: a = x in in_dtype, b None;
+    backward: b = the op's forward of x in out_dtype (y), a randn in out_dtype (dy). Returns (a, b, fn, ref64,
+    result_dtype): fn(a, b) torch's call (the forward's dtype= cast where the dtypes differ), ref64 its float64
+    result, result_dtype the kernel output's dtype."""
+    x = torch.randn(rows, dim, device="cuda") * 3
+    forward = torch.log_softmax if op == "log_softmax" else torch.softmax
+    cast = None if out_dtype == in_dtype else out_dtype  # the forward's dtype=
+    if fwd:
+        a, b, result_dtype = x.to(in_dtype), None, out_dtype
+        del x
+        fn = lambda t, _: forward(t, -1, dtype=cast)  # noqa: E731
+        ref64 = forward(a.double(), -1)
+    else:
+        b, result_dtype = forward(x, -1).to(out_dtype), in_dtype
+        del x
+        a = torch.randn(rows, dim, device="cuda", dtype=out_dtype)
+        bwd = aten_bwd(op)
+        fn = lambda t, u: bwd(t, u, -1, in_dtype)  # noqa: E731
+        ref64 = bwd(a.double(), b.double(), -1, torch.float64)
+    return a, b, fn, ref64, result_dtype
+
+
+def run_plan(lib, fwd, log, kind, threads, a, b, out, rows, dim, stream):
+    """The library's kernels on plan `kind` (the .cu file's list) into out; RuntimeError where the kind does not
+    take the case (code 1000) or the launch fails."""
+    rc = lib.diag_run(fwd, log, kind, threads, a.data_ptr(), 0 if b is None else b.data_ptr(), out.data_ptr(), rows,
+                      dim, stream)
+    if rc != 0:
+        raise RuntimeError(f"code {rc}")
+    return out
+
+
+def vec_kinds(units, per_thread):
+    """{name: (3, threads)}: vec sized for the longest row at each count of units a thread in per_thread, where
+    its CTA is 32-1024 threads (one row for each CTA size)."""
+    kinds, seen = {}, set()
+    for u in per_thread:
+        t = cta_threads(units, u)
+        if 32 <= t <= 1024 and t not in seen:
+            seen.add(t)
+            kinds[f"vec {t} thr, {u} units"] = (3, t)
+    return kinds
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -57,14 +112,7 @@ def main():
     dts = sorted({DTYPES[c[1]][0] for c in cases})
     build(folder, dts, source="softmax_bwd_plans_diag", lib_prefix="libsmplans", macro="DIAG_DTYPE")
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    libs = {}
-    for d in dts:
-        lib = ctypes.CDLL(str(folder / f"libsmplans_{d}.so"))
-        lib.diag_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-        lib.diag_auto_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                       ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
-        libs[d] = lib
+    libs = {d: load_lib(folder, d) for d in dts}
     torch.manual_seed(0)
     for op, dname, dim, direction in cases:
         d_i, in_dtype, out_dtype = DTYPES[dname]
@@ -72,21 +120,7 @@ def main():
         lib, log = libs[d_i], int(op == "log_softmax")
         rows = (1 << 28) // (dim * in_dtype.itemsize)
         torch._dynamo.reset()  # one compile a case, not the recompile limit's eager fallback
-        x = torch.randn(rows, dim, device="cuda") * 3
-        forward = torch.log_softmax if log else torch.softmax
-        cast = None if out_dtype == in_dtype else out_dtype  # the forward's dtype=
-        if fwd:
-            a, b, result_dtype = x.to(in_dtype), None, out_dtype
-            del x
-            fn = lambda t, _: forward(t, -1, dtype=cast)  # noqa: E731
-            ref64 = forward(a.double(), -1)
-        else:
-            b, result_dtype = forward(x, -1).to(out_dtype), in_dtype
-            del x
-            a = torch.randn(rows, dim, device="cuda", dtype=out_dtype)
-            bwd = aten_bwd(op)
-            fn = lambda t, u: bwd(t, u, -1, in_dtype)  # noqa: E731
-            ref64 = bwd(a.double(), b.double(), -1, torch.float64)
+        a, b, fn, ref64, result_dtype = case_tensors(op, in_dtype, out_dtype, rows, dim, fwd)
         compiled = torch.compile(fn, dynamic=False)
         calls = {"torch": lambda: fn(a, b), "torch.compile": lambda: compiled(a, b),
                  "torch.compile (again)": lambda: compiled(a, b)}
@@ -94,12 +128,7 @@ def main():
         units = dim // w
         kinds = {"dispatcher": (0, 0), "split": (1, 0), "long_row": (2, 0)}
         if dim % w == 0:
-            seen = set()
-            for u in (1, 2, 4, 8):
-                t = cta_threads(units, u)
-                if 32 <= t <= 1024 and t not in seen:
-                    seen.add(t)
-                    kinds[f"vec {t} thr, {u} units"] = (3, t)
+            kinds.update(vec_kinds(units, (1, 2, 4, 8)))
         if dim % w == 0 and dim <= 1024:
             kinds["warp, one access a lane"] = (7, 0)
             if fwd:
@@ -119,11 +148,10 @@ def main():
         for name, (kind, threads) in kinds.items():
             def call(kind=kind, threads=threads, name=name):
                 out = torch.empty(rows, dim, device="cuda", dtype=result_dtype)
-                rc = lib.diag_run(fwd, log, kind, threads, a.data_ptr(), 0 if b is None else b.data_ptr(),
-                                  out.data_ptr(), rows, dim, stream)
-                if rc != 0:
-                    raise RuntimeError(f"{name}: code {rc}")
-                return out
+                try:
+                    return run_plan(lib, fwd, log, kind, threads, a, b, out, rows, dim, stream)
+                except RuntimeError as e:
+                    raise RuntimeError(f"{name}: {e}") from None
             try:
                 errs[name] = (call().double() - ref64).abs().max().item()
             except RuntimeError as e:

@@ -21,21 +21,12 @@ rows in a rotated order. Prints each row's median over rounds, its ratio to torc
 rounds), its bandwidth and its max |diff| from float64.
 """
 import argparse
-import ctypes
 import statistics
-from pathlib import Path
 
 import torch
 
 from elementwise16_diag import row_report, time_rounds  # this folder's (the script's own folder leads sys.path)
-from softmax_bwd_plans_diag import DTYPES, aten_bwd, cta_threads
-
-
-def load(folder, d):
-    lib = ctypes.CDLL(str(Path(folder) / f"libsmplans_{d}.so"))
-    lib.diag_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return lib
+from softmax_bwd_plans_diag import DTYPES, case_tensors, load_lib, run_plan, vec_kinds
 
 
 def main():
@@ -48,53 +39,30 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     d_i, in_dtype, out_dtype = DTYPES[args.dtype]
-    libs = {"A": load(args.a, d_i), "B": load(args.b, d_i)}
+    libs = {"A": load_lib(args.a, d_i), "B": load_lib(args.b, d_i)}
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     stream = torch.cuda.current_stream().cuda_stream
     w = 16 // min(in_dtype.itemsize, out_dtype.itemsize)  # dispatch.h softmax_vec_width
-    cast = None if out_dtype == in_dtype else out_dtype  # the forward's dtype=
     for case in args.cases.split(","):
         op, dim, direction = (case.split(":") + ["fwd"])[:3]
         dim, fwd, log = int(dim), int(direction == "fwd"), int(op == "log_softmax")
         rows = (1 << 28) // (dim * in_dtype.itemsize)
         torch._dynamo.reset()
         torch.manual_seed(0)
-        x = torch.randn(rows, dim, device="cuda") * 3
-        forward = torch.log_softmax if log else torch.softmax
-        if fwd:
-            a, b, result_dtype = x.to(in_dtype), None, out_dtype
-            fn = lambda t, _: forward(t, -1, dtype=cast)  # noqa: E731
-            ref = forward(a.double(), -1)
-            nbytes = a.numel() * (in_dtype.itemsize + out_dtype.itemsize)
-        else:
-            b, result_dtype = forward(x, -1).to(out_dtype), in_dtype
-            a = torch.randn(rows, dim, device="cuda", dtype=out_dtype)
-            bwd = aten_bwd(op)
-            fn = lambda t, u: bwd(t, u, -1, in_dtype)  # noqa: E731
-            ref = bwd(a.double(), b.double(), -1, torch.float64)
-            nbytes = a.numel() * (2 * out_dtype.itemsize + in_dtype.itemsize)
-        del x
+        a, b, fn, ref, result_dtype = case_tensors(op, in_dtype, out_dtype, rows, dim, fwd)
+        per_element = in_dtype.itemsize + out_dtype.itemsize * (1 if fwd else 2)  # x and y; dx, dy and y
+        nbytes = a.numel() * per_element
         compiled = torch.compile(fn, dynamic=False)
         calls = {"torch.compile": lambda: compiled(a, b), "torch.compile (again)": lambda: compiled(a, b)}
         errs = {}
         out = torch.empty(rows, dim, device="cuda", dtype=result_dtype)
-        kinds = [("dispatcher", 0, 0)]
+        kinds = {"dispatcher": (0, 0)}
         if dim % w == 0:
-            seen = set()
-            for u in (1, 2, 4):
-                t = cta_threads(dim // w, u)
-                if 32 <= t <= 1024 and t not in seen:
-                    seen.add(t)
-                    kinds.append((f"vec {t} thr, {u} units", 3, t))
-        for name, kind, threads in kinds:
+            kinds.update(vec_kinds(dim // w, (1, 2, 4)))
+        for name, (kind, threads) in kinds.items():
             for k, lib in libs.items():
                 def call(lib=lib, kind=kind, threads=threads, o=None):
-                    o = out if o is None else o
-                    rc = lib.diag_run(fwd, log, kind, threads, a.data_ptr(), 0 if b is None else b.data_ptr(),
-                                      o.data_ptr(), rows, dim, stream)
-                    if rc != 0:
-                        raise RuntimeError(f"code {rc}")
-                    return o
+                    return run_plan(lib, fwd, log, kind, threads, a, b, out if o is None else o, rows, dim, stream)
                 try:
                     errs[f"{k} {name}"] = (call(o=torch.full_like(out, float("nan"))).double() - ref).abs().max().item()
                 except RuntimeError as e:
