@@ -202,6 +202,35 @@ def test_forced_variant(variant, op, dtypes, cls):
         assert accepted
 
 
+@pytest.mark.parametrize("in_dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_fused_cast_forward_warp_pairs(op, in_dtype):
+    """The vec forward of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves of
+    their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain. Rows
+    of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned rows
+    with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
+    plan, outputs poisoned, against float64."""
+    fwd = getattr(ops, op.name).default
+    ref_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
+    failures = []
+    for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
+        for padded in (False, True):
+            if padded:
+                x = strided_tensor((37, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
+            else:
+                x = make_tensor((37, d), in_dtype, "cuda", scale=3.0)
+            for variant in ("vec", "auto"):
+                msg = f"{op.name} {variant} {describe(x)} -> float32"
+                poison_allocator("cuda", x.numel() * 4)
+                y = fwd(x, -1, torch.float32, variant=variant)
+                try:
+                    assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
+                    assert_close(y, ref_fn(x.double(), -1), torch_actual=ref_fn(x, -1, dtype=torch.float32), msg=msg)
+                except AssertionError as e:
+                    failures.append(str(e)[:400])
+    assert not failures, f"{len(failures)} case(s) failed:\n" + "\n".join(failures)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_forced_variant_through_autograd(variant):
     """The variant a forward was forced to is the one its backward uses (autograd passes it on)."""

@@ -116,6 +116,35 @@ FASTACT_DEVICE void store_vector(T* p, const AlignedVector<T, N>& v) {  // p ali
   *reinterpret_cast<AlignedVector<T, N>*>(p) = v;
 }
 
+// A warp's 32 consecutive units of N elements, 32 bytes a lane (lane l's at p = chunk + N * l): the float outputs of
+// softmax's 16-bit inputs (N = 8). Stored as each lane's own two 16-byte halves, each store instruction would
+// write half of each 32-byte sector it touches. Here lanes l and l ^ 16 swap one half (a shuffle an element of
+// it), so that each of the two store instructions covers 512 contiguous bytes: the first [chunk, chunk + 16 * N)
+// (lanes < 16 their own first half, lanes >= 16 their partner's second half), the second the next 16 * N. Every
+// lane of the warp must call it (1-D blocks of whole warps), with its unit inside the tensor.
+template <typename Out, int N>
+FASTACT_DEVICE void store_warp_paired(Out* p, const AlignedVector<Out, N>& v) {
+  static_assert(N * sizeof(Out) == 2 * kVecBytes, "two 16-byte halves a lane");
+  constexpr int kHalf = N / 2;
+#ifdef __CUDA_ARCH__
+  const bool low = (threadIdx.x & 16) == 0;
+  AlignedVector<Out, kHalf> first, second;
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const Out mine_lo = v.val[k], mine_hi = v.val[kHalf + k];
+    const Out got = __shfl_xor_sync(0xffffffffu, low ? mine_hi : mine_lo, 16);
+    first.val[k] = low ? mine_lo : got;
+    second.val[k] = low ? got : mine_hi;
+  }
+  // lanes < 16: own first half at p, the partner's first half at p + 16 * N; lanes >= 16: the partner's second
+  // half at p - 16 * N + kHalf, own second half at p + kHalf.
+  store_vector<Out, kHalf>(low ? p : p - 16 * N + kHalf, first);
+  store_vector<Out, kHalf>(low ? p + 16 * N : p + kHalf, second);
+#else
+  store_vector<Out, N>(p, v);
+#endif
+}
+
 // 0 at run time, from a kernel argument known to be >= 0 (a length), so that the compiler cannot fold it: for
 // LoadDependence.
 FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {

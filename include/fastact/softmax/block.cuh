@@ -85,6 +85,56 @@ FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
   return resident_slice_of_rank<kVec, kVecs>(dim, cluster_rank(cluster));
 }
 
+// How resident_forward writes a thread's units of the slice. PlainStores: unit j whole, at yr + j * s.step.
+template <int kVec>
+struct PlainStores {
+  template <typename T>
+  FASTACT_DEVICE void store(T* p, int /*j*/, const AlignedVector<T, kVec>& v) const {
+    store_vector<T, kVec>(p, v);
+  }
+};
+
+// 16-bit rows into a float output (the dtype= cast): a lane's unit is 8 floats, 32 bytes; stored whole, each
+// store instruction of the warp writes half of each 32-byte sector it touches. Where the warp's 32 units of j lie
+// inside the row, its lanes swap halves and store 512 contiguous bytes an instruction (vec.cuh store_warp_paired);
+// the warp that holds the row's end stores plain. Why (H200, [*, D] 256 MB of bf16 in, bench/NOTES.md fifty-fifth
+// session): the dispatcher's vec plans, D = 2048 208.6 -> 197.9 us, 4096 220.7 -> 202.2 (0.874 -> 0.95 of the
+// limit), 8192 229.3 -> 203.1, 12288 266.0 -> 218.6, 16384 275.0 -> 203.2; loading 8-byte pieces instead (each lane
+// then stores its own 512-byte runs, no shuffle) lost 8-10%: the loads, not the stores, set the pace there.
+template <typename out_t, int kVec>
+struct WarpPairedStores {
+  int paired;  // units j < paired are stored by warp pairs
+
+  // s: the thread's slice of a row of d elements.
+  template <int kVecs>
+  FASTACT_DEVICE static WarpPairedStores of(const ResidentSlice& s, int d) {
+    // The warp's units of j start at c0 + j * step. A CTA of whole warps keeps each warp's 32 units in its slice.
+    const int c0 = s.first - static_cast<int>(threadIdx.x % kWarpSize) * kVec;
+    const int room = d - c0 - kWarpSize * kVec;
+    const int n = room < 0 ? 0 : room / s.step + 1;
+    return WarpPairedStores{blockDim.x % kWarpSize != 0 ? 0 : (n < kVecs ? n : kVecs)};
+  }
+  FASTACT_DEVICE void store(out_t* p, int j, const AlignedVector<out_t, kVec>& v) const {
+    if (j < paired) {
+      store_warp_paired<out_t, kVec>(p, v);
+    } else {
+      store_vector<out_t, kVec>(p, v);
+    }
+  }
+};
+
+// softmax_block_fwd_kernel's stores of its converted slice: paired where a unit's outputs are wider than 16 bytes,
+// else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower (softmax 217.7 -> 228.0
+// us, log_softmax 215.1 -> 218.6), and the log kernel spilled.
+template <typename in_t, typename out_t, int kVec, int kVecs, bool kEdges>
+FASTACT_DEVICE auto forward_stores(const ResidentSlice& s, int64_t dim) {
+  if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) > kVecBytes) {
+    return WarpPairedStores<out_t, kVec>::template of<kVecs>(s, static_cast<int>(dim));
+  } else {
+    return PlainStores<kVec>{};
+  }
+}
+
 // resident_forward's Extra when all of the thread's slice is in v (block.cuh's kernels): hooks that do
 // nothing. An Extra holds the rest of the slice, kept elsewhere (long_row.cuh's SharedUnits: in shared
 // memory, as loaded), and resident_forward calls its hooks after the matching loops over v: fold_max(m)
@@ -329,14 +379,16 @@ struct BackwardEdges {
 // The forward of one cached row, given this thread's units v (j < s.nvalid, j < kVecs) as A and the
 // rest of its slice, if any, through `extra`: its max, its kept values and their sum -> one all-reduce
 // of the (max, sum) pairs over the row (OnlineOp) -> the outputs at yr + j * step (yr: this thread's
-// unit 0), rescaled to the row's max (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when
+// unit 0; written through `stores`: PlainStores, or WarpPairedStores), rescaled to the row's max
+// (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when
 // `extra` holds the whole slice. `group`: the row's CTAs, as row_allreduce takes them (int: the
 // cluster size; GridExchange: CTAs anywhere on the device).
-template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename A, typename out_t,
-          typename Group>
+template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename Stores = PlainStores<kVec>,
+          typename A, typename out_t, typename Group>
 FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const ResidentSlice& s,
                                      out_t* __restrict__ yr, const Epi& epi, RowScratch<MaxSum<A>>& scratch,
-                                     int& round, const Group& group, const Extra& extra = Extra()) {
+                                     int& round, const Group& group, const Extra& extra = Extra(),
+                                     const Stores& stores = Stores()) {
   using Cache = ForwardCache<Epi>;
   A m = neg_inf<A>();
 #pragma unroll
@@ -370,7 +422,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
       A o[kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], row_stats.max, f);
-      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+      stores.store(yr + j * s.step, j, from_acc<out_t>(o));
     }
   }
   extra.store(epi, row_stats.max, c, yr, s);
@@ -593,7 +645,8 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
       }
     }
     resident_forward<Epi, kVec, kVecs>(v, s, yr, epi, scratch, round, cluster,
-                                       with_edges<kEdges, Epi, kVec>(NoExtraUnits{}, xrow, yrow, ed));
+                                       with_edges<kEdges, Epi, kVec>(NoExtraUnits{}, xrow, yrow, ed),
+                                       forward_stores<in_t, out_t, kVec, kVecs, kEdges>(s, dim));
   }
 }
 
