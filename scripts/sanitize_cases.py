@@ -120,6 +120,35 @@ def shifted_cases(dtype):
                       fwd(x, -1, None, variant=v), want, dtype)
 
 
+def fused_cast_cases(dtype):
+    """The dtype= cast of 16-bit rows into float, forward (vec's warp-paired float stores where a warp's units lie
+    inside the row, plain in the warp holding its end and in the edge kernels: 264, 1000, 4096, 4104, 16384 and
+    the odd 4095) and backward (float grad_output and output into a 16-bit grad_input), every row variant."""
+    for rows, d in ((5, 264), (3, 1000), (3, 4096), (2, 4104), (2, 16384), (3, 4095)):
+        x = torch.randn(rows, d, device="cuda", dtype=dtype)
+        for log in (False, True):
+            fwd = ops.log_softmax if log else ops.softmax
+            bwd = ops.log_softmax_backward if log else ops.softmax_backward
+            want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+            dy = torch.randn(rows, d, device="cuda", dtype=torch.float32)
+            for v in ("auto", "warp", "vec", "scalar", "long_row", "split"):
+                name = f"{'log_' if log else ''}softmax {v} [{rows}, {d}] {dtype} -> float32"
+                try:
+                    y = fwd(x, -1, torch.float32, variant=v)
+                except RuntimeError as e:
+                    if "cannot take" in str(e):
+                        continue
+                    raise
+                check(name, y, want, torch.float32)
+                try:
+                    dx = bwd(dy, y, -1, dtype, variant=v)
+                except RuntimeError as e:
+                    if "cannot take" in str(e):
+                        continue
+                    raise
+                check(name + " backward", dx, softmax_backward_reference(dy, want, -1, log), dtype)
+
+
 def long_row_cases(dtype, synccheck=False):
     """long_row's clusters: the 128-bit forward that keeps part of each slice in shared memory
     (cp.async; 8 x 512 threads at 262144, the last CTA's slice partial at 262136, 8 x 256 at 131072; on a
@@ -311,6 +340,7 @@ def main():
         long_row_cases(dtype, synccheck=synccheck)
         if dtype.itemsize == 2:
             shifted_cases(dtype)
+            fused_cast_cases(dtype)
         if dtype != torch.float64:
             prefetch_cases(dtype, synccheck=synccheck, quick="--quick" in sys.argv)
         if dtype.itemsize <= 4:
