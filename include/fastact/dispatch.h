@@ -111,8 +111,8 @@ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 // Elements per 128-bit access, set by the narrower of the two element types (forward: input and
 // output; backward: grad_input and grad_output/output), so the narrow tensor moves in 16-byte
 // accesses and the wide one in 32-byte pairs: 4 float, 8 half/bfloat16 (also half in, float out), 2 double.
-// (block.cuh's forward of 16-bit rows into float swaps halves between lanes so that its float stores are whole
-// 512-byte runs: WarpPairedStores.)
+// (block.cuh's forward of aligned 16-bit rows into float swaps halves between lanes so that its float stores are
+// whole 512-byte runs where a warp's units lie inside the row: WarpPairedStores.)
 constexpr int softmax_vec_width(int in_bytes, int out_bytes) {
   return 16 / softmax_detail::cmin(in_bytes, out_bytes);
 }

@@ -121,7 +121,8 @@ FASTACT_DEVICE void store_vector(T* p, const AlignedVector<T, N>& v) {  // p ali
 // write half of each 32-byte sector it touches. Here lanes l and l ^ 16 swap one half (a shuffle an element of
 // it), so that each of the two store instructions covers 512 contiguous bytes: the first [chunk, chunk + 16 * N)
 // (lanes < 16 their own first half, lanes >= 16 their partner's second half), the second the next 16 * N. Every
-// lane of the warp must call it (1-D blocks of whole warps), with its unit inside the tensor.
+// lane of the warp must call it, with its unit inside the tensor; threadIdx.x is the linear thread index (1-D blocks),
+// so its bit 4 is the lane's.
 template <typename Out, int N>
 FASTACT_DEVICE void store_warp_paired(Out* p, const AlignedVector<Out, N>& v) {
   static_assert(N * sizeof(Out) == 2 * kVecBytes, "two 16-byte halves a lane");

@@ -85,9 +85,11 @@ FASTACT_DEVICE ResidentSlice resident_slice(int64_t dim, int cluster) {
   return resident_slice_of_rank<kVec, kVecs>(dim, cluster_rank(cluster));
 }
 
-// How resident_forward writes a thread's units of the slice. PlainStores: unit j whole, at yr + j * s.step.
+// How resident_forward writes a thread's units of the slice: stores.at(s), taken once the row's all-reduce is
+// done, gives a writer whose store(p, j, v) writes unit j at p = yr + j * s.step. PlainStores: each unit whole.
 template <int kVec>
 struct PlainStores {
+  FASTACT_DEVICE PlainStores at(const ResidentSlice& /*s*/) const { return *this; }
   template <typename T>
   FASTACT_DEVICE void store(T* p, int /*j*/, const AlignedVector<T, kVec>& v) const {
     store_vector<T, kVec>(p, v);
@@ -98,38 +100,42 @@ struct PlainStores {
 // store instruction of the warp writes half of each 32-byte sector it touches. Where the warp's 32 units of j lie
 // inside the row, its lanes swap halves and store 512 contiguous bytes an instruction (vec.cuh store_warp_paired);
 // the warp that holds the row's end stores plain. Why (H200, [*, D] 256 MB of bf16 in, bench/NOTES.md fifty-fifth
-// session): the dispatcher's vec plans, D = 2048 208.6 -> 197.9 us, 4096 220.7 -> 202.2 (0.874 -> 0.95 of the
-// limit), 8192 229.3 -> 203.1, 12288 266.0 -> 218.6, 16384 275.0 -> 203.2; loading 8-byte pieces instead (each lane
-// then stores its own 512-byte runs, no shuffle) lost 8-10%: the loads, not the stores, set the pace there.
-template <typename out_t, int kVec>
+// session): the dispatcher's vec plans (4 units a thread), D = 2048 208.6 -> 197.9 us, 4096 220.7 -> 202.2 (0.874 ->
+// 0.956 of the limit), 8192 229.3 -> 203.1, 12288 266.0 -> 218.6, 16384 275.0 -> 203.2. Plans of one or two units a
+// thread lose 2-10% (the shuffles, with few loads to hide them behind); the dispatcher gives these rows none.
+// Loading 8-byte pieces instead (each lane then stores its own 512-byte runs, no shuffle) lost 7-10% but at 16384:
+// the loads, not the stores, set the pace there. The count of paired units is taken after the all-reduce, so that
+// it holds no register across it (the log_softmax kernel is at the 64 registers of 1024 threads).
+template <typename out_t, int kVec, int kVecs>
 struct WarpPairedStores {
-  int paired;  // units j < paired are stored by warp pairs
+  int dim;  // the row's elements
 
-  // s: the thread's slice of a row of d elements.
-  template <int kVecs>
-  FASTACT_DEVICE static WarpPairedStores of(const ResidentSlice& s, int d) {
+  struct Writer {
+    int paired;  // units j < paired are stored by warp pairs
+    FASTACT_DEVICE void store(out_t* p, int j, const AlignedVector<out_t, kVec>& v) const {
+      if (j < paired) {
+        store_warp_paired<out_t, kVec>(p, v);
+      } else {
+        store_vector<out_t, kVec>(p, v);
+      }
+    }
+  };
+  FASTACT_DEVICE Writer at(const ResidentSlice& s) const {
     // The warp's units of j start at c0 + j * step. A CTA of whole warps keeps each warp's 32 units in its slice.
     const int c0 = s.first - static_cast<int>(threadIdx.x % kWarpSize) * kVec;
-    const int room = d - c0 - kWarpSize * kVec;
+    const int room = dim - c0 - kWarpSize * kVec;
     const int n = room < 0 ? 0 : room / s.step + 1;
-    return WarpPairedStores{blockDim.x % kWarpSize != 0 ? 0 : (n < kVecs ? n : kVecs)};
-  }
-  FASTACT_DEVICE void store(out_t* p, int j, const AlignedVector<out_t, kVec>& v) const {
-    if (j < paired) {
-      store_warp_paired<out_t, kVec>(p, v);
-    } else {
-      store_vector<out_t, kVec>(p, v);
-    }
+    return Writer{blockDim.x % kWarpSize != 0 ? 0 : (n < kVecs ? n : kVecs)};
   }
 };
 
-// softmax_block_fwd_kernel's stores of its converted slice: paired where a unit's outputs are wider than 16 bytes,
-// else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower (softmax 217.7 -> 228.0
-// us, log_softmax 215.1 -> 218.6), and the log kernel spilled.
+// softmax_block_fwd_kernel's stores of its converted slice: paired where a unit's outputs are two 16-byte halves
+// wider than its inputs, else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower
+// (softmax 217.7 -> 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled.
 template <typename in_t, typename out_t, int kVec, int kVecs, bool kEdges>
-FASTACT_DEVICE auto forward_stores(const ResidentSlice& s, int64_t dim) {
-  if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) > kVecBytes) {
-    return WarpPairedStores<out_t, kVec>::template of<kVecs>(s, static_cast<int>(dim));
+FASTACT_DEVICE auto forward_stores(int64_t dim) {
+  if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) == 2 * kVecBytes) {
+    return WarpPairedStores<out_t, kVec, kVecs>{static_cast<int>(dim)};
   } else {
     return PlainStores<kVec>{};
   }
@@ -380,9 +386,8 @@ struct BackwardEdges {
 // rest of its slice, if any, through `extra`: its max, its kept values and their sum -> one all-reduce
 // of the (max, sum) pairs over the row (OnlineOp) -> the outputs at yr + j * step (yr: this thread's
 // unit 0; written through `stores`: PlainStores, or WarpPairedStores), rescaled to the row's max
-// (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when
-// `extra` holds the whole slice. `group`: the row's CTAs, as row_allreduce takes them (int: the
-// cluster size; GridExchange: CTAs anywhere on the device).
+// (ForwardCache::factor). kVecs may be 0 (v: one unused unit) when `extra` holds the whole slice. `group`:
+// the row's CTAs, as row_allreduce takes them (int: the cluster size; GridExchange: CTAs anywhere on the device).
 template <typename Epi, int kVec, int kVecs, typename Extra = NoExtraUnits, typename Stores = PlainStores<kVec>,
           typename A, typename out_t, typename Group>
 FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const ResidentSlice& s,
@@ -416,13 +421,14 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
   if (row_gave_up(group)) return;  // grid.cuh: the launch's last CTA writes this slice
   const A c = epi.row_constant(row_stats.sum);
   const A f = Cache::factor(m, row_stats.max, c);
+  const auto writer = stores.at(s);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (j < s.nvalid) {
       A o[kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) o[k] = Cache::out(epi, v[j][k], row_stats.max, f);
-      stores.store(yr + j * s.step, j, from_acc<out_t>(o));
+      writer.store(yr + j * s.step, j, from_acc<out_t>(o));
     }
   }
   extra.store(epi, row_stats.max, c, yr, s);
@@ -646,7 +652,7 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
     }
     resident_forward<Epi, kVec, kVecs>(v, s, yr, epi, scratch, round, cluster,
                                        with_edges<kEdges, Epi, kVec>(NoExtraUnits{}, xrow, yrow, ed),
-                                       forward_stores<in_t, out_t, kVec, kVecs, kEdges>(s, dim));
+                                       forward_stores<in_t, out_t, kVec, kVecs, kEdges>(dim));
   }
 }
 
