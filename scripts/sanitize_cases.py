@@ -123,15 +123,16 @@ def shifted_cases(dtype):
 def fused_cast_cases(dtype):
     """The dtype= cast of 16-bit rows into float, forward (vec's warp-paired float stores where a warp's units lie
     inside the row, plain in the warp holding its end and in the edge kernels: 264, 1000, 4096, 4104, 16384 and
-    the odd 4095) and backward (float grad_output and output into a 16-bit grad_input), every row variant."""
-    for rows, d in ((5, 264), (3, 1000), (3, 4096), (2, 4104), (2, 16384), (3, 4095)):
+    the odd 4095; long_row's clusters and the grid mode at 65544 and 262144) and backward (float grad_output and
+    output into a 16-bit grad_input), every row variant."""
+    for rows, d in ((5, 264), (3, 1000), (3, 4096), (2, 4104), (2, 16384), (3, 4095), (2, 65544), (2, 262144)):
         x = torch.randn(rows, d, device="cuda", dtype=dtype)
         for log in (False, True):
             fwd = ops.log_softmax if log else ops.softmax
             bwd = ops.log_softmax_backward if log else ops.softmax_backward
             want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
             dy = torch.randn(rows, d, device="cuda", dtype=torch.float32)
-            for v in ("auto", "warp", "vec", "scalar", "long_row", "split"):
+            for v in ("auto", "warp", "vec", "scalar", "long_row", "split", "grid"):
                 name = f"{'log_' if log else ''}softmax {v} [{rows}, {d}] {dtype} -> float32"
                 try:
                     y = fwd(x, -1, torch.float32, variant=v)

@@ -129,9 +129,11 @@ struct WarpPairedStores {
   }
 };
 
-// softmax_block_fwd_kernel's stores of its converted slice: paired where a unit's outputs are two 16-byte halves
-// wider than its inputs, else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower
-// (softmax 217.7 -> 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled.
+// The stores of a resident forward's slice (softmax_block_fwd_kernel; long_row.cuh's shared-memory cluster kernel and
+// grid.cuh's slices, whose units lie alike): paired where a unit's outputs are two 16-byte halves wider than its
+// inputs, else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower (softmax 217.7 ->
+// 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled. (The long_row and grid kernels' pairs are
+// untimed: branch s55-long-row-pairs.)
 template <typename in_t, typename out_t, int kVec, int kVecs, bool kEdges>
 FASTACT_DEVICE auto forward_stores(int64_t dim) {
   if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) == 2 * kVecBytes) {
@@ -145,17 +147,17 @@ FASTACT_DEVICE auto forward_stores(int64_t dim) {
 // nothing. An Extra holds the rest of the slice, kept elsewhere (long_row.cuh's SharedUnits: in shared
 // memory, as loaded), and resident_forward calls its hooks after the matching loops over v: fold_max(m)
 // folds its values into the thread's max m; add_terms(sum, base) adds their terms exp(x - base) to the
-// thread's sum; store(epi, M, c) writes their outputs KeepInput<Epi>::out(epi, x, M, c) to
-// yr + j * s.step (unit j of the slice): M the row's max, c = epi.row_constant(row sum) (not f, which
-// rescales the values kept in v).
+// thread's sum; store(epi, M, c, yr, s, writer) writes their outputs KeepInput<Epi>::out(epi, x, M, c) to
+// yr + j * s.step (unit j of the slice) through resident_forward's writer (PlainStores, WarpPairedStores): M the
+// row's max, c = epi.row_constant(row sum) (not f, which rescales the values kept in v).
 struct NoExtraUnits {
   template <typename A>
   FASTACT_DEVICE void fold_max(A& /*m*/, const ResidentSlice& /*s*/) const {}
   template <typename A>
   FASTACT_DEVICE void add_terms(A& /*sum*/, A /*base*/, const ResidentSlice& /*s*/) const {}
-  template <typename Epi, typename A, typename out_t>
-  FASTACT_DEVICE void store(const Epi& /*epi*/, A /*row_max*/, A /*c*/, out_t* /*yr*/,
-                            const ResidentSlice& /*s*/) const {}
+  template <typename Epi, typename A, typename out_t, typename Writer>
+  FASTACT_DEVICE void store(const Epi& /*epi*/, A /*row_max*/, A /*c*/, out_t* /*yr*/, const ResidentSlice& /*s*/,
+                            const Writer& /*writer*/) const {}
 };
 
 // resident_forward's Extra for units of the slice kept as loaded (in_t) rather than as A: units
@@ -192,13 +194,14 @@ struct LoadedUnits {
       for (int k = 0; k < kVec; ++k) sum += Raw::term(w[k], base);
     });
   }
-  template <typename A, typename out_t>
-  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* __restrict__ yr, const ResidentSlice& s) const {
+  template <typename A, typename out_t, typename Writer>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* __restrict__ yr, const ResidentSlice& s,
+                            const Writer& writer) const {
     for_each<A>(s, [&](int j, const A(&w)[kVec]) {
       A o[kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) o[k] = Raw::out(epi, w[k], row_max, c);
-      store_vector<out_t, kVec>(yr + j * s.step, from_acc<out_t>(o));
+      writer.store(yr + j * s.step, j, from_acc<out_t>(o));
     });
   }
 };
@@ -238,10 +241,11 @@ struct BothExtras {
     first.add_terms(sum, base, s);
     second.add_terms(sum, base, s);
   }
-  template <typename Epi, typename A, typename out_t>
-  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* yr, const ResidentSlice& s) const {
-    first.store(epi, row_max, c, yr, s);
-    second.store(epi, row_max, c, yr, s);
+  template <typename Epi, typename A, typename out_t, typename Writer>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, out_t* yr, const ResidentSlice& s,
+                            const Writer& writer) const {
+    first.store(epi, row_max, c, yr, s, writer);
+    second.store(epi, row_max, c, yr, s, writer);
   }
 };
 
@@ -331,8 +335,9 @@ struct ForwardEdges {
       if (k < x.count) sum += Raw::term(x.template value<A>(k), base);
     }
   }
-  template <typename A, typename T>
-  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, T* /*yr*/, const ResidentSlice& /*s*/) const {
+  template <typename A, typename T, typename Writer>
+  FASTACT_DEVICE void store(const Epi& epi, A row_max, A c, T* /*yr*/, const ResidentSlice& /*s*/,
+                            const Writer& /*writer*/) const {
 #pragma unroll
     for (int k = 0; k < x.kMax; ++k) {
       if (k < x.count) store_element(yrow + offset + k, Raw::out(epi, x.template value<A>(k), row_max, c));
@@ -431,7 +436,7 @@ FASTACT_DEVICE void resident_forward(A (&v)[kVecs > 0 ? kVecs : 1][kVec], const 
       writer.store(yr + j * s.step, j, from_acc<out_t>(o));
     }
   }
-  extra.store(epi, row_stats.max, c, yr, s);
+  extra.store(epi, row_stats.max, c, yr, s, writer);
 }
 
 // This thread's units j < s.nvalid of one row of grad_output and output, as loaded: dy[j] and yv[j]
@@ -631,7 +636,8 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_fwd_kern
     }
     A none[1][kVec];  // no converted units: all of the slice is in `units`
     resident_forward<Epi, kVec, 0>(none, s, yr, epi, scratch, round, cluster,
-                                   with_edges<kEdges, Epi, kVec>(units, xrow, yrow, ed));
+                                   with_edges<kEdges, Epi, kVec>(units, xrow, yrow, ed),
+                                   forward_stores<in_t, out_t, kVec, kVecs, kEdges>(dim));
   } else {
     A v[kVecs][kVec];
     if constexpr (kShift) {

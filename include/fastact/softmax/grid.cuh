@@ -143,11 +143,14 @@ FASTACT_DEVICE void grid_forward_slice(const in_t* __restrict__ x, out_t* __rest
   for (int j = 0; j < kRegVecs; ++j) {
     if (j < s.nvalid) to_acc(load_vector<in_t, kVec>(xr + j * s.step), v[j]);
   }
+  const auto stores = forward_stores<in_t, out_t, kVec, Shape::kVecs, false>(dim);
   if constexpr (kSmemVecs > 0) {
     resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group,
-                                          SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads});
+                                          SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>{{}, slot, nthreads},
+                                          stores);
   } else {
-    resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group);
+    resident_forward<Epi, kVec, kRegVecs>(v, s, y + row * dim + s.first, epi, scratch, round, group, NoExtraUnits{},
+                                          stores);
   }
 }
 

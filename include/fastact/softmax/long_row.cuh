@@ -124,6 +124,8 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
     resident_forward<Epi, kVec, 0>(none, s, yr, epi, scratch, round, cluster,
                                    BothExtras<RegisterUnits<Epi, in_t, kVec, kRegVecs>,
                                               SharedUnits<Epi, in_t, kVec, kRegVecs, kSmemVecs>>{units, shared});
+    // Plain stores: with warp-paired ones (block.cuh forward_stores) ptxas spilled 8-16 bytes here (64 registers,
+    // two 512-thread CTAs an SM).
   } else {
     A v[kRegVecs > 0 ? kRegVecs : 1][kVec];
 #pragma unroll
@@ -134,7 +136,8 @@ softmax_cluster_smem_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ 
       if (ahead > 0 && row + ahead < rows)
         prefetch_slice<Shape::kVecs>(x + (row + ahead) * row_stride, s);
     }
-    resident_forward<Epi, kVec, kRegVecs>(v, s, yr, epi, scratch, round, cluster, shared);
+    resident_forward<Epi, kVec, kRegVecs>(v, s, yr, epi, scratch, round, cluster, shared,
+                                          forward_stores<in_t, out_t, kVec, Shape::kVecs, false>(dim));
   }
 }
 
