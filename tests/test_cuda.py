@@ -205,24 +205,31 @@ def test_forced_variant(variant, op, dtypes, cls):
 @pytest.mark.parametrize("in_dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 def test_fused_cast_forward_warp_pairs(op, in_dtype):
-    """The vec forward of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves of
-    their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain. Rows
-    of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned rows
-    with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
-    plan, outputs poisoned, against float64."""
+    """The resident forwards of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves
+    of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
+    Rows of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned
+    rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
+    plan; long rows (65544: a partial last warp; 131072, 139264, 262144) through long_row's clusters and the grid
+    mode, forced; outputs poisoned, against float64."""
     fwd = getattr(ops, op.name).default
     ref_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
     failures = []
-    for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
+    cases = [(d, 37, ("vec", "auto")) for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384)]
+    cases += [(d, 5, ("auto", "long_row", "grid")) for d in (65544, 131072, 139264, 262144)]
+    for d, rows, variants in cases:
         for padded in (False, True):
             if padded:
-                x = strided_tensor((37, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
+                x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
             else:
-                x = make_tensor((37, d), in_dtype, "cuda", scale=3.0)
-            for variant in ("vec", "auto"):
+                x = make_tensor((rows, d), in_dtype, "cuda", scale=3.0)
+            for variant in variants:
                 msg = f"{op.name} {variant} {describe(x)} -> float32"
                 poison_allocator("cuda", x.numel() * 4)
-                y = fwd(x, -1, torch.float32, variant=variant)
+                y, refusal = _call(lambda: fwd(x, -1, torch.float32, variant=variant))
+                if refusal is not None:
+                    if variant in ("vec", "auto", "long_row"):
+                        failures.append(f"{msg}: refused: {refusal}")
+                    continue
                 try:
                     assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
                     assert_close(y, ref_fn(x.double(), -1), torch_actual=ref_fn(x, -1, dtype=torch.float32), msg=msg)
