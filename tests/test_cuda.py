@@ -209,13 +209,11 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
     of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
     Rows of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned
     rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
-    plan; long rows (65544: a partial last warp; 131072, 139264, 262144) through long_row's clusters and the grid
-    mode, forced; outputs poisoned, against float64."""
+    plan; outputs poisoned, against float64. Long rows: test_fused_cast_long_rows."""
     fwd = getattr(ops, op.name).default
     ref_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
     failures = []
     cases = [(d, 37, ("vec", "auto")) for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384)]
-    cases += [(d, 5, ("auto", "long_row", "grid")) for d in (65544, 131072, 139264, 262144)]
     for d, rows, variants in cases:
         for padded in (False, True):
             if padded:
@@ -227,8 +225,7 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
                 poison_allocator("cuda", x.numel() * 4)
                 y, refusal = _call(lambda: fwd(x, -1, torch.float32, variant=variant))
                 if refusal is not None:
-                    if variant in ("vec", "auto", "long_row"):
-                        failures.append(f"{msg}: refused: {refusal}")
+                    failures.append(f"{msg}: refused: {refusal}")
                     continue
                 try:
                     assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
@@ -236,6 +233,62 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
                 except AssertionError as e:
                     failures.append(str(e)[:400])
     assert not failures, f"{len(failures)} case(s) failed:\n" + "\n".join(failures)
+
+
+_FUSED_CAST_LONG_ROWS_SCRIPT = """
+import sys, torch, fastact
+sys.path.insert(0, sys.argv[1])
+from fastact_testing import assert_close, describe, make_tensor, poison_allocator, strided_tensor
+ops = torch.ops.fastact
+torch.manual_seed(0)
+failures = []
+for in_dtype in (torch.bfloat16, torch.float16):
+    for d in (65544, 131072, 139264, 262144):
+        for padded in (False, True):
+            if padded:
+                x = strided_tensor((5, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
+            else:
+                x = make_tensor((5, d), in_dtype, "cuda", scale=3.0)
+            for log in (False, True):
+                name = "log_softmax" if log else "softmax"
+                fwd = getattr(ops, name)
+                ref_fn = torch.log_softmax if log else torch.softmax
+                ref, pt = ref_fn(x.double(), -1), ref_fn(x, -1, dtype=torch.float32)
+                for variant in ("auto", "long_row", "grid"):
+                    msg = f"{name} {variant} {describe(x)} -> float32"
+                    poison_allocator("cuda", x.numel() * 4)
+                    try:
+                        y = fwd(x, -1, torch.float32, variant=variant)
+                        assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
+                        assert_close(y, ref, torch_actual=pt, msg=msg)
+                    except (AssertionError, RuntimeError) as e:  # a refusal too: these variants take these rows
+                        failures.append(f"{msg}: {e}"[:400])
+for d in (65544, 131072, 139264, 262144):
+    print("PLAN", fastact.explain("softmax", torch.empty(5, d, dtype=torch.bfloat16, device="cuda")))
+print("\\n".join(failures), file=sys.stderr)
+sys.exit(1 if failures else 0)
+"""
+
+
+@pytest.mark.parametrize("depth", ["standard", "deep"])
+def test_fused_cast_long_rows(depth):
+    """The long rows of 16-bit into float (the dtype= cast) under both memory-depth classes (FASTACT_MEMORY_DEPTH),
+    auto and forced long_row and grid, rows of 65544 (a partial last warp), 131072, 139264 and 262144, aligned and
+    with a padded stride, outputs poisoned, against float64. Their forwards store a warp's units by lane pairs
+    (block.cuh WarpPairedStores) in block.cuh's register clusters kept as loaded (deep, to 131072), long_row.cuh's
+    shared-memory clusters (standard) and grid.cuh's slices; the clusters with a register part as loaded (deep, past
+    131072) store plain. explain() shows that both paired cluster kernels run."""
+    env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _FUSED_CAST_LONG_ROWS_SCRIPT, tests], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    plans = [line for line in out.stdout.splitlines() if line.startswith("PLAN")]
+    assert len(plans) == 4, out.stdout
+    if depth == "standard":  # long_row.cuh's shared-memory kernel, its units converted (not kept as loaded)
+        assert any("in shared memory" in p and "kept as loaded" not in p for p in plans), plans
+    else:  # block.cuh's register clusters, kept as loaded
+        assert any("(kept as loaded)" in p and "in shared memory" not in p for p in plans), plans
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -382,6 +435,9 @@ for dtype in (torch.float32, torch.bfloat16):
             bwd = ops.log_softmax_backward if log else ops.softmax_backward
             y = fwd(x, -1, None, variant=variant)
             out[(str(dtype), shape, log)] = (y.cpu(), bwd(g, y, -1, dtype, variant=variant).cpu())
+            if dtype == torch.bfloat16:  # the dtype= cast: bf16 x into a float y, a float dy into a bf16 dx
+                yc = fwd(x, -1, torch.float32, variant=variant)
+                out[("cast", shape, log)] = (yc.cpu(), bwd(g.float(), yc, -1, dtype, variant=variant).cpu())
 torch.save(out, sys.argv[1])
 """
 
@@ -389,7 +445,8 @@ torch.save(out, sys.argv[1])
 def test_grid_mode_ctas_that_give_up(tmp_path):
     """A CTA that waits for its row longer than dispatch.h kGridWaitNs gives up and the launch's last CTA
     computes its slice (include/fastact/softmax/grid.cuh): FASTACT_GRID_WAIT_US=0 makes every CTA that
-    would wait give up. Results bitwise equal to those of a run that waits, and right."""
+    would wait give up. Results bitwise equal to those of a run that waits, and right; also the bf16 -> float
+    dtype= cast (its forward's warp-paired stores, block.cuh WarpPairedStores)."""
     runs = {}
     for wait in ("0", str(4000)):
         path = tmp_path / f"wait{wait}.pt"
@@ -413,6 +470,13 @@ def test_grid_mode_ctas_that_give_up(tmp_path):
                 assert_close(y.cuda(), fn(x.double(), -1), torch_actual=fn(x, -1), msg=msg)
                 assert_close(dx.cuda(), softmax_backward_ref(g, y.cuda(), -1, log),
                              torch_actual=softmax_backward_torch(g, y.cuda(), -1, dtype, log), msg=msg + " backward")
+                if dtype == torch.bfloat16:
+                    yc, dxc = runs["0"][("cast", shape, log)]
+                    assert_close(yc.cuda(), fn(x.double(), -1), torch_actual=fn(x, -1, dtype=torch.float32),
+                                 msg=msg + " -> float32")
+                    assert_close(dxc.cuda(), softmax_backward_ref(g.float(), yc.cuda(), -1, log), dtype,
+                                 torch_actual=softmax_backward_torch(g.float(), yc.cuda(), -1, dtype, log),
+                                 msg=msg + " -> float32 backward")
 
 
 def fastact_softmax_variant(x, dim, variant):
