@@ -133,7 +133,7 @@ struct WarpPairedStores {
 // grid.cuh's slices, whose units lie alike): paired where a unit's outputs are two 16-byte halves wider than its
 // inputs, else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower (softmax 217.7 ->
 // 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled. (The long_row and grid kernels' pairs are
-// untimed: branch s55-long-row-pairs.)
+// not yet timed: bench/NOTES.md, fifty-fifth session.)
 template <typename in_t, typename out_t, int kVec, int kVecs, bool kEdges>
 FASTACT_DEVICE auto forward_stores(int64_t dim) {
   if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) == 2 * kVecBytes) {
