@@ -31,6 +31,16 @@ def softmax_backward_reference(dy, want, dim, log):
     return f(dy.double(), want, dim, torch.float64)
 
 
+def taken(call):
+    """call(), or None where the forced variant cannot take the input ("cannot take"); other errors propagate."""
+    try:
+        return call()
+    except RuntimeError as e:
+        if "cannot take" in str(e):
+            return None
+        raise
+
+
 # compute-sanitizer 2025.3's synccheck stops with "an illegal memory access" (and 0 synccheck errors) on
 # any kernel whose CTAs push st.async values into the CTAs of a 16-CTA cluster while two CTAs of the
 # kernel can share an SM: a 40-line kernel doing only that fails alike, passes with 1 CTA an SM or in
@@ -87,19 +97,14 @@ def softmax_cases(dtype, synccheck=False):
                 want = ref_fn(x.double(), dim)
                 dy = torch.randn_like(x)
                 for v in VARIANTS:
-                    try:
-                        y = fwd(x, dim, None, variant=v)
-                    except RuntimeError as e:
-                        if "cannot take" in str(e):
-                            continue
-                        raise
+                    y = taken(lambda: fwd(x, dim, None, variant=v))
+                    if y is None:
+                        continue
                     check(f"{'log_' if log else ''}softmax {v} {shape} {dtype}", y, want, dtype)
-                    try:  # the backward caches two arrays: vec can take a forward row whose backward it cannot
-                        dx = bwd(dy, y, dim, dtype, variant=v)
-                    except RuntimeError as e:
-                        if "cannot take" in str(e):
-                            continue
-                        raise
+                    # the backward caches two arrays: vec can take a forward row whose backward it cannot
+                    dx = taken(lambda: bwd(dy, y, dim, dtype, variant=v))
+                    if dx is None:
+                        continue
                     check(f"{'log_' if log else ''}softmax_backward {v} {shape} {dtype}", dx,
                           softmax_backward_reference(dy, want, dim, log), dtype)
 
@@ -146,21 +151,15 @@ def fused_cast_cases(dtype, synccheck=False):
                 if skip_fwd and cluster_plan:
                     y = torch_fwd(x, -1, dtype=torch.float32)
                 else:
-                    try:
-                        y = fwd(x, -1, torch.float32, variant=v)
-                    except RuntimeError as e:
-                        if "cannot take" in str(e):
-                            continue
-                        raise
+                    y = taken(lambda: fwd(x, -1, torch.float32, variant=v))
+                    if y is None:
+                        continue
                     check(name, y, want, torch.float32)
                 if skip_bwd and cluster_plan:
                     continue
-                try:
-                    dx = bwd(dy, y, -1, dtype, variant=v)
-                except RuntimeError as e:
-                    if "cannot take" in str(e):
-                        continue
-                    raise
+                dx = taken(lambda: bwd(dy, y, -1, dtype, variant=v))
+                if dx is None:
+                    continue
                 check(name + " backward", dx, softmax_backward_reference(dy, want, -1, log), dtype)
 
 

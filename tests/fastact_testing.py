@@ -380,6 +380,33 @@ def describe(x):
     return f"shape={tuple(x.shape)} stride={x.stride()} offset={x.storage_offset()} dtype={x.dtype} device={x.device}"
 
 
+def fused_cast_forward_failures(in_dtype, rows, d, variants, ops=("softmax", "log_softmax")):
+    """The forwards `ops` of 16-bit rows [rows, d] of in_dtype into float32 (the dtype= cast) under each forced
+    variant, for rows aligned and with a padded stride (d + 8), x randn (scale 3): the output poisoned first; a
+    refusal, another error, a wrong dtype or layout, or a value off float64 (torch's own error widening the bound) is
+    a failure. Returns the failures' messages (none: all right)."""
+    failures = []
+    for padded in (False, True):
+        if padded:
+            x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
+        else:
+            x = make_tensor((rows, d), in_dtype, "cuda", scale=3.0)
+        for op in ops:
+            fwd = getattr(torch.ops.fastact, op)
+            ref_fn = torch.log_softmax if op == "log_softmax" else torch.softmax
+            ref, pt = ref_fn(x.double(), -1), ref_fn(x, -1, dtype=torch.float32)
+            for variant in variants:
+                msg = f"{op} {variant} {describe(x)} -> float32"
+                poison_allocator("cuda", x.numel() * 4)
+                try:
+                    y = fwd(x, -1, torch.float32, variant=variant)
+                    assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
+                    assert_close(y, ref, torch_actual=pt, msg=msg)
+                except (AssertionError, RuntimeError) as e:  # a refusal too: the callers' variants take their rows
+                    failures.append(f"{msg}: {e}"[:400])
+    return failures
+
+
 def check_op(op, x, *, dim=-1, dtype=None, bias=None, backward=True, grad_layout="contiguous", note=""):
     """Runs `op` through fastact and torch on `x` (and `bias`), checks the forward output (dtype,
     shape, device, strides, values) and, when `backward`, the gradients of x and bias through

@@ -29,6 +29,7 @@ from fastact_testing import (  # noqa: E402
     coarsest,
     describe,
     dtype_id,
+    fused_cast_forward_failures,
     is_dense,
     make_tensor,
     poison_allocator,
@@ -209,60 +210,23 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
     of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
     Rows of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned
     rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
-    plan; outputs poisoned, against float64. Long rows: test_fused_cast_long_rows."""
-    fwd = getattr(ops, op.name).default
-    ref_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
+    plan; outputs poisoned, against float64 (fastact_testing.fused_cast_forward_failures). Long rows:
+    test_fused_cast_long_rows."""
     failures = []
-    cases = [(d, 37, ("vec", "auto")) for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384)]
-    for d, rows, variants in cases:
-        for padded in (False, True):
-            if padded:
-                x = strided_tensor((rows, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
-            else:
-                x = make_tensor((rows, d), in_dtype, "cuda", scale=3.0)
-            for variant in variants:
-                msg = f"{op.name} {variant} {describe(x)} -> float32"
-                poison_allocator("cuda", x.numel() * 4)
-                y, refusal = _call(lambda: fwd(x, -1, torch.float32, variant=variant))
-                if refusal is not None:
-                    failures.append(f"{msg}: refused: {refusal}")
-                    continue
-                try:
-                    assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
-                    assert_close(y, ref_fn(x.double(), -1), torch_actual=ref_fn(x, -1, dtype=torch.float32), msg=msg)
-                except AssertionError as e:
-                    failures.append(str(e)[:400])
+    for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
+        failures += fused_cast_forward_failures(in_dtype, 37, d, ("vec", "auto"), ops=(op.name,))
     assert not failures, f"{len(failures)} case(s) failed:\n" + "\n".join(failures)
 
 
 _FUSED_CAST_LONG_ROWS_SCRIPT = """
 import sys, torch, fastact
 sys.path.insert(0, sys.argv[1])
-from fastact_testing import assert_close, describe, make_tensor, poison_allocator, strided_tensor
-ops = torch.ops.fastact
+from fastact_testing import fused_cast_forward_failures
 torch.manual_seed(0)
 failures = []
 for in_dtype in (torch.bfloat16, torch.float16):
     for d in (65544, 131072, 139264, 262144):
-        for padded in (False, True):
-            if padded:
-                x = strided_tensor((5, d), in_dtype, "cuda", slices={1: (0, 1, 8)}, scale=3.0)
-            else:
-                x = make_tensor((5, d), in_dtype, "cuda", scale=3.0)
-            for log in (False, True):
-                name = "log_softmax" if log else "softmax"
-                fwd = getattr(ops, name)
-                ref_fn = torch.log_softmax if log else torch.softmax
-                ref, pt = ref_fn(x.double(), -1), ref_fn(x, -1, dtype=torch.float32)
-                for variant in ("auto", "long_row", "grid"):
-                    msg = f"{name} {variant} {describe(x)} -> float32"
-                    poison_allocator("cuda", x.numel() * 4)
-                    try:
-                        y = fwd(x, -1, torch.float32, variant=variant)
-                        assert y.dtype == torch.float32 and y.is_contiguous(), f"{msg}: {describe(y)}"
-                        assert_close(y, ref, torch_actual=pt, msg=msg)
-                    except (AssertionError, RuntimeError) as e:  # a refusal too: these variants take these rows
-                        failures.append(f"{msg}: {e}"[:400])
+        failures += fused_cast_forward_failures(in_dtype, 5, d, ("auto", "long_row", "grid"))
 for d in (65544, 131072, 139264, 262144):
     print("PLAN", fastact.explain("softmax", torch.empty(5, d, dtype=torch.bfloat16, device="cuda")))
 print("\\n".join(failures), file=sys.stderr)
