@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -94,6 +95,53 @@ inline GeluApprox parse_gelu_approx(std::string_view s, const char* op) {
 // (forward) or computed in the wider type and cast (backward) around a same-dtype kernel.
 inline bool fused_softmax_cast(at::ScalarType narrow, at::ScalarType wide) {
   return narrow == wide || (wide == at::kFloat && (narrow == at::kHalf || narrow == at::kBFloat16));
+}
+
+// explain's dtype belongs to the softmax family (the forward's output dtype, the backward's input_dtype); the
+// elementwise ops take none.
+inline void check_explain_dtype(const std::string& op, std::optional<at::ScalarType> dtype) {
+  TORCH_CHECK(!dtype, "explain: dtype applies to softmax, log_softmax and their backwards, not to ", op);
+}
+
+// The element types a softmax-family op runs its kernel on, as plan_softmax_forward / plan_softmax_backward pick
+// them, for explain(op, x, dim, dtype=...). xt is the type of x, the forward's input or the backward's saved output;
+// dtype the op's own (the forward's output dtype, the backward's input_dtype; none: xt). Checks what the ops check of
+// both.
+struct SoftmaxExplainTypes {
+  at::ScalarType in;   // forward: what the kernel reads; backward: grad_input as the kernel writes it
+  at::ScalarType out;  // forward: the output; backward: grad_output and output
+  bool cast_first;     // forward: the op reads x.to(dtype), a fresh dense tensor (a cast the kernels do not fuse)
+  std::string note;    // "" without a conversion, else "; ..." saying where it happens
+};
+inline SoftmaxExplainTypes softmax_explain_types(at::ScalarType xt, std::optional<at::ScalarType> dtype,
+                                                 bool backward, const char* op) {
+  // The forward casts any real input given a dtype; else, and in the backward, x is floating.
+  TORCH_CHECK(is_supported_dtype(xt) || (!backward && dtype && at::isIntegralType(xt, /*includeBool=*/true)), op,
+              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for input, got ", xt);
+  TORCH_CHECK(!dtype || is_supported_dtype(*dtype), op, ": expected ", backward ? "input_dtype" : "dtype",
+              " to be float32, float64, float16 or bfloat16, got ", *dtype);
+  const at::ScalarType given = dtype.value_or(xt);
+  SoftmaxExplainTypes t;
+  if (backward) {
+    const bool fused = fused_softmax_cast(given, xt);
+    t = {fused ? given : xt, xt, false, ""};
+    if (given != xt) {
+      t.note = fused ? std::string("; ") + c10::toString(xt) + " grad_output and output, " + c10::toString(given) +
+                           " grad_input written by the kernel"
+                     : std::string("; computed in ") + c10::toString(xt) + ", grad_input then cast to " +
+                           c10::toString(given);
+    }
+  } else {
+    const bool fused = fused_softmax_cast(xt, given);
+    t = {fused ? xt : given, given, !fused, ""};
+    if (given != xt) {
+      t.note = fused ? std::string("; the ") + c10::toString(xt) + " input read as it is, the output written in " +
+                           c10::toString(given)
+                     : std::string("; the ") + c10::toString(xt) + " input first cast to " + c10::toString(given) +
+                           " (a fresh dense tensor)";
+    }
+  }
+  return t;
 }
 
 // True when the tensor's elements occupy exactly numel() consecutive slots of memory, in some

@@ -36,6 +36,7 @@ TORCH_LIBRARY(fastact, m) {
   m.def("sigmoid(Tensor self) -> Tensor");
   m.def("sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor");
   // Which kernel the op would run on this input, and why (fastact.explain). op is one of
-  // softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu, sigmoid.
-  m.def("explain(Tensor self, str op, int dim=-1) -> str");
+  // softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu, sigmoid; dtype (the softmax
+  // family's only) is the op's own: the forward's output dtype, the backward's input_dtype.
+  m.def("explain(Tensor self, str op, int dim=-1, *, ScalarType? dtype=None) -> str");
 }

@@ -89,12 +89,16 @@ def sigmoid(input):
     return _sigmoid(input)
 
 
-def explain(op, input, dim=-1):
+def explain(op, input, dim=-1, *, dtype=None):
     """Which kernel ``op`` runs on ``input`` and why: e.g. ``explain("softmax", x)``.
 
     ``op`` is one of softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu,
-    sigmoid. Reports the dispatcher's choice of softmax variant on CUDA tensors, the CPU path on CPU."""
-    return _ops.explain.default(input, op, dim)
+    sigmoid. Reports the dispatcher's choice of softmax variant on CUDA tensors, the CPU path on CPU.
+    For the backwards ``input`` stands for the forward's output. ``dtype`` (the softmax family only) is
+    the op's own: the forward's ``dtype=`` (``explain("log_softmax", logits, dtype=torch.float32)``: a
+    16-bit input widened to float in the kernel), the backward's ``input_dtype`` (grad_input's: the
+    forward input's dtype)."""
+    return _ops.explain.default(input, op, dim, dtype=dtype)
 
 
 from . import nn  # noqa: E402

@@ -39,6 +39,34 @@ def test_explain_default_dim(device):
     assert fastact.explain("softmax", x) == fastact.explain("softmax", x, -1)
 
 
+def test_explain_dtype(device):
+    """explain's dtype is the op's own (the forward's output dtype, the backward's input_dtype) and says where the
+    conversion happens: in the kernel for the fused casts (16-bit <-> float), as a cast around it otherwise; the same
+    plan as without it where the dtype is the tensor's; errors as the ops give them."""
+    x = make_tensor((4, 64), torch.bfloat16, device)
+    y = make_tensor((4, 64), torch.float32, device)
+    for op in ("softmax", "log_softmax"):
+        assert fastact.explain(op, x, dtype=torch.bfloat16) == fastact.explain(op, x)
+        assert "the BFloat16 input read as it is, the output written in Float" in fastact.explain(
+            op, x, dtype=torch.float32)
+        assert "the Float input first cast to Half" in fastact.explain(op, y, dtype=torch.float16)
+        assert "the Int input first cast to Float" in fastact.explain(
+            op, torch.arange(256, device=device, dtype=torch.int32).view(4, 64), dtype=torch.float32)
+        with pytest.raises(RuntimeError, match="expected dtype to be float32"):
+            fastact.explain(op, x, dtype=torch.int64)
+        backward = op + "_backward"
+        assert fastact.explain(backward, y, dtype=torch.float32) == fastact.explain(backward, y)
+        assert "BFloat16 grad_input written by the kernel" in fastact.explain(backward, y, dtype=torch.bfloat16)
+        assert "computed in Float, grad_input then cast to Double" in fastact.explain(backward, y, dtype=torch.float64)
+        with pytest.raises(RuntimeError, match="expected input_dtype to be float32"):
+            fastact.explain(backward, y, dtype=torch.int32)
+        with pytest.raises(RuntimeError, match="expected a floating point tensor"):
+            fastact.explain(backward, torch.ones(4, 64, device=device, dtype=torch.int32), dtype=torch.float32)
+    for op in ("gelu", "bias_gelu", "sigmoid"):
+        with pytest.raises(RuntimeError, match="dtype applies to softmax"):
+            fastact.explain(op, y, dtype=torch.float32)
+
+
 # ----------------------------------------------------------------------------------------------
 # Determinism: large enough that the CPU splits the work over threads and the GPU over many blocks
 

@@ -288,7 +288,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
 
 constexpr const char* kExplainOps = "softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu, sigmoid";
 
-std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_t dim) {
+std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_t dim,
+                        std::optional<at::ScalarType> dtype) {
   const std::string op(sv(op_name));
   const bool softmax_op =
       op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward";
@@ -299,12 +300,19 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
   const int threads = at::get_num_threads();
   std::ostringstream s;
   if (softmax_op) {
-    dim = wrap_dim(dim, self.dim(), "explain");
     const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
+    // An integral input without a dtype: described as computed in float (the ops reject it).
+    const bool integral = at::isIntegralType(self.scalar_type(), /*includeBool=*/true);
+    const SoftmaxExplainTypes types =
+        softmax_explain_types(integral && !dtype ? at::kFloat : self.scalar_type(), dtype, backward, op.c_str());
+    dim = wrap_dim(dim, self.dim(), "explain");
     SoftmaxGeometry g;
     std::string layout;
     if (self.numel() == 0) {
       layout = "empty input: nothing to compute";
+    } else if (types.cast_first) {
+      g = dense_geometry(at::empty_like(self, self.options().device(at::kMeta).dtype(types.out)), dim);
+      layout = "input first cast to its dtype, a fresh dense tensor";
     } else if (is_dense(self)) {
       g = dense_geometry(self, dim);
       layout = "dense input read in place in its memory order";
@@ -318,8 +326,8 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       g = dense_geometry(at::empty_like(self, self.options().device(at::kMeta)), dim);
       layout = "input has gaps or overlaps: copied into a dense tensor first";
     }
-    // Vector lanes of this dtype: half and bfloat16 compute in float, double has half as many.
-    const int64_t lanes = self.scalar_type() == at::kDouble ? table.float_lanes / 2 : table.float_lanes;
+    // Vector lanes of the arithmetic: half and bfloat16 compute in float, double has half as many.
+    const int64_t lanes = types.out == at::kDouble ? table.float_lanes / 2 : table.float_lanes;
     if (g.inner == 1) {
       s << "variant=cpu_lastdim: " << op << " over rows of D=" << g.dim_size << " (outer=" << g.outer
         << ", row stride " << g.row_stride << "; " << layout << "); "
@@ -332,9 +340,8 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
         << lanes << "-lane SIMD across the contiguous inner dim, each lane a column with its own "
         << (backward ? "sum" : "max and sum");
       const SoftmaxShape shape{g.outer, g.dim_size, g.inner};
-      // Another input type (integral: the op computes it in the dtype it is given): as float.
-      const at::ScalarType compute = is_supported_dtype(self.scalar_type()) ? self.scalar_type() : at::kFloat;
-      const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, compute, "explain", [&] {
+      // The kernel table of the type the kernel reads (forward) or writes (backward's grad_input).
+      const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, types.in, "explain", [&] {
         const TypedKernels<scalar_t>& k = table.of<scalar_t>();
         return std::pair(k.softmax_strided_columns(shape, backward), k.softmax_strided_lane_group(shape, backward));
       });
@@ -362,7 +369,9 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       }
       s << ", split across threads";
     }
+    s << types.note;
   } else {
+    check_explain_dtype(op, dtype);
     // sigmoid computes an integer input in the default dtype: what it reads is that copy.
     const bool converts = op == "sigmoid" && at::isIntegralType(self.scalar_type(), /*includeBool=*/true);
     const at::Tensor x = converts ? integral_to_default_float_meta(self) : self;

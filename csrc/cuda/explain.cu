@@ -12,13 +12,15 @@
 namespace fastact::cuda {
 namespace {
 
-std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t dim) {
+std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t dim,
+                         std::optional<at::ScalarType> dtype) {
   const std::string op(op_view);
   if (op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward") {
     const bool log = op.rfind("log_", 0) == 0;
     const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
-    return explain_softmax_cuda(x, dim, log, backward);
+    return explain_softmax_cuda(x, dim, log, backward, dtype);
   }
+  check_explain_dtype(op, dtype);
   if (op == "sigmoid" && at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
     // sigmoid computes an integer input in the default dtype: the kernel reads that (fresh, aligned) copy.
     const at::Tensor converted = integral_to_default_float_meta(x);

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fastact/dispatch.h"
@@ -22,8 +23,10 @@ namespace fastact {
 // "variant=<name>: D=..., outer=..., inner=...: <why> [<launch configuration>]".
 // op = softmax (log=false, backward=false), log_softmax (log=true), softmax_backward /
 // log_softmax_backward (backward=true; x stands for the saved output, grad_output is taken to be
-// laid out like it). Allocates nothing, launches nothing. Errors as the ops (dtype, dim range).
-std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, bool backward);
+// laid out like it). dtype is the op's own: the forward's output dtype (softmax's dtype=), the backward's
+// input_dtype (grad_input's); none: x's. Allocates nothing, launches nothing. Errors as the ops (dtype, dim range).
+std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, bool backward,
+                                 std::optional<at::ScalarType> dtype);
 
 namespace cuda {
 

@@ -178,9 +178,10 @@ at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_output, const at::Te
 
 }  // namespace
 
-std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, bool backward) {
+std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, bool backward,
+                                 std::optional<at::ScalarType> dtype) {
   const char* op = backward ? (log ? "log_softmax_backward" : "softmax_backward") : (log ? "log_softmax" : "softmax");
-  check_floating(x, op, "input");
+  const SoftmaxExplainTypes t = softmax_explain_types(x.scalar_type(), dtype, backward, op);
   TORCH_CHECK(x.is_cuda(), op, ": explain_softmax_cuda expects a CUDA tensor, got one on ", x.device());
   dim = wrap_dim(dim, x.dim(), "explain");
   if (x.numel() == 0) return "variant=none: the tensor is empty, nothing is launched";
@@ -190,7 +191,9 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
   // in empty_like's layout (a meta tensor gives its strides; aligned: a null pointer stands for it).
   SoftmaxGeometry g;
   const void* ptr = nullptr;
-  if (is_dense(x)) {
+  if (t.cast_first) {  // x.to(dtype)
+    g = dense_geometry(at::empty_like(x, x.options().device(at::kMeta).dtype(t.out)), dim);
+  } else if (is_dense(x)) {
     g = dense_geometry(x, dim);
     ptr = x.const_data_ptr();
   } else if (auto rs = backward ? std::nullopt : collapsed_row_stride(x, dim)) {
@@ -202,21 +205,30 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
     g = dense_geometry(at::empty_like(x, x.options().device(at::kMeta)), dim);
   }
   const SoftmaxDeviceProps dev = cuda::softmax_device_props_cached(x.get_device());
-  const int elem = static_cast<int>(x.element_size());
-  const int acc = acc_bytes_of(x.scalar_type());
+  const int in_elem = static_cast<int>(c10::elementSize(t.in));
+  const int out_elem = static_cast<int>(c10::elementSize(t.out));
+  const int acc = acc_bytes_of(t.out);
   SoftmaxProblem p =
-      backward ? softmax_backward_problem(ptr, ptr, elem, ptr, elem, acc, g.outer, g.dim_size, g.inner, dev)
-               : softmax_forward_problem(ptr, elem, nullptr, elem, acc, g.outer, g.dim_size, g.inner, g.row_stride,
-                                         dev);
+      backward ? softmax_backward_problem(ptr, ptr, out_elem, ptr, in_elem, acc, g.outer, g.dim_size, g.inner, dev)
+               : softmax_forward_problem(ptr, in_elem, nullptr, out_elem, acc, g.outer, g.dim_size, g.inner,
+                                         g.row_stride, dev);
   p.workspace = true;  // as the ops (workspace_for)
   p.term_uses_output = !log;  // as launch_backward
-  if (backward && g.inner == 1) {  // as launch_backward, for grad_input of x's dtype
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "explain", [&] {
-      const cuda::cuda_type<scalar_t>* none = nullptr;
-      p.bwd_two_cta_threads = cuda::softmax_backward_two_cta_threads(log, none, none);
-    });
+  if (backward && g.inner == 1) {  // as launch_backward, for grad_input in t.in
+    if (t.in == t.out) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.out, "explain", [&] {
+        const cuda::cuda_type<scalar_t>* none = nullptr;
+        p.bwd_two_cta_threads = cuda::softmax_backward_two_cta_threads(log, none, none);
+      });
+    } else {  // the fused cast: float grad_output and output, a 16-bit grad_input
+      const float* dy = nullptr;
+      AT_DISPATCH_REDUCED_FLOATING_TYPES(t.in, "explain", [&] {
+        const cuda::cuda_type<scalar_t>* dx = nullptr;
+        p.bwd_two_cta_threads = cuda::softmax_backward_two_cta_threads(log, dy, dx);
+      });
+    }
   }
-  return softmax_explain(p, choose_softmax(p));
+  return softmax_explain(p, choose_softmax(p)) + t.note;
 }
 
 TORCH_LIBRARY_IMPL(fastact, CUDA, m) {
