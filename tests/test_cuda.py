@@ -208,12 +208,12 @@ def test_forced_variant(variant, op, dtypes, cls):
 def test_fused_cast_forward_warp_pairs(op, in_dtype):
     """The resident forwards of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves
     of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
-    Rows of whole warps (256: one warp; 2048 to 16384), of a partial last warp (264, 1000, 4104, 12296), aligned
-    rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
+    Rows of whole warps (256: one warp; 1024, vec's plan on a deep-memory device, dispatch.h kDeepVecForwardMinCastDim;
+    2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
     plan; outputs poisoned, against float64 (fastact_testing.fused_cast_forward_failures). Long rows:
     test_fused_cast_long_rows."""
     failures = []
-    for d in (256, 264, 1000, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
+    for d in (256, 264, 1000, 1016, 1024, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
         failures += fused_cast_forward_failures(in_dtype, 37, d, ("vec", "auto"), ops=(op.name,))
     assert not failures, f"{len(failures)} case(s) failed:\n" + "\n".join(failures)
 
@@ -227,8 +227,9 @@ failures = []
 for in_dtype in (torch.bfloat16, torch.float16):
     for d in (65544, 131072, 139264, 262144):
         failures += fused_cast_forward_failures(in_dtype, 5, d, ("auto", "long_row", "grid"))
-for d in (65544, 131072, 139264, 262144):
-    print("PLAN", fastact.explain("softmax", torch.empty(5, d, dtype=torch.bfloat16, device="cuda")))
+for d in (1016, 1024, 65544, 131072, 139264, 262144, 524288):
+    x = torch.empty(5, d, dtype=torch.bfloat16, device="cuda")
+    print("PLAN", d, fastact.explain("softmax", x, dtype=torch.float32))
 print("\\n".join(failures), file=sys.stderr)
 sys.exit(1 if failures else 0)
 """
@@ -241,18 +242,27 @@ def test_fused_cast_long_rows(depth):
     with a padded stride, outputs poisoned, against float64. Their forwards store a warp's units by lane pairs
     (block.cuh WarpPairedStores) in block.cuh's register clusters kept as loaded (deep, to 131072), long_row.cuh's
     shared-memory clusters (standard) and grid.cuh's slices; the clusters with a register part as loaded (deep, past
-    131072) store plain. explain() shows that both paired cluster kernels run."""
+    131072) store plain. explain(dtype=torch.float32) shows the cast's plans: in both classes block.cuh's register
+    clusters kept as loaded to 131072 and long_row.cuh's shared-memory kernel to 262144 (dispatch.h
+    long_row_deep_shapes), the deep class's register part at 524288; rows of 1024 in vec on deep (dispatch.h
+    kDeepVecForwardMinCastDim), in warp on standard, 1016 in warp on both."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _FUSED_CAST_LONG_ROWS_SCRIPT, tests], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    plans = [line for line in out.stdout.splitlines() if line.startswith("PLAN")]
-    assert len(plans) == 4, out.stdout
-    if depth == "standard":  # long_row.cuh's shared-memory kernel, its units converted (not kept as loaded)
-        assert any("in shared memory" in p and "kept as loaded" not in p for p in plans), plans
-    else:  # block.cuh's register clusters, kept as loaded
-        assert any("(kept as loaded)" in p and "in shared memory" not in p for p in plans), plans
+    plans = dict(line.split(" ", 2)[1:] for line in out.stdout.splitlines() if line.startswith("PLAN"))
+    assert len(plans) == 7, out.stdout
+    for p in plans.values():
+        assert p.endswith("the BFloat16 input read as it is, the output written in Float"), p
+    assert plans["1016"].startswith("variant=warp"), plans["1016"]
+    assert plans["1024"].startswith("variant=vec" if depth == "deep" else "variant=warp"), plans["1024"]
+    for d in ("65544", "131072"):  # block.cuh's register clusters, kept as loaded
+        assert "(kept as loaded)" in plans[d] and "in shared memory" not in plans[d], plans[d]
+    for d in ("139264", "262144"):  # long_row.cuh's shared-memory kernel, its units converted
+        assert "in shared memory" in plans[d] and "kept as loaded" not in plans[d], plans[d]
+    if depth == "deep":  # the register part as loaded beside shared memory (plain stores)
+        assert "the rest kept as loaded" in plans["524288"], plans["524288"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

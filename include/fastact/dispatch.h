@@ -396,6 +396,14 @@ constexpr int kDeepRawPrefetchL2Multiple = 4;
 //   141.7), [512, 262144] 161.7 / 154.7 -> 16 x 128 145.5 / 146.4 (8 x 256 148.3 / 146.9; f16 159.0 -> 144.5),
 //   393216 16 x 384 162.4 -> 16 x 192 148.3 (log_softmax 155.6 -> 147.4), 524288 16 x 512 176.0 -> 16 x 256 153.6.
 //   CTAs of 96 threads lost: 16 x 96 at 139264 / 163840 / 196608 ran 188.9 / 168.3 / 152.2.
+// The forward of 16-bit rows into float (the dtype= cast) plans its clusters as a standard device does, up to rows
+// of 262144 (long_row_deep_shapes): the shapes with a register part as loaded store their floats plain (long_row.cuh: with
+// warp-paired stores ptxas spilled there), while the shared-memory-only shapes pair them (block.cuh
+// WarpPairedStores). Why (H200, 256 MB of input, us, bench/repro/softmax_plans_ab.py, the deep class against
+// FASTACT_MEMORY_DEPTH=standard, bench/NOTES.md fifty-sixth session): bf16 log_softmax [512, 262144] 16 x 128 with a
+// register part 321.1, 8 x 512 in shared memory 215.3; softmax [1024, 131072] 204.2 in both (8 x 256 registers
+// as loaded, paired); the register part's rows [883, 151936] 253.4 and [512, 262144] 309.7 against 202-204 for the
+// paired shapes at 32768-131072.
 constexpr int kDeepClusterWideThreads = 256;
 constexpr int kDeepClusterRawThreads[] = {128, 256, 512};
 constexpr int kDeepClusterRawMinThreads = 128;
@@ -1011,15 +1019,23 @@ inline bool softmax_rows_shift_vectorizable(const SoftmaxProblem& p) {
 // softmax D = 512 132.3 -> 130.7 (129.8), 1024 132.1 -> 131.0 (130.0), log_softmax 1024 132.8 -> 131.2 (131.3). The
 // 16-bit forwards stay: vec at 32 threads of 4 units lost at 1024 (bf16 136.1 against warp's 132.8, log_softmax 138.4
 // against 132.4), and the warp kernel's plain loads in place of .cg changed nothing (within 0.1%).
+// The forward of aligned 16-bit rows into float (the dtype= cast) leaves warp on a kDeep device from
+// kDeepVecForwardMinCastDim: vec's block of one warp a row, 4 units a thread, whose float stores are whole 512-byte
+// runs (block.cuh WarpPairedStores); the warp kernel stores each lane's 32 bytes of a unit as two 16-byte halves,
+// half of each sector an instruction. Why (H200, 256 MB of input, us, three rounds of
+// bench/repro/softmax_bwd_plans_diag.py, bench/NOTES.md fifty-sixth session): bf16 D = 1024 warp 248.1, vec 32 x 4
+// 197.6, torch.compile 197.2. At 256 warp stays (197.0, torch.compile 198.5; vec's one unit a thread 391.7).
 constexpr int kWarpBackwardMaxDim = 768;
 constexpr int kVecBackwardMinAlignedDim = 896;
 constexpr int kVecBackwardMinAlignedFloatDim = 512;
 constexpr int kDeepVecForwardMinFloatDim = 512;
+constexpr int kDeepVecForwardMinCastDim = 1024;
 inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
   const bool is_float = p.in_bytes == 4 && p.out_bytes == 4 && p.acc_bytes == 4;
   if (!p.backward) {
-    return p.memory_depth == MemoryDepth::kDeep && is_float && softmax_rows_vectorizable(p) &&
-           p.dim_size >= kDeepVecForwardMinFloatDim;
+    if (p.memory_depth != MemoryDepth::kDeep || !softmax_rows_vectorizable(p)) return false;
+    if (is_float) return p.dim_size >= kDeepVecForwardMinFloatDim;
+    return p.in_bytes == 2 && p.out_bytes == 4 && p.dim_size >= kDeepVecForwardMinCastDim;
   }
   if (softmax_rows_vectorizable(p)) {
     return p.dim_size >= (is_float ? kVecBackwardMinAlignedFloatDim : kVecBackwardMinAlignedDim);
@@ -1296,6 +1312,17 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool r
 // take the shared-memory CTAs with such a register part besides (softmax_cluster_smem_raw_regs). On a deep-memory
 // device those come right after the register-only CTAs, from 128 threads, and the shared-memory CTAs of up to
 // kDeepClusterWideThreads threads take clusters of 16 in the first pass (kDeepClusterWideThreads says why).
+// Whether plan_cluster takes a deep-memory device's shapes (kDeepClusterWideThreads): on such a device, but not for
+// the forward of 16-bit rows into float that a portable cluster of the shared-memory shape holds (8 x 512 x 64 =
+// 262144 elements; see there). Longer such rows, whose standard shapes would be 16-CTA clusters of 384-512 threads,
+// keep the deep ones (not measured).
+inline bool long_row_deep_shapes(const SoftmaxProblem& p) {
+  if (p.memory_depth != MemoryDepth::kDeep) return false;
+  const bool widens = !p.backward && p.in_bytes == 2 && p.out_bytes == 4;
+  return !widens || p.dim_size > int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads *
+                                     softmax_cluster_smem_elems(p.in_bytes);
+}
+
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
@@ -1304,7 +1331,7 @@ inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPl
   const int smem_e = with_smem ? softmax_cluster_smem_elems(p.in_bytes) : 0;
   const int smem_total = with_smem ? softmax_cluster_smem_reg_elems(p.in_bytes, p.acc_bytes) + smem_e : 0;
   const bool raw_regs = with_smem && softmax_cluster_smem_raw_regs(p.backward, vec, p.in_bytes, p.acc_bytes);
-  const bool deep = p.memory_depth == MemoryDepth::kDeep;
+  const bool deep = long_row_deep_shapes(p);
   // (threads, whether part of the slice is in shared memory, whether the shared-memory kernel also keeps
   // registers as loaded), in the order tried.
   struct Shape {
