@@ -117,7 +117,8 @@ inline SoftmaxExplainTypes softmax_explain_types(at::ScalarType xt, std::optiona
                                                  bool backward, const char* op) {
   // The forward casts any real input given a dtype; else, and in the backward, x is floating.
   TORCH_CHECK(is_supported_dtype(xt) || (!backward && dtype && at::isIntegralType(xt, /*includeBool=*/true)), op,
-              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for input, got ", xt);
+              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ",
+              backward ? "output" : "input", ", got ", xt);
   TORCH_CHECK(!dtype || is_supported_dtype(*dtype), op, ": expected ", backward ? "input_dtype" : "dtype",
               " to be float32, float64, float16 or bfloat16, got ", *dtype);
   const at::ScalarType given = dtype.value_or(xt);

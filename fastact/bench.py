@@ -779,7 +779,7 @@ def bench_case(case, device, compiler=None, *, variants=True, timing=None, verif
         op = case.op if case.direction == "fwd" else case.op + "_backward"
         t = inputs["x"] if case.direction == "fwd" else inputs["y"]
         # The op's dtype argument: the forward's output dtype, the backward's input_dtype (the fused cast's).
-        dtype = None if case.out_dtype is None else case.out_dtype if case.direction == "fwd" else case.dtype
+        dtype = None if case.out_dtype is None else (case.out_dtype if case.direction == "fwd" else case.dtype)
         try:
             explain = fastact.explain(op, t, case.dim, dtype=dtype)
         except Exception as e:  # noqa: BLE001 — a report must not die on explain

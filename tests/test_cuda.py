@@ -208,8 +208,9 @@ def test_forced_variant(variant, op, dtypes, cls):
 def test_fused_cast_forward_warp_pairs(op, in_dtype):
     """The resident forwards of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves
     of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
-    Rows of whole warps (256: one warp; 1024, vec's plan on a deep-memory device, dispatch.h kDeepVecForwardMinCastDim;
-    2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
+    Rows of whole warps (256: one warp; 1024, vec's plan on a deep-memory device, dispatch.h
+    kDeepVecForwardMinCastDim; 2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows
+    with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
     plan; outputs poisoned, against float64 (fastact_testing.fused_cast_forward_failures). Long rows:
     test_fused_cast_long_rows."""
     failures = []
@@ -240,12 +241,11 @@ def test_fused_cast_long_rows(depth):
     """The long rows of 16-bit into float (the dtype= cast) under both memory-depth classes (FASTACT_MEMORY_DEPTH),
     auto and forced long_row and grid, rows of 65544 (a partial last warp), 131072, 139264 and 262144, aligned and
     with a padded stride, outputs poisoned, against float64. Their forwards store a warp's units by lane pairs
-    (block.cuh WarpPairedStores) in block.cuh's register clusters kept as loaded (deep, to 131072), long_row.cuh's
-    shared-memory clusters (standard) and grid.cuh's slices; the clusters with a register part as loaded (deep, past
-    131072) store plain. explain(dtype=torch.float32) shows the cast's plans: in both classes block.cuh's register
-    clusters kept as loaded to 131072 and long_row.cuh's shared-memory kernel to 262144 (dispatch.h
-    long_row_deep_shapes), the deep class's register part at 524288; rows of 1024 in vec on deep (dispatch.h
-    kDeepVecForwardMinCastDim), in warp on standard, 1016 in warp on both."""
+    (block.cuh WarpPairedStores) in block.cuh's register clusters kept as loaded (to 131072), long_row.cuh's
+    shared-memory clusters (to 262144: dispatch.h long_row_deep_shapes) and grid.cuh's slices; the clusters with a
+    register part as loaded (deep, past 262144: test_long_row_rows_beyond_one_wave's rows of the cast) store plain.
+    explain(dtype=torch.float32) shows those plans in both classes, the deep class's register part at 524288, and
+    rows of 1024 in vec on deep (dispatch.h kDeepVecForwardMinCastDim), in warp on standard, 1016 in warp on both."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _FUSED_CAST_LONG_ROWS_SCRIPT, tests], env=env, capture_output=True,
@@ -314,7 +314,9 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
     out_arg = out_dtype if out_dtype != in_dtype else None
     probe = make_tensor((1, d), out_dtype if direction == "bwd" else in_dtype, "cuda")
     name = op.name + ("_backward" if direction == "bwd" else "")
-    plan = _cluster_plan(fastact.explain(name, probe))  # the fused dtypes plan alike
+    # explain's dtype is the op's own: the forward's output dtype, the backward's input_dtype
+    explain_dtype = out_arg if direction == "fwd" else (in_dtype if out_arg is not None else None)
+    plan = _cluster_plan(fastact.explain(name, probe, dtype=explain_dtype))
     if plan is None:
         pytest.skip("neither a cluster nor the grid mode caches this row here: long_row takes its two-read mode "
                     "(tested elsewhere)")

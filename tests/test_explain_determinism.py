@@ -65,6 +65,28 @@ def test_explain_dtype(device):
     for op in ("gelu", "bias_gelu", "sigmoid"):
         with pytest.raises(RuntimeError, match="dtype applies to softmax"):
             fastact.explain(op, y, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="unknown"):
+        fastact.explain("softmaxx", y, dtype=torch.float32)
+    # The plan is the kernel's: a cast-first input is a fresh dense tensor (here of a transposed, non-dense x); the
+    # fused backward plans by the float dy and y it reads (CPU: the strided runs of float); on CUDA the mixed widths
+    # leave warp from 896, float rows from 512 (dispatch.h softmax_rows_leave_warp).
+    xt = make_tensor((300, 64), torch.float32, device)[::2].t()
+    cast = fastact.explain("softmax", xt, 0, dtype=torch.float16)
+    plain = fastact.explain("softmax", xt.to(torch.float16), 0)
+    if device == "cpu":  # the CPU text names the layout
+        plain = plain.replace("dense input read in place in its memory order", "a fresh dense copy")
+    assert cast.replace("; the Float input first cast to Half (a fresh dense tensor)", "") == plain, (cast, plain)
+    for shape, dim in (((64, 64, 20), 1), ((3, 64, 33), 1), ((8, 768), -1)):
+        y = make_tensor(shape, torch.float32, device)
+        fused = fastact.explain("softmax_backward", y, dim, dtype=torch.bfloat16)
+        note = "; Float grad_output and output, BFloat16 grad_input written by the kernel"
+        assert note in fused, fused
+        if device == "cpu":
+            assert fused.replace(note, "") == fastact.explain("softmax_backward", y, dim), fused
+    if device == "cuda":
+        y = make_tensor((8, 768), torch.float32, device)
+        assert fastact.explain("softmax_backward", y).startswith("variant=vec")
+        assert fastact.explain("softmax_backward", y, dtype=torch.bfloat16).startswith("variant=warp")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -312,7 +312,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       layout = "empty input: nothing to compute";
     } else if (types.cast_first) {
       g = dense_geometry(at::empty_like(self, self.options().device(at::kMeta).dtype(types.out)), dim);
-      layout = "input first cast to its dtype, a fresh dense tensor";
+      layout = "a fresh dense copy";
     } else if (is_dense(self)) {
       g = dense_geometry(self, dim);
       layout = "dense input read in place in its memory order";
@@ -340,8 +340,9 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
         << lanes << "-lane SIMD across the contiguous inner dim, each lane a column with its own "
         << (backward ? "sum" : "max and sum");
       const SoftmaxShape shape{g.outer, g.dim_size, g.inner};
-      // The kernel table of the type the kernel reads (forward) or writes (backward's grad_input).
-      const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, types.in, "explain", [&] {
+      // The plan of the type the kernel reads (the fused backward's float dy and y: softmax_bwd_from_float).
+      const at::ScalarType read = backward ? types.out : types.in;
+      const auto [columns, group] = AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, read, "explain", [&] {
         const TypedKernels<scalar_t>& k = table.of<scalar_t>();
         return std::pair(k.softmax_strided_columns(shape, backward), k.softmax_strided_lane_group(shape, backward));
       });

@@ -20,14 +20,17 @@ std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t 
     const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
     return explain_softmax_cuda(x, dim, log, backward, dtype);
   }
-  check_explain_dtype(op, dtype);
+  std::string s;
   if (op == "sigmoid" && at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
     // sigmoid computes an integer input in the default dtype: the kernel reads that (fresh, aligned) copy.
     const at::Tensor converted = integral_to_default_float_meta(x);
-    return explain_elementwise_cuda(converted, op) + "; the " + std::string(c10::toString(x.scalar_type())) +
-           " input is first converted to " + c10::toString(converted.scalar_type());
+    s = explain_elementwise_cuda(converted, op) + "; the " + std::string(c10::toString(x.scalar_type())) +
+        " input is first converted to " + c10::toString(converted.scalar_type());
+  } else {
+    s = explain_elementwise_cuda(x, op);
   }
-  return explain_elementwise_cuda(x, op);
+  check_explain_dtype(op, dtype);  // after the op's name is known to be one (explain_elementwise_cuda's check)
+  return s;
 }
 
 }  // namespace

@@ -343,8 +343,9 @@ constexpr bool softmax_cluster_smem_supported(int vec, int in_bytes, int acc_byt
 // Whether that kernel also keeps a register part as loaded (softmax_resident_raw_elems, besides its shared-memory
 // part) for 16-bit rows longer than the shared-memory part alone covers in a cluster (16 x 512 x 64 = 2^19):
 // 128 elements a thread, 16 x 512 x 128 = 2^20, two CTAs an SM (on a deep-memory device, from 131072 on, before
-// the shared-memory-only shapes: kDeepClusterWideThreads). Tried after every other cluster shape at
-// every cluster size (plan_cluster), so shorter rows keep theirs. Why: such rows otherwise leave the cluster
+// the shared-memory-only shapes: kDeepClusterWideThreads; the cast into float past 262144:
+// long_row_deep_shapes). Tried after every other cluster shape at every cluster size (plan_cluster), so shorter
+// rows keep theirs. Why: such rows otherwise leave the cluster
 // for the grid mode (partials through global memory), which ran the H100's bf16 rows of 2^20 at 0.85-0.86 of
 // the limit (wide report, bench/NOTES.md forty-seventh session); a cluster slice of 256 bytes a thread is the
 // float [128, 524288] forward's (16 x 512, 32 registers and 32 in shared memory), which runs at 0.94. Measured
@@ -367,7 +368,8 @@ constexpr bool softmax_cluster_smem_raw_regs(bool backward, int vec, int in_byte
 // report timing, two rounds each, bench/NOTES.md forty-seventh session: bf16 [128, 2^20] softmax 193.3 against
 // 197.1 us, but log_softmax 202.0 against 197.4, 0.896 of the limit; [32, 2^20], 64 MB, 0.87-0.94x in a diag),
 // except on a deep-memory device (kDeepRawPrefetchL2Multiple). There no 16-bit row up to 2^20 takes that kernel
-// without a register part (kDeepClusterWideThreads).
+// without a register part (kDeepClusterWideThreads), but for the cast into float to 262144 (long_row_deep_shapes),
+// which takes the shared-memory-only shape and its prefetch as a standard device does.
 constexpr int kLongRowPrefetchDivisor = 4;
 // On a deep-memory device the 16-bit shape with a register part as loaded (softmax_cluster_smem_raw_regs) prefetches
 // the rows ahead as the shared-memory-only one does, on inputs of at least this many times the L2 size. Why (H200,
@@ -396,10 +398,10 @@ constexpr int kDeepRawPrefetchL2Multiple = 4;
 //   141.7), [512, 262144] 161.7 / 154.7 -> 16 x 128 145.5 / 146.4 (8 x 256 148.3 / 146.9; f16 159.0 -> 144.5),
 //   393216 16 x 384 162.4 -> 16 x 192 148.3 (log_softmax 155.6 -> 147.4), 524288 16 x 512 176.0 -> 16 x 256 153.6.
 //   CTAs of 96 threads lost: 16 x 96 at 139264 / 163840 / 196608 ran 188.9 / 168.3 / 152.2.
-// The forward of 16-bit rows into float (the dtype= cast) plans its clusters as a standard device does, up to rows
-// of 262144 (long_row_deep_shapes): the shapes with a register part as loaded store their floats plain (long_row.cuh: with
-// warp-paired stores ptxas spilled there), while the shared-memory-only shapes pair them (block.cuh
-// WarpPairedStores). Why (H200, 256 MB of input, us, bench/repro/softmax_plans_ab.py, the deep class against
+// The forward of 16-bit rows into float (the dtype= cast) plans its clusters as a standard device does, up to
+// rows of 262144 (long_row_deep_shapes): the shapes with a register part as loaded store their floats plain
+// (long_row.cuh: with warp-paired stores ptxas spilled there), while the shared-memory-only shapes pair them
+// (block.cuh WarpPairedStores). Why (H200, 256 MB of input, us, bench/repro/softmax_plans_ab.py, the deep class against
 // FASTACT_MEMORY_DEPTH=standard, bench/NOTES.md fifty-sixth session): bf16 log_softmax [512, 262144] 16 x 128 with a
 // register part 321.1, 8 x 512 in shared memory 215.3; softmax [1024, 131072] 204.2 in both (8 x 256 registers
 // as loaded, paired); the register part's rows [883, 151936] 253.4 and [512, 262144] 309.7 against 202-204 for the
@@ -1303,6 +1305,17 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool r
   return bytes >= p.l2_bytes;
 }
 
+// Whether plan_cluster takes a deep-memory device's shapes (kDeepClusterWideThreads): on such a device, but not for
+// the forward of 16-bit rows into float that a portable cluster of the shared-memory shape holds (8 x 512 x 64 =
+// 262144 elements; see there). Longer such rows, whose standard shapes would be 16-CTA clusters of 288-512 threads,
+// keep the deep ones (not measured).
+inline bool long_row_deep_shapes(const SoftmaxProblem& p) {
+  if (p.memory_depth != MemoryDepth::kDeep) return false;
+  const bool widens = !p.backward && p.in_bytes == 2 && p.out_bytes == 4;
+  return !widens || p.dim_size > int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads *
+                                     softmax_cluster_smem_elems(p.in_bytes);
+}
+
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
 // fill the device, small CTAs first (kClusterThreads); then any cluster the device schedules. Where
 // the forward can keep part of the slice in shared memory, those CTAs (at most kClusterSmemMaxThreads
@@ -1312,17 +1325,6 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool r
 // take the shared-memory CTAs with such a register part besides (softmax_cluster_smem_raw_regs). On a deep-memory
 // device those come right after the register-only CTAs, from 128 threads, and the shared-memory CTAs of up to
 // kDeepClusterWideThreads threads take clusters of 16 in the first pass (kDeepClusterWideThreads says why).
-// Whether plan_cluster takes a deep-memory device's shapes (kDeepClusterWideThreads): on such a device, but not for
-// the forward of 16-bit rows into float that a portable cluster of the shared-memory shape holds (8 x 512 x 64 =
-// 262144 elements; see there). Longer such rows, whose standard shapes would be 16-CTA clusters of 384-512 threads,
-// keep the deep ones (not measured).
-inline bool long_row_deep_shapes(const SoftmaxProblem& p) {
-  if (p.memory_depth != MemoryDepth::kDeep) return false;
-  const bool widens = !p.backward && p.in_bytes == 2 && p.out_bytes == 4;
-  return !widens || p.dim_size > int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads *
-                                     softmax_cluster_smem_elems(p.in_bytes);
-}
-
 inline bool plan_cluster(const SoftmaxProblem& p, int vec, bool edges, SoftmaxPlan* out) {
   if (!clusters_available(p)) return false;
   const bool with_smem = !edges && softmax_cluster_smem_eligible(p, vec);
