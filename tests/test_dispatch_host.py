@@ -30,10 +30,10 @@ def plans_tool(tmp_path_factory):
     return exe
 
 
-def plans(tool, device, problems):
-    """softmax_explain of each problem (depth, in_bytes, out_bytes, backward, outer, dim), float accumulation,
-    rows (inner 1), aligned, on DEVICES[device]."""
-    lines = "".join(f"{d} {i} {o} 4 {int(b)} {outer} {dim} 1 1\n" for d, i, o, b, outer, dim in problems)
+def plans(tool, device, problems, log=False):
+    """softmax_explain of each problem (depth, in_bytes, out_bytes, backward, outer, dim), softmax's (log:
+    log_softmax's), float accumulation, rows (inner 1), aligned, on DEVICES[device]."""
+    lines = "".join(f"{d} {i} {o} 4 {int(b)} {int(log)} {outer} {dim} 1 1\n" for d, i, o, b, outer, dim in problems)
     out = subprocess.run([str(tool), *map(str, DEVICES[device])], input=lines, capture_output=True, text=True,
                          check=True, timeout=60)
     got = out.stdout.splitlines()

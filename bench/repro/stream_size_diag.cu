@@ -66,8 +66,9 @@ __global__ __launch_bounds__(512) void copy_chunks_512(const uint4* __restrict__
 extern "C" int diag_copy(int kind, const void* x, void* y, int64_t n16, cudaStream_t stream) {
   const auto* in = static_cast<const uint4*>(x);
   auto* out = static_cast<uint4*>(y);
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   switch (kind) {
     case 0:
       copy_chunks<1, false><<<(n16 + 255) / 256, 256, 0, stream>>>(in, out, n16, (n16 + 255) / 256);
