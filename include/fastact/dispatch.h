@@ -952,6 +952,12 @@ struct SoftmaxPlan {
 
 inline int softmax_vec_width(const SoftmaxProblem& p) { return softmax_vec_width(p.in_bytes, p.out_bytes); }
 
+// The forward of 16-bit inputs into a float output: the ops' dtype= cast (csrc/common.h fused_softmax_cast), whose
+// float stores block.cuh pairs across lanes (WarpPairedStores); the rules that read this plan for those stores.
+inline bool softmax_forward_widens(const SoftmaxProblem& p) {
+  return !p.backward && p.in_bytes == 2 && p.out_bytes == 4;
+}
+
 // Rows (inner == 1) can move in 128-bit accesses.
 inline bool softmax_rows_vectorizable(const SoftmaxProblem& p) {
   const int w = softmax_vec_width(p);
@@ -1037,7 +1043,7 @@ inline bool softmax_rows_leave_warp(const SoftmaxProblem& p) {
   if (!p.backward) {
     if (p.memory_depth != MemoryDepth::kDeep || !softmax_rows_vectorizable(p)) return false;
     if (is_float) return p.dim_size >= kDeepVecForwardMinFloatDim;
-    return p.in_bytes == 2 && p.out_bytes == 4 && p.dim_size >= kDeepVecForwardMinCastDim;
+    return softmax_forward_widens(p) && p.dim_size >= kDeepVecForwardMinCastDim;
   }
   if (softmax_rows_vectorizable(p)) {
     return p.dim_size >= (is_float ? kVecBackwardMinAlignedFloatDim : kVecBackwardMinAlignedDim);
@@ -1311,9 +1317,8 @@ inline bool long_row_prefetches(const SoftmaxProblem& p, bool smem_slice, bool r
 // keep the deep ones (not measured).
 inline bool long_row_deep_shapes(const SoftmaxProblem& p) {
   if (p.memory_depth != MemoryDepth::kDeep) return false;
-  const bool widens = !p.backward && p.in_bytes == 2 && p.out_bytes == 4;
-  return !widens || p.dim_size > int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads *
-                                     softmax_cluster_smem_elems(p.in_bytes);
+  return !softmax_forward_widens(p) || p.dim_size > int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads *
+                                                        softmax_cluster_smem_elems(p.in_bytes);
 }
 
 // The row over a cluster; false when no cluster the device takes can cache it. Prefers clusters that
