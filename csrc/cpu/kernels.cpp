@@ -88,6 +88,10 @@ struct Io {  // float and double: the acc type is the element type
     a.store(p);
     b.store(p + kV);
   }
+  // load2 / store2 in the pair's lane order (Io<c10::BFloat16> on AVX2 says what that is); for float and double the
+  // same as load2 / store2.
+  static void load2_lanes(const T* p, V& a, V& b) { load2(p, a, b); }
+  static void store2_lanes(T* p, const V& a, const V& b) { store2(p, a, b); }
 };
 
 template <typename T>
@@ -103,6 +107,8 @@ struct IoReduced {  // half and bfloat16, through float
   static void store(T* p, const V& v) { at::vec::convert_from_float<T>(v, v).store(p, kV); }
   static void load2(const T* p, V& a, V& b) { at::vec::load_to_float(p, a, b); }
   static void store2(T* p, const V& a, const V& b) { at::vec::convert_from_float<T>(a, b).store(p); }
+  static void load2_lanes(const T* p, V& a, V& b) { load2(p, a, b); }
+  static void store2_lanes(T* p, const V& a, const V& b) { store2(p, a, b); }
 };
 template <>
 struct Io<c10::Half> : IoReduced<c10::Half> {};
@@ -137,6 +143,39 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
   C10_ALWAYS_INLINE static void store2(c10::BFloat16* p, const V& a, const V& b) {
     if (g_avx512_bf16) _mm512_storeu_si512(p, cvt_bf16_native(a, b));
     else Base::store2(p, a, b);
+  }
+};
+#elif defined(CPU_CAPABILITY_AVX2)
+// bfloat16 -> float is a 16-bit shift, which unpacking with zero words does in one instruction for 8 elements, but
+// within each 128-bit half: a pair of float vectors then holds elements 0-3 and 8-11 (a), 4-7 and 12-15 (b), the
+// pair's "lane order", where ATen's load_to_float takes an extract, two widening moves and two shifts for elements
+// 0-7 (a) and 8-15 (b). Packing the rounded results (packus_epi32, also per 128-bit half) restores element order,
+// so a store in lane order also saves ATen's closing permute. The rounding is ATen's (cvtfp32_bf16: to nearest
+// even, NaN to 0xffff), so a lane-order store writes the bits store2 writes. Lane order is for loops in which every
+// operand of a pair is loaded in it and its results are stored in it (maps from bfloat16 to bfloat16), or in which
+// the order does not matter (sums). Measured: bench/NOTES.md, fifty-ninth session.
+template <>
+struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
+  C10_ALWAYS_INLINE static void load2_lanes(const c10::BFloat16* p, V& a, V& b) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
+    b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
+  }
+  // 16 bfloat16 in element order from a pair in lane order.
+  C10_ALWAYS_INLINE static __m256i pack_lanes(const V& a, const V& b) {
+    return _mm256_packus_epi32(rounded_bits(a), rounded_bits(b));
+  }
+  C10_ALWAYS_INLINE static void store2_lanes(c10::BFloat16* p, const V& a, const V& b) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), pack_lanes(a, b));
+  }
+
+ private:
+  // Each float's bfloat16 bits in the low half of its 32 bits: (x + 0x7fff + ((x >> 16) & 1)) >> 16, NaN 0xffff.
+  C10_ALWAYS_INLINE static __m256i rounded_bits(const __m256& v) {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    return _mm256_blendv_epi8(_mm256_set1_epi32(0xffff), r, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
   }
 };
 #else
@@ -282,6 +321,18 @@ inline void stream2(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b
 #endif
     stream_vec(p, at::vec::convert_from_float<T>(a, b));  // one register of 2 * kV values
   }
+}
+
+// stream2 of a pair in lane order (Io::load2_lanes).
+template <typename T>
+inline void stream2_lanes(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), Io<T>::pack_lanes(a, b));
+    return;
+  }
+#endif
+  stream2(p, a, b);
 }
 
 // Streaming stores for an output written in pieces that do not start on kStreamAlign: short rows, whose starts
@@ -712,9 +763,9 @@ void unary_range(const T* x, T* y, int64_t begin, int64_t end, const Op& op) {
   }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1;
-    IO::load2(x + i, a0, a1);
-    if constexpr (kStream) stream2(y + i, op(a0), op(a1));
-    else IO::store2(y + i, op(a0), op(a1));
+    IO::load2_lanes(x + i, a0, a1);
+    if constexpr (kStream) stream2_lanes(y + i, op(a0), op(a1));
+    else IO::store2_lanes(y + i, op(a0), op(a1));
   }
   for (; i < end; ++i) y[i] = from_acc<T>(op(to_acc(x[i])));
   if constexpr (kStream) stream_fence();
@@ -733,10 +784,10 @@ void binary_range(const T* a, const T* b, T* z, int64_t begin, int64_t end, cons
   }
   for (; i + kStep <= end; i += kStep) {
     V a0, a1, b0, b1;
-    IO::load2(a + i, a0, a1);
-    IO::load2(b + i, b0, b1);
-    if constexpr (kStream) stream2(z + i, op(a0, b0), op(a1, b1));
-    else IO::store2(z + i, op(a0, b0), op(a1, b1));
+    IO::load2_lanes(a + i, a0, a1);
+    IO::load2_lanes(b + i, b0, b1);
+    if constexpr (kStream) stream2_lanes(z + i, op(a0, b0), op(a1, b1));
+    else IO::store2_lanes(z + i, op(a0, b0), op(a1, b1));
   }
   for (; i < end; ++i) z[i] = from_acc<T>(op(to_acc(a[i]), to_acc(b[i])));
   if constexpr (kStream) stream_fence();
@@ -1874,9 +1925,13 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
   constexpr int kPairs = kBwdRegisterPairs<In>;
+  // Whole pairs in lane order where dy, y and dx are of one type (each pair is loaded and stored in one order: whole
+  // ones in lane order, the padded last one in element order).
+  constexpr bool kLanes = std::is_same_v<In, Out>;
   const auto load_pair = [](const In* p, int64_t n, V& a, V& b) {
-    if (n == kStep) IO::load2(p, a, b);
-    else load2_tail(p, n, A(0), a, b);
+    if (n != kStep) load2_tail(p, n, A(0), a, b);
+    else if constexpr (kLanes) IO::load2_lanes(p, a, b);
+    else IO::load2(p, a, b);
   };
   V g[2 * kPairs], yv[2 * kPairs];
   V t(A(0));
@@ -1895,8 +1950,9 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
     if (n <= 0) break;
     const V d0 = VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs);
     const V d1 = VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs);
-    if (n == kStep) Io<Out>::store2(dxr + k * kStep, d0, d1);
-    else store2_tail(dxr + k * kStep, n, d0, d1);
+    if (n != kStep) store2_tail(dxr + k * kStep, n, d0, d1);
+    else if constexpr (kLanes) Io<Out>::store2_lanes(dxr + k * kStep, d0, d1);
+    else Io<Out>::store2(dxr + k * kStep, d0, d1);
   }
 }
 
@@ -1909,14 +1965,159 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
 constexpr int64_t kStagedBwdRowBytes = 1024;
 static_assert(kStagedBwdRowBytes <= StreamStager<double>::kMaxPiece * int64_t{sizeof(double)});
 
-template <typename In, typename Out, bool kLog>
-void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
+// The row loop of softmax_lastdim_bwd, one row a call of softmax_bwd_row: the summing pass (softmax_bwd_row_sum),
+// then the writing pass (softmax_bwd_write_row), dx = map(dy, z, s) for z = y (BwdMapOutput), or with kExpFirst
+// (log_softmax_bwd_exp_first) z = exp(y) from the scratch row e (BwdMapExpRow). The pointers, the sum and the flags
+// (kExpFirst, kStream) are parameters, not a closure's references: vector stores may alias anything, so a value read
+// through a reference is reloaded after every store, and a lambda that gcc left out of line (the plain stores') held
+// the loop's index in memory. Measured (this 2-core Zen 3 VM, AVX2, one thread, 2 MB in cache; bench/NOTES.md,
+// fifty-ninth session): with the row in one lambda, bf16 softmax rows of 96-192 ran at 0.67-0.75x torch.
+template <bool kLog>
+struct BwdMapOutput {  // z = y: softmax dx = y (dy - s), log_softmax dx = dy - exp(y) s
+  template <typename V>
+  C10_ALWAYS_INLINE V vec(const V& g, const V& z, const V& s) const {
+    return VecBackward<kLog>::map(g, z, s);
+  }
+  template <typename A>
+  C10_ALWAYS_INLINE A scalar(A g, A z, A s) const {
+    return Epilogue<kLog>{}.backward(g, z, s);
+  }
+};
+struct BwdMapExpRow {  // z = exp(y), from the scratch row: dx = dy - z s
+  template <typename V>
+  C10_ALWAYS_INLINE V vec(const V& g, const V& z, const V& s) const {
+    return g - z * s;
+  }
+  template <typename A>
+  C10_ALWAYS_INLINE A scalar(A g, A z, A s) const {
+    return g - z * s;
+  }
+};
+
+// Sum over the row of term(dy, y) (vector pairs in cascaded blocks of kSumBlock, then the tail: padded where longer
+// than kPaddedTailBwd, else element by element); with kExpFirst also e[d] = exp(y[d]).
+template <bool kLog, bool kExpFirst, typename In>
+C10_ALWAYS_INLINE typename Io<In>::A softmax_bwd_row_sum(const In* dyr, const In* yr, int64_t D,
+                                                         typename Io<In>::A* e) {
   using IO = Io<In>;
-  using OO = Io<Out>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
-  const Epilogue<kLog> epi;
+  const int64_t vec_end = D - D % kStep;
+  V total(A(0));
+  for (int64_t blk = 0; blk < vec_end; blk += kSumBlock) {
+    const int64_t blk_end = std::min(blk + kSumBlock, vec_end);
+    V s0(A(0)), s1(A(0));
+    for (int64_t i = blk; i < blk_end; i += kStep) {
+      V g0, g1, y0, y1;
+      if constexpr (kExpFirst) {  // e in element order, for the writing pass
+        IO::load2(dyr + i, g0, g1);
+        IO::load2(yr + i, y0, y1);
+      } else {  // a sum: any order
+        IO::load2_lanes(dyr + i, g0, g1);
+        IO::load2_lanes(yr + i, y0, y1);
+      }
+      s0 = s0 + VecBackward<kLog>::term(g0, y0);
+      s1 = s1 + VecBackward<kLog>::term(g1, y1);
+      if constexpr (kExpFirst) {
+        exp_any(y0).store(e + i);
+        exp_any(y1).store(e + i + IO::kV);
+      }
+    }
+    total = total + (s0 + s1);
+  }
+  const int64_t tail = D - vec_end;
+  if (tail > kPaddedTailBwd) {  // the tail as two padded vectors (the padding's terms are 0)
+    V g0, g1, y0, y1;
+    load2_tail(dyr + vec_end, tail, A(0), g0, g1);
+    load2_tail(yr + vec_end, tail, A(0), y0, y1);
+    total = total + (VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1));
+    if constexpr (kExpFirst) store2_tail(e + vec_end, tail, exp_any(y0), exp_any(y1));
+    return hsum(total);
+  }
+  A s = hsum(total);
+  for (int64_t i = vec_end; i < D; ++i) {
+    s += Epilogue<kLog>{}.backward_term(to_acc(dyr[i]), to_acc(yr[i]));
+    if constexpr (kExpFirst) e[i] = std::exp(to_acc(yr[i]));
+  }
+  return s;
+}
+
+// dx over [i, end) of a row with plain stores: padded vector pairs (at most kStep elements each: 32 16-bit ones on
+// AVX512, 16 on AVX2) while more than kPaddedTailBwd remain, then element by element. Returns end. It takes the row's
+// tail after the vector pairs and, where dx is streamed directly (rows longer than kStagedBwdRowBytes), its head up
+// to the stream alignment. Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an
+// exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs;
+// bench/NOTES.md forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows
+// of 577 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x (rows of up to
+// kStagedBwdRowBytes now go through a StreamStager instead).
+template <typename In, typename Z, typename Out, typename Map>
+C10_ALWAYS_INLINE int64_t softmax_bwd_write_plain(const In* dyr, const Z* z, Out* dxr, int64_t i, int64_t end,
+                                                  const typename Io<In>::V& vs, typename Io<In>::A s,
+                                                  const Map& map) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  using V = typename IO::V;
+  constexpr int64_t kStep = 2 * IO::kV;
+  while (end - i > kPaddedTailBwd) {
+    const int64_t n = std::min(end - i, kStep);
+    V g0, g1, z0, z1;
+    load2_tail(dyr + i, n, A(0), g0, g1);
+    load2_tail(z + i, n, A(0), z0, z1);
+    store2_tail(dxr + i, n, map.vec(g0, z0, vs), map.vec(g1, z1, vs));
+    i += n;
+  }
+  for (; i < end; ++i) dxr[i] = from_acc<Out>(map.scalar(to_acc(dyr[i]), to_acc(z[i]), s));
+  return i;
+}
+
+// The writing pass of a row: its first `head` elements plainly, its vector pairs (kStream: with streaming stores),
+// its tail plainly.
+template <bool kStream, typename In, typename Z, typename Out, typename Map>
+C10_ALWAYS_INLINE void softmax_bwd_write_row(const In* dyr, const Z* z, Out* dxr, int64_t D, int64_t head,
+                                             typename Io<In>::A s, const Map& map) {
+  using IO = Io<In>;
+  using V = typename IO::V;
+  using ZO = Io<Z>;
+  constexpr int64_t kStep = 2 * IO::kV;
+  const V vs(s);
+  int64_t i = softmax_bwd_write_plain(dyr, z, dxr, 0, head, vs, s, map);
+  // Lane order where dy, z and dx are of one type; else (the fused casts, z = exp(y) in float) element order.
+  constexpr bool kLanes = std::is_same_v<In, Z> && std::is_same_v<In, Out>;
+  for (; i + kStep <= D; i += kStep) {
+    V g0, g1, z0, z1;
+    if constexpr (kLanes) {
+      IO::load2_lanes(dyr + i, g0, g1);
+      IO::load2_lanes(z + i, z0, z1);
+    } else {
+      IO::load2(dyr + i, g0, g1);
+      ZO::load2(z + i, z0, z1);
+    }
+    const V d0 = map.vec(g0, z0, vs), d1 = map.vec(g1, z1, vs);
+    if constexpr (kStream && kLanes) stream2_lanes(dxr + i, d0, d1);
+    else if constexpr (kStream) stream2(dxr + i, d0, d1);
+    else if constexpr (kLanes) Io<Out>::store2_lanes(dxr + i, d0, d1);
+    else Io<Out>::store2(dxr + i, d0, d1);
+  }
+  softmax_bwd_write_plain(dyr, z, dxr, i, D, vs, s, map);
+}
+
+template <bool kLog, bool kExpFirst, bool kStream, typename In, typename Out>
+void softmax_bwd_row(const In* dyr, const In* yr, Out* dxr, int64_t D, typename Io<In>::A* e) {
+  const typename Io<In>::A s = softmax_bwd_row_sum<kLog, kExpFirst>(dyr, yr, D, e);
+  const int64_t head =
+      kStream ? std::min<int64_t>(D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) %
+                                             kStreamAlign / sizeof(Out)))
+              : 0;
+  if constexpr (kExpFirst) softmax_bwd_write_row<kStream>(dyr, e, dxr, D, head, s, BwdMapExpRow{});
+  else softmax_bwd_write_row<kStream>(dyr, yr, dxr, D, head, s, BwdMapOutput<kLog>{});
+}
+
+template <typename In, typename Out, bool kLog>
+void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape& shape) {
+  using IO = Io<In>;
+  using A = typename IO::A;
+  constexpr int64_t kStep = 2 * IO::kV;
   const int64_t D = shape.dim_size;
   const bool large = shape.outer * D * int64_t{sizeof(Out)} >= kStreamBytes;  // streaming stores (kStreamBytes)
   const int64_t grain = std::max<int64_t>(1, kGrain / D);
@@ -1935,94 +2136,29 @@ void softmax_lastdim_bwd(const In* dy, const In* y, Out* dx, const SoftmaxShape&
   const bool stream = large && !staged;
   // 16-bit log_softmax: exp(y) of the summing pass into a row of scratch (log_softmax_bwd_exp_first says why).
   const bool exp_first = log_softmax_bwd_exp_first<kLog, In>(D);
-  parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
-    std::unique_ptr<A[]> exp_row(exp_first ? new A[D] : nullptr);
-    A* e = exp_row.get();
-    for_each_output_row(dx, D, r0, r1, staged, [&](int64_t r, Out* dxr) {
-      const In* dyr = dy + r * D;
-      const In* yr = y + r * D;
-      int64_t i = 0;
-      const int64_t vec_end = D - D % kStep;
-      V total(A(0));
-      for (int64_t blk = 0; blk < vec_end; blk += kSumBlock) {
-        const int64_t blk_end = std::min(blk + kSumBlock, vec_end);
-        V s0(A(0)), s1(A(0));
-        for (i = blk; i < blk_end; i += kStep) {
-          V g0, g1, y0, y1;
-          IO::load2(dyr + i, g0, g1);
-          IO::load2(yr + i, y0, y1);
-          s0 = s0 + VecBackward<kLog>::term(g0, y0);
-          s1 = s1 + VecBackward<kLog>::term(g1, y1);
-          if (exp_first) {
-            exp_any(y0).store(e + i);
-            exp_any(y1).store(e + i + IO::kV);
-          }
-        }
-        total = total + (s0 + s1);
-      }
-      const int64_t tail = D - vec_end;
-      if (tail > kPaddedTailBwd) {  // the tail as two padded vectors (the padding's terms are 0)
-        V g0, g1, y0, y1;
-        load2_tail(dyr + vec_end, tail, A(0), g0, g1);
-        load2_tail(yr + vec_end, tail, A(0), y0, y1);
-        total = total + (VecBackward<kLog>::term(g0, y0) + VecBackward<kLog>::term(g1, y1));
-        if (exp_first) store2_tail(e + vec_end, tail, exp_any(y0), exp_any(y1));
-      }
-      A s = hsum(total);
-      if (tail <= kPaddedTailBwd) {
-        for (i = vec_end; i < D; ++i) {
-          s += epi.backward_term(to_acc(dyr[i]), to_acc(yr[i]));
-          if (exp_first) e[i] = std::exp(to_acc(yr[i]));
-        }
-      }
-      const V vs(s);
-      // The writing pass, dx = map(dy, z) for z = y, or (exp_first) z = exp(y) from the scratch row. `plain` writes
-      // [i, end) with plain stores: padded vector pairs (at most kStep elements each: 32 16-bit ones on AVX512, 16 on
-      // AVX2) while more than kPaddedTailBwd remain, then element by element. It takes the row's tail after the
-      // vector pairs and, where dx is streamed directly (rows longer than kStagedBwdRowBytes), its head up to the
-      // stream alignment. Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an
-      // exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs;
-      // bench/NOTES.md forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax
-      // rows of 577 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x (rows of up to
-      // kStagedBwdRowBytes now go through a StreamStager instead).
-      const int64_t head =
-          stream ? std::min<int64_t>(D, int64_t((kStreamAlign - reinterpret_cast<std::uintptr_t>(dxr) % kStreamAlign) %
-                                                kStreamAlign / sizeof(Out)))
-                 : 0;
-      i = 0;
-      const auto write = [&](const auto* z, const auto& vmap, const auto& smap) {
-        using ZO = Io<std::remove_const_t<std::remove_pointer_t<decltype(z)>>>;
-        const auto plain = [&](int64_t end) {
-          while (end - i > kPaddedTailBwd) {
-            const int64_t n = std::min(end - i, kStep);
-            V g0, g1, z0, z1;
-            load2_tail(dyr + i, n, A(0), g0, g1);
-            load2_tail(z + i, n, A(0), z0, z1);
-            store2_tail(dxr + i, n, vmap(g0, z0), vmap(g1, z1));
-            i += n;
-          }
-          for (; i < end; ++i) dxr[i] = from_acc<Out>(smap(to_acc(dyr[i]), to_acc(z[i])));
-        };
-        plain(head);
-        for (; i + kStep <= D; i += kStep) {
-          V g0, g1, z0, z1;
-          IO::load2(dyr + i, g0, g1);
-          ZO::load2(z + i, z0, z1);
-          const V d0 = vmap(g0, z0), d1 = vmap(g1, z1);
-          if (stream) stream2(dxr + i, d0, d1);
-          else OO::store2(dxr + i, d0, d1);
-        }
-        plain(D);
-      };
-      if (exp_first) {
-        write(e, [&](const V& g, const V& ez) { return g - ez * vs; }, [&](A g, A ez) { return g - ez * s; });
-      } else {
-        write(yr, [&](const V& g, const V& yv) { return VecBackward<kLog>::map(g, yv, vs); },
-              [&](A g, A yv) { return epi.backward(g, yv, s); });
-      }
+  const auto rows = [&](auto exp_first_c, auto stream_c) {
+    constexpr bool kExpFirst = decltype(exp_first_c)::value;
+    constexpr bool kStream = decltype(stream_c)::value;
+    parallel_for(shape.outer, grain, [&](int64_t r0, int64_t r1) {
+      std::unique_ptr<A[]> exp_row(kExpFirst ? new A[D] : nullptr);
+      A* const e = exp_row.get();
+      for_each_output_row(dx, D, r0, r1, staged, [&](int64_t r, Out* dxr) {
+        softmax_bwd_row<kLog, kExpFirst, kStream>(dy + r * D, y + r * D, dxr, D, e);
+      });
+      if constexpr (kStream) stream_fence();
     });
-    if (stream) stream_fence();
-  });
+  };
+  const auto with_stream = [&](auto exp_first_c) {
+    if (stream) rows(exp_first_c, std::true_type{});
+    else rows(exp_first_c, std::false_type{});
+  };
+  if constexpr (kLog && sizeof(In) == 2) {
+    if (exp_first) {
+      with_stream(std::true_type{});
+      return;
+    }
+  }
+  with_stream(std::false_type{});
 }
 
 template <typename In, typename Out, bool kLog, int NV>
