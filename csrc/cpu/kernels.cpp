@@ -886,9 +886,9 @@ void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) 
   int64_t c = c0;
   for (; c + kStep <= c1; c += kStep) {
     V x0, x1, b0, b1;
-    IO::load2(x + c, x0, x1);
-    IO::load2(bias + c, b0, b1);
-    IO::store2(y + c, gelu(x0 + b0), gelu(x1 + b1));
+    IO::load2_lanes(x + c, x0, x1);  // x, bias and y in one order (Io::load2_lanes)
+    IO::load2_lanes(bias + c, b0, b1);
+    IO::store2_lanes(y + c, gelu(x0 + b0), gelu(x1 + b1));
   }
   for (; c < c1; ++c) y[c] = from_acc<T>(gelu(to_acc(x[c]) + to_acc(bias[c])));
 }
@@ -1085,7 +1085,7 @@ typename Io<In>::A row_max(const In* xr, int64_t D) {
   V vm0(-std::numeric_limits<A>::infinity()), vm1 = vm0;
   for (; i + kStep <= D; i += kStep) {
     V a, b;
-    IO::load2(xr + i, a, b);
+    IO::load2_lanes(xr + i, a, b);  // a maximum: any order
     vm0 = at::vec::maximum(vm0, a);
     vm1 = at::vec::maximum(vm1, b);
   }
@@ -1114,8 +1114,13 @@ void log_softmax_row_out(const In* xr, Out* yr, int64_t D, typename Io<In>::A m,
   int64_t i = 0;
   for (; i + kStep <= D; i += kStep) {
     V a, b;
-    IO::load2(xr + i, a, b);
-    OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
+    if constexpr (std::is_same_v<In, Out>) {  // lane order (Io::load2_lanes) where x and y are of one type
+      IO::load2_lanes(xr + i, a, b);
+      OO::store2_lanes(yr + i, (a - vmax) - vc, (b - vmax) - vc);
+    } else {
+      IO::load2(xr + i, a, b);
+      OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
+    }
   }
   if (D - i > kPaddedTailFwd) {
     V a, b;
@@ -1138,6 +1143,9 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
   constexpr int64_t kV = IO::kV, kStep = 2 * kV;
   constexpr bool kExpInY = std::is_same_v<Out, A>;  // exp(x - m) parked in y itself
   constexpr bool kScratch = !kLog && !kExpInY;
+  // Pass 2 loads x's pairs in lane order (Io::load2_lanes) where x and y are of one type, and pass 3 stores y's in
+  // it: the exps between them keep that order (in y itself only for float and double, where it is element order).
+  constexpr bool kLanes = std::is_same_v<In, Out>;
   const Epilogue<kLog> epi;
   const int64_t D = shape.dim_size;
 
@@ -1166,7 +1174,8 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         V s0(A(0)), s1(A(0));
         for (i = blk; i < blk_end; i += kStep) {
           V a, b;
-          IO::load2(xr + i, a, b);
+          if constexpr (kLanes) IO::load2_lanes(xr + i, a, b);
+          else IO::load2(xr + i, a, b);
           a = exp_nonpos(a - vmax);
           b = exp_nonpos(b - vmax);
           s0 = s0 + a;
@@ -1202,7 +1211,10 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         log_softmax_row_out(xr, yr, D, m, c);
       } else {
         const V vc(c);
-        for (i = 0; i < vec_end; i += kStep) OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
+        for (i = 0; i < vec_end; i += kStep) {  // e's pairs in the order pass 2 loaded x in
+          if constexpr (kLanes) OO::store2_lanes(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
+          else OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
+        }
         if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors, as the body
           V a, b;
           load2_tail(e + i, D - i, A(0), a, b);
@@ -1265,7 +1277,7 @@ void log_softmax_blocked_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         int64_t i = 0;
         for (; i < vec_end; i += kStep) {  // rows of at most kLogBlockedMaxDim: one cascade block
           V a, b;
-          IO::load2(xr + i, a, b);
+          IO::load2_lanes(xr + i, a, b);  // a sum: any order
           s0 = s0 + exp_nonpos(a - vmax);
           s1 = s1 + exp_nonpos(b - vmax);
         }
