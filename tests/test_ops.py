@@ -644,6 +644,46 @@ def test_large_output_softmax_other_isas(isa):
     assert " passed" in out.stdout, out.stdout[-2000:]
 
 
+# bfloat16 vector pairs in lane order (csrc/cpu/kernels.cpp, Io<c10::BFloat16>::load2_lanes on AVX2: elements 0-3 and
+# 8-11 in one float vector, 4-7 and 12-15 in the other), which every loop that uses them must load and store alike:
+# the elementwise maps, the softmax family's row max, sums and writing passes (rows held in registers, the row loop,
+# padded and element-by-element tails), bias_gelu's forward. Rows of less than a pair, of whole pairs, and of pairs
+# with tails of 1, 4 (kPaddedTailBwd) and more.
+PAIR_SHAPES = [(5, 15), (3, 16), (4, 17), (3, 20), (6, 48), (3, 64), (2, 65), (7, 96), (3, 100), (2, 128), (3, 129),
+               (2, 4097)]
+
+
+@pytest.mark.parametrize("shape", PAIR_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_bf16_pairs(device, op, shape):
+    x = make_tensor(shape, torch.bfloat16, device, scale=3.0)
+    check_op(op, x, dim=-1, bias=bias_for(x) if op.takes_bias else None)
+    # NaN and infinities through the lane-order loads and stores: NaN and infinite outputs where torch has them (a
+    # softmax row with a NaN is NaN; sigmoid(-inf) is 0, gelu(inf) is inf)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("inf")
+    x.view(-1)[5::13] = -float("inf")
+    b = bias_for(x) if op.takes_bias else None
+    y, want = op.fastact(x, bias=b), op.torch(x, bias=b)
+    assert torch.equal(y.isnan(), want.isnan()), f"{op.id} {shape}: NaN at other places than torch's"
+    assert torch.equal(y.isinf(), want.isinf()) and torch.equal(y[y.isinf()], want[want.isinf()]), (
+        f"{op.id} {shape}: infinities at other places than torch's")
+
+
+def test_bf16_pairs_other_isas():
+    """test_bf16_pairs and the streamed bfloat16 elementwise ops under the AVX2 build on a CPU whose own build is wider
+    (ATEN_CPU_CAPABILITY): lane order exists in the AVX2 build alone, which an AVX512 machine runs only when told."""
+    cap = torch.backends.cpu.get_cpu_capability().lower()
+    if not cap.startswith("avx512"):
+        pytest.skip(f"the CPU's own build is {cap}: test_bf16_pairs already runs it")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    out = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x", "-k",
+                          "cpu and ((bf16_pairs and not other_isas) or (large_output_elementwise and bf16))"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout, out.stdout[-2000:]
+
+
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("cast", [False, True], ids=["same", "to_f32"])
 @pytest.mark.parametrize("d", [1003, 2100])
