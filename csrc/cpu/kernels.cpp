@@ -107,8 +107,10 @@ struct IoReduced {  // half and bfloat16, through float
   static void store(T* p, const V& v) { at::vec::convert_from_float<T>(v, v).store(p, kV); }
   static void load2(const T* p, V& a, V& b) { at::vec::load_to_float(p, a, b); }
   static void store2(T* p, const V& a, const V& b) { at::vec::convert_from_float<T>(a, b).store(p); }
-  static void load2_lanes(const T* p, V& a, V& b) { load2(p, a, b); }
-  static void store2_lanes(T* p, const V& a, const V& b) { store2(p, a, b); }
+  // Element order but on AVX2's bfloat16: Io<T>'s own load2 / store2, so that a specialisation's (AVX512's native
+  // bfloat16 store) serves these too.
+  static void load2_lanes(const T* p, V& a, V& b) { Io<T>::load2(p, a, b); }
+  static void store2_lanes(T* p, const V& a, const V& b) { Io<T>::store2(p, a, b); }
 };
 template <>
 struct Io<c10::Half> : IoReduced<c10::Half> {};
