@@ -337,6 +337,24 @@ inline void stream2_lanes(T* p, const typename Io<T>::V& a, const typename Io<T>
   stream2(p, a, b);
 }
 
+// A pair's load, store and streaming store in lane order where kLanes (the loop's operands and results all of one
+// element type), else in element order.
+template <bool kLanes, typename T>
+C10_ALWAYS_INLINE void load2_in(const T* p, typename Io<T>::V& a, typename Io<T>::V& b) {
+  if constexpr (kLanes) Io<T>::load2_lanes(p, a, b);
+  else Io<T>::load2(p, a, b);
+}
+template <bool kLanes, typename T>
+C10_ALWAYS_INLINE void store2_in(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+  if constexpr (kLanes) Io<T>::store2_lanes(p, a, b);
+  else Io<T>::store2(p, a, b);
+}
+template <bool kLanes, typename T>
+C10_ALWAYS_INLINE void stream2_in(T* p, const typename Io<T>::V& a, const typename Io<T>::V& b) {
+  if constexpr (kLanes) stream2_lanes(p, a, b);
+  else stream2(p, a, b);
+}
+
 // Streaming stores for an output written in pieces that do not start on kStreamAlign: short rows, whose starts
 // move through the alignment from row to row. The pieces go to a buffer in L1 laid out as the output is modulo
 // kStreamAlign, and every kStreamAlign unit of the output that they complete is streamed from there; the units
@@ -1108,21 +1126,16 @@ typename Io<In>::A row_max(const In* xr, int64_t D) {
 template <typename In, typename Out>
 void log_softmax_row_out(const In* xr, Out* yr, int64_t D, typename Io<In>::A m, typename Io<In>::A c) {
   using IO = Io<In>;
-  using OO = Io<Out>;
   using A = typename IO::A;
   using V = typename IO::V;
   constexpr int64_t kStep = 2 * IO::kV;
+  constexpr bool kLanes = std::is_same_v<In, Out>;  // lane order (Io::load2_lanes) where x and y are of one type
   const V vmax(m), vc(c);
   int64_t i = 0;
   for (; i + kStep <= D; i += kStep) {
     V a, b;
-    if constexpr (std::is_same_v<In, Out>) {  // lane order (Io::load2_lanes) where x and y are of one type
-      IO::load2_lanes(xr + i, a, b);
-      OO::store2_lanes(yr + i, (a - vmax) - vc, (b - vmax) - vc);
-    } else {
-      IO::load2(xr + i, a, b);
-      OO::store2(yr + i, (a - vmax) - vc, (b - vmax) - vc);
-    }
+    load2_in<kLanes>(xr + i, a, b);
+    store2_in<kLanes>(yr + i, (a - vmax) - vc, (b - vmax) - vc);
   }
   if (D - i > kPaddedTailFwd) {
     V a, b;
@@ -1176,8 +1189,7 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         V s0(A(0)), s1(A(0));
         for (i = blk; i < blk_end; i += kStep) {
           V a, b;
-          if constexpr (kLanes) IO::load2_lanes(xr + i, a, b);
-          else IO::load2(xr + i, a, b);
+          load2_in<kLanes>(xr + i, a, b);
           a = exp_nonpos(a - vmax);
           b = exp_nonpos(b - vmax);
           s0 = s0 + a;
@@ -1213,10 +1225,8 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
         log_softmax_row_out(xr, yr, D, m, c);
       } else {
         const V vc(c);
-        for (i = 0; i < vec_end; i += kStep) {  // e's pairs in the order pass 2 loaded x in
-          if constexpr (kLanes) OO::store2_lanes(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
-          else OO::store2(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
-        }
+        for (i = 0; i < vec_end; i += kStep)  // e's pairs in the order pass 2 loaded x in
+          store2_in<kLanes>(yr + i, V::loadu(e + i) * vc, V::loadu(e + i + kV) * vc);
         if (D - i > kPaddedTailFwd) {  // the tail as two padded vectors, as the body
           V a, b;
           load2_tail(e + i, D - i, A(0), a, b);
@@ -1943,9 +1953,8 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
   // ones in lane order, the padded last one in element order).
   constexpr bool kLanes = std::is_same_v<In, Out>;
   const auto load_pair = [](const In* p, int64_t n, V& a, V& b) {
-    if (n != kStep) load2_tail(p, n, A(0), a, b);
-    else if constexpr (kLanes) IO::load2_lanes(p, a, b);
-    else IO::load2(p, a, b);
+    if (n == kStep) load2_in<kLanes>(p, a, b);
+    else load2_tail(p, n, A(0), a, b);
   };
   V g[2 * kPairs], yv[2 * kPairs];
   V t(A(0));
@@ -1964,9 +1973,8 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
     if (n <= 0) break;
     const V d0 = VecBackward<kLog>::map(g[2 * k], yv[2 * k], vs);
     const V d1 = VecBackward<kLog>::map(g[2 * k + 1], yv[2 * k + 1], vs);
-    if (n != kStep) store2_tail(dxr + k * kStep, n, d0, d1);
-    else if constexpr (kLanes) Io<Out>::store2_lanes(dxr + k * kStep, d0, d1);
-    else Io<Out>::store2(dxr + k * kStep, d0, d1);
+    if (n == kStep) store2_in<kLanes>(dxr + k * kStep, d0, d1);
+    else store2_tail(dxr + k * kStep, n, d0, d1);
   }
 }
 
@@ -2024,13 +2032,9 @@ C10_ALWAYS_INLINE typename Io<In>::A softmax_bwd_row_sum(const In* dyr, const In
     V s0(A(0)), s1(A(0));
     for (int64_t i = blk; i < blk_end; i += kStep) {
       V g0, g1, y0, y1;
-      if constexpr (kExpFirst) {  // e in element order, for the writing pass
-        IO::load2(dyr + i, g0, g1);
-        IO::load2(yr + i, y0, y1);
-      } else {  // a sum: any order
-        IO::load2_lanes(dyr + i, g0, g1);
-        IO::load2_lanes(yr + i, y0, y1);
-      }
+      // A sum: any order, but with kExpFirst e in element order, for the writing pass.
+      load2_in<!kExpFirst>(dyr + i, g0, g1);
+      load2_in<!kExpFirst>(yr + i, y0, y1);
       s0 = s0 + VecBackward<kLog>::term(g0, y0);
       s1 = s1 + VecBackward<kLog>::term(g1, y1);
       if constexpr (kExpFirst) {
@@ -2092,7 +2096,6 @@ C10_ALWAYS_INLINE void softmax_bwd_write_row(const In* dyr, const Z* z, Out* dxr
                                              typename Io<In>::A s, const Map& map) {
   using IO = Io<In>;
   using V = typename IO::V;
-  using ZO = Io<Z>;
   constexpr int64_t kStep = 2 * IO::kV;
   const V vs(s);
   int64_t i = softmax_bwd_write_plain(dyr, z, dxr, 0, head, vs, s, map);
@@ -2100,18 +2103,11 @@ C10_ALWAYS_INLINE void softmax_bwd_write_row(const In* dyr, const Z* z, Out* dxr
   constexpr bool kLanes = std::is_same_v<In, Z> && std::is_same_v<In, Out>;
   for (; i + kStep <= D; i += kStep) {
     V g0, g1, z0, z1;
-    if constexpr (kLanes) {
-      IO::load2_lanes(dyr + i, g0, g1);
-      IO::load2_lanes(z + i, z0, z1);
-    } else {
-      IO::load2(dyr + i, g0, g1);
-      ZO::load2(z + i, z0, z1);
-    }
+    load2_in<kLanes>(dyr + i, g0, g1);
+    load2_in<kLanes>(z + i, z0, z1);
     const V d0 = map.vec(g0, z0, vs), d1 = map.vec(g1, z1, vs);
-    if constexpr (kStream && kLanes) stream2_lanes(dxr + i, d0, d1);
-    else if constexpr (kStream) stream2(dxr + i, d0, d1);
-    else if constexpr (kLanes) Io<Out>::store2_lanes(dxr + i, d0, d1);
-    else Io<Out>::store2(dxr + i, d0, d1);
+    if constexpr (kStream) stream2_in<kLanes>(dxr + i, d0, d1);
+    else store2_in<kLanes>(dxr + i, d0, d1);
   }
   softmax_bwd_write_plain(dyr, z, dxr, i, D, vs, s, map);
 }
