@@ -95,8 +95,6 @@ BARS = {
     ("bias_gelu", "bwd"): 0.85,
 }
 
-# Largest ‖fastact − torch‖ / ‖torch‖ that counts as the same result (a sanity check that the
-# benchmark times correct code, not the test suite): a few roundings of the output dtype.
 # The CPU's bar replaces the fractions with a speed-up: the geometric mean over the cells of torch eager's time over
 # fastact's at least CPU_GEOMEAN_BAR. A CPU's limit is a copy that pays a read-for-ownership which fastact's
 # streaming stores skip (fractions above 1 are normal there), and a 2-core machine's bandwidth is not what a CPU
@@ -105,6 +103,8 @@ CPU_GEOMEAN_BAR = 1.5
 # fastact's host time per call on small tensors over torch's: "no more than torch's own, within 10%".
 OVERHEAD_BAR = 1.10
 
+# Largest ‖fastact − torch‖ / ‖torch‖ that counts as the same result (a sanity check that the
+# benchmark times correct code, not the test suite): a few roundings of the output dtype.
 MATCH_TOL = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
