@@ -2,7 +2,8 @@
 of every memory layout, and the comparison rule.
 
 The rule (DESIGN.md "Testing"; flash-attention's for the part that depends on torch): the reference
-is the torch op on float64 copies of the inputs. An output element passes when
+is the op's formula evaluated in float64 on float64 copies of the inputs (OpSpec.formula; for gradients,
+torch's float64 autograd and the float64 backward formulas). An output element passes when
 
     |actual - ref| <= atol * max(1, max|ref|) + rtol * |ref| + 2 * max|torch - ref|
 
@@ -111,6 +112,34 @@ class OpSpec:
         if self.name == "sigmoid":
             return torch.sigmoid(x)
         raise AssertionError(self.name)
+
+    def formula(self, x, *, dim=-1, bias=None):
+        """The op's defining formula evaluated in float64 (IEEE arithmetic, no torch kernel of the op itself): the
+        reference for values and for the special-value semantics that README.md "Special values" writes down, the
+        same on every CPU and GPU. torch's own result in a low precision is not a reference: its vectorised erf GELU
+        gives NaN for +inf in float32 and bfloat16 on some CPUs."""
+        x = x.to(torch.float64)
+        if bias is not None:
+            x = x + bias.to(torch.float64)
+        if self.takes_dim:
+            if x.dim() == 0:
+                x, dim = x.view(1), 0
+                squeeze = True
+            else:
+                squeeze = False
+            shifted = x - x.amax(dim, keepdim=True)  # amax propagates NaN; +inf - +inf is NaN; an all -inf row too
+            if self.name == "softmax":
+                e = shifted.exp()
+                y = e / e.sum(dim, keepdim=True)
+            else:
+                y = shifted - shifted.exp().sum(dim, keepdim=True).log()
+            return y.view(()) if squeeze else y
+        if self.name == "sigmoid":  # the stable form: exp of a non-positive number only
+            e = (-x.abs()).exp()
+            return torch.where(x >= 0, 1 / (1 + e), e / (1 + e))
+        if self.approximate == "tanh":  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+        return 0.5 * x * (1 + torch.erf(x * math.sqrt(0.5)))  # x Phi(x)
 
     def backward_given(self, g, x, y, *, dim=-1, bias=None):
         """The gradients autograd must produce from the tensors it hands the backward op: g (the
@@ -435,7 +464,8 @@ def check_op(op, x, *, dim=-1, dtype=None, bias=None, backward=True, grad_layout
     assert y.device == device, f"{msg}: output on {y.device}"
     want_stride = op.expected_stride(x, out_dtype)
     assert y.stride() == want_stride, f"{msg}: output strides {y.stride()}, layout rule gives {want_stride}"
-    assert_close(y, y_ref, torch_actual=y_pt, msg=f"{msg}: forward")
+    x_formula = x.detach().to(dtype) if dtype is not None else x.detach()
+    assert_close(y, op.formula(x_formula, dim=dim, bias=bias), torch_actual=y_pt, msg=f"{msg}: forward")
 
     if backward:
         rank = y.dim()
