@@ -16,6 +16,7 @@
 #include "common.h"
 #include "eager.h"
 #include "op_handles.h"
+#include "fastact/dispatch.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Dtype.h>
@@ -149,6 +150,9 @@ PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run([&] { return sigmoid_op().call(x); });
 }
 
+// The names the softmax family's `variant` argument takes (the fake kernels check it as the real ones do).
+PyObject* softmax_variant_names(PyObject*, PyObject*) { return PyUnicode_FromString(fastact::softmax_variant_names()); }
+
 // The text signatures (before "--") give inspect.signature its answer.
 PyMethodDef methods[] = {
     {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<false>)), METH_FASTCALL,
@@ -164,6 +168,8 @@ PyMethodDef methods[] = {
      "tensors."},
     {"sigmoid", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&sigmoid)), METH_FASTCALL,
      "sigmoid($module, input, /)\n--\n\nfastact::sigmoid; NotImplemented if not a plain tensor."},
+    {"softmax_variant_names", &softmax_variant_names, METH_NOARGS,
+     "softmax_variant_names($module, /)\n--\n\nThe softmax family's variant names, comma-separated."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -5,6 +5,10 @@ tolerance, same errors), forward and backward, on CUDA GPUs and CPUs, in float32
 and bfloat16, under autograd, torch.compile and CUDA graphs.
 """
 
+import sys
+
+import torch
+import torch.nn.functional as _F
 from torch.compiler import is_dynamo_compiling as _dynamo_tracing
 
 from . import _functorch
@@ -28,28 +32,84 @@ _bias_gelu = _ops.bias_gelu.default
 _sigmoid = _ops.sigmoid.default
 
 
-def softmax(input, dim=-1, *, dtype=None):
-    """Softmax over `dim`; matches ``torch.softmax(input, dim, dtype=dtype)``.
+def _type_name(obj):
+    """The name torch's argument errors give a Python object's type: `int`, `numpy.float32`, `Tensor`."""
+    t = type(obj)
+    if isinstance(obj, torch.Tensor):
+        return "Tensor"
+    return t.__qualname__ if t.__module__ in ("builtins", None) else f"{t.__module__}.{t.__qualname__}"
 
-    ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32``
-    is converted inside the kernel (no extra pass over memory)."""
+
+def _int_arg(fn, name, pos, value):
+    """`value` as torch's argument parser takes an `int` argument, or its TypeError: a Python int (not bool), a
+    numpy integer, a 0-d integer tensor or a SymInt; never a float, bool, string or a tensor of other shape or dtype
+    (which the schema's own parsing would truncate or reject with a RuntimeError)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype != torch.bool:
+            return int(value)
+    elif _is_numpy_int(value):
+        return int(value)
+    raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")
+
+
+def _is_numpy_int(value):
+    np = sys.modules.get("numpy")  # never imported for this: a numpy integer implies numpy is loaded
+    return np is not None and isinstance(value, np.integer)
+
+
+def _check_dtype_arg(fn, dtype):
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{fn}(): argument 'dtype' must be torch.dtype, not {_type_name(dtype)}")
+
+
+def _str_arg(fn, name, value):
+    """`value` as torch's argument parser takes a `str` argument (bytes included), or its TypeError."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode()
+    raise TypeError(f"{fn}(): argument '{name}' must be str, not {_type_name(value)}")
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """Softmax over `dim`; matches ``torch.nn.functional.softmax(input, dim, _stacklevel, dtype)`` (and so
+    ``torch.softmax`` and ``Tensor.softmax``).
+
+    ``dim=None`` takes torch's deprecated implicit dim (0 for 0-, 1- and 3-d inputs, else 1) with its warning.
+    ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32`` is converted
+    inside the kernel (no extra pass over memory)."""
     if not _dynamo_tracing():
         y = _C.softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
-        if _functorch.active():
-            return _functorch.softmax(input, dim, dtype, False)
+    if dim is None:
+        dim = _F._get_softmax_dim("softmax", input.dim(), _stacklevel)
+    else:
+        dim = _int_arg("softmax", "dim", 2, dim)
+    _check_dtype_arg("softmax", dtype)
+    if not _dynamo_tracing() and _functorch.active():
+        return _functorch.softmax(input, dim, dtype, False)
     return _softmax(input, dim, dtype)
 
 
-def log_softmax(input, dim=-1, *, dtype=None):
-    """Log-softmax over `dim`; matches ``torch.log_softmax(input, dim, dtype=dtype)``."""
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """Log-softmax over `dim`; matches ``torch.nn.functional.log_softmax(input, dim, _stacklevel, dtype)`` (and
+    ``torch.log_softmax``, ``Tensor.log_softmax``), the implicit ``dim=None`` included."""
     if not _dynamo_tracing():
         y = _C.log_softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
-        if _functorch.active():
-            return _functorch.softmax(input, dim, dtype, True)
+    if dim is None:
+        dim = _F._get_softmax_dim("log_softmax", input.dim(), _stacklevel)
+    else:
+        dim = _int_arg("log_softmax", "dim", 2, dim)
+    _check_dtype_arg("log_softmax", dtype)
+    if not _dynamo_tracing() and _functorch.active():
+        return _functorch.softmax(input, dim, dtype, True)
     return _log_softmax(input, dim, dtype)
 
 
@@ -59,6 +119,8 @@ def gelu(input, approximate="none"):
         y = _C.gelu(input, approximate)
         if y is not NotImplemented:
             return y
+    approximate = _str_arg("gelu", "approximate", approximate)
+    if not _dynamo_tracing():
         if _functorch.active():
             return _functorch.gelu(input, approximate)
     return _gelu(input, approximate)
@@ -73,6 +135,8 @@ def bias_gelu(input, bias, approximate="tanh"):
         y = _C.bias_gelu(input, bias, approximate)
         if y is not NotImplemented:
             return y
+    approximate = _str_arg("bias_gelu", "approximate", approximate)
+    if not _dynamo_tracing():
         if _functorch.active():
             return _functorch.bias_gelu(input, bias, approximate)
     return _bias_gelu(input, bias, approximate)

@@ -3,6 +3,7 @@ fake kernels that torch.compile and opcheck use. The fake kernels follow the rea
 (csrc/common.h): outputs are `empty_like(input)`, contiguous only for bias_gelu."""
 
 import ctypes
+import functools
 import importlib.metadata
 import os
 
@@ -34,13 +35,83 @@ ops = torch.ops.fastact
 
 _FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
+# The fake kernels below serve torch.compile's FakeTensors and the meta device (register_fake registers them as the
+# ops' Meta kernels too, which the dispatcher also picks when a meta tensor meets a real one). Each makes the checks
+# of its real kernel (csrc/common.h, csrc/cpu/ops.cpp, csrc/cuda/*), in the same order and with the same error kind
+# and wording, so that what fails eagerly fails under compile and on meta tensors, and a meta tensor mixed with a CPU
+# tensor is refused instead of returning an uninitialised CPU tensor. tests/test_meta.py holds the two to each other.
+
 
 def _check_floating(op, t, arg="input"):
     torch._check(
         t.dtype in _FLOATING,
-        lambda: f"{op}: expected a floating point tensor (float32, float64, float16 or bfloat16) "
-        f"for {arg}, got {t.dtype}",
+        lambda: f"{op}: expected a floating point tensor (float32, float64, float16 or bfloat16) for {arg}, "
+        f"got {t.dtype}",
     )
+
+
+def _check_same_device(op, a, b, arg_a, arg_b):
+    torch._check(a.device == b.device,
+                 lambda: f"{op}: expected {arg_a} and {arg_b} on the same device, got {a.device} and {b.device}")
+
+
+def _check_same_shape(op, a, b, arg_a, arg_b):
+    torch._check(a.shape == b.shape,
+                 lambda: f"{op}: expected {arg_a} and {arg_b} of the same shape, got {list(a.shape)} and {list(b.shape)}")
+
+
+def _check_same_dtype(op, a, b, arg_a, arg_b):
+    torch._check(a.dtype == b.dtype,
+                 lambda: f"{op}: expected {arg_a} and {arg_b} of the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def _check_grad(op, grad, t, arg):
+    _check_floating(op, grad, "grad_output")
+    _check_floating(op, t, arg)
+    _check_same_shape(op, grad, t, "grad_output", arg)
+    _check_same_dtype(op, grad, t, "grad_output", arg)
+    _check_same_device(op, grad, t, "grad_output", arg)
+
+
+def _check_approximate(op, approximate):
+    torch._check(approximate in ("none", "tanh"),
+                 lambda: f"{op}: approximate argument must be either none or tanh, got '{approximate}'")
+
+
+def _check_bias_gelu(op, x, bias):
+    _check_floating(op, x, "input")
+    _check_floating(op, bias, "bias")
+    torch._check(x.dim() >= 1,
+                 lambda: f"{op}: expected input of at least 1 dim (bias is added over the last), got a 0-d tensor")
+    torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1],
+                 lambda: f"{op}: expected bias of shape [{x.shape[-1]}], got {list(bias.shape)}")
+    _check_same_dtype(op, x, bias, "input", "bias")
+    _check_same_device(op, x, bias, "input", "bias")
+
+
+def _check_dim(op, dim, ndim):
+    n = max(ndim, 1)
+    torch._check_index(-n <= dim < n, lambda: f"{op}: dim {dim} out of range for a tensor of {ndim} dims "
+                                              f"(expected to be in range of [{-n}, {n - 1}])")
+
+
+@functools.cache
+def _variant_names():
+    return tuple(_C.softmax_variant_names().split(", "))
+
+
+def _check_variant(op, variant, device):
+    """The variant argument as the real kernels take it: "auto" anywhere, a CUDA kernel's name on CUDA (and on the
+    meta device, which stands for any device); whether that kernel can take the input is the CUDA kernel's check."""
+    if variant == "auto":
+        return
+    known = variant in _variant_names()
+    torch._check(not (known and device.type == "cpu"),
+                 lambda: f"{op}: variant '{variant}' is a CUDA kernel; on the CPU only 'auto' is accepted")
+    if device.type == "cpu":
+        torch._check(known, lambda: f"{op}: unknown variant '{variant}'; expected one of "
+                                    f"{', '.join(_variant_names())} (on the CPU only 'auto')")
+    torch._check(known, lambda: f"{op}: unknown variant '{variant}'; valid variants: {', '.join(_variant_names())}")
 
 
 def _integral(t):
@@ -50,19 +121,29 @@ def _integral(t):
 
 def _softmax_fake(op):
     def fake(x, dim, dtype=None, *, variant="auto"):
+        _check_variant(op, variant, x.device)
         if dtype is None or not _integral(x):  # with a dtype an integer x is cast first, as in torch
             _check_floating(op, x)
-        torch._check(dtype is None or dtype in _FLOATING,
-                     lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {dtype}")
-        torch._check_index(-max(x.dim(), 1) <= dim < max(x.dim(), 1), lambda: f"{op}: dim {dim} out of range")
-        return torch.empty_like(x, dtype=dtype if dtype is not None else x.dtype)
+        out_dtype = dtype if dtype is not None else x.dtype
+        torch._check(out_dtype in _FLOATING,
+                     lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {out_dtype}")
+        _check_dim(op, dim, x.dim())
+        return torch.empty_like(x, dtype=out_dtype)
 
     return fake
 
 
 def _softmax_backward_fake(op):
     def fake(grad_output, output, dim, input_dtype, *, variant="auto"):
+        _check_variant(op, variant, output.device)
+        _check_floating(op, grad_output, "grad_output")
         _check_floating(op, output, "output")
+        _check_same_shape(op, grad_output, output, "grad_output", "output")
+        _check_same_dtype(op, grad_output, output, "grad_output", "output")
+        _check_same_device(op, grad_output, output, "grad_output", "output")
+        torch._check(input_dtype in _FLOATING, lambda: f"{op}: expected input_dtype to be float32, float64, float16 "
+                                                       f"or bfloat16, got {input_dtype}")
+        _check_dim(op, dim, output.dim())
         return torch.empty_like(output, dtype=input_dtype)
 
     return fake
@@ -77,24 +158,29 @@ torch.library.register_fake("fastact::log_softmax_backward")(_softmax_backward_f
 @torch.library.register_fake("fastact::gelu")
 def _gelu_fake(x, approximate="none"):
     _check_floating("gelu", x)
+    _check_approximate("gelu", approximate)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("fastact::gelu_backward")
 def _gelu_backward_fake(grad_output, x, approximate="none"):
+    _check_grad("gelu_backward", grad_output, x, "input")
+    _check_approximate("gelu_backward", approximate)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("fastact::bias_gelu")
 def _bias_gelu_fake(x, bias, approximate="tanh"):
-    _check_floating("bias_gelu", x)
-    torch._check(x.dim() >= 1 and bias.dim() == 1 and bias.shape[0] == x.shape[-1],
-                 lambda: f"bias_gelu: expected bias of shape [{x.shape[-1] if x.dim() else '?'}], got {list(bias.shape)}")
+    _check_bias_gelu("bias_gelu", x, bias)
+    _check_approximate("bias_gelu", approximate)
     return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("fastact::bias_gelu_backward")
 def _bias_gelu_backward_fake(grad_output, x, bias, approximate="tanh"):
+    _check_bias_gelu("bias_gelu_backward", x, bias)
+    _check_grad("bias_gelu_backward", grad_output, x, "input")
+    _check_approximate("bias_gelu_backward", approximate)
     return x.new_empty(x.shape), bias.new_empty(bias.shape)
 
 
@@ -108,4 +194,5 @@ def _sigmoid_fake(x):
 
 @torch.library.register_fake("fastact::sigmoid_backward")
 def _sigmoid_backward_fake(grad_output, output):
+    _check_grad("sigmoid_backward", grad_output, output, "output")
     return torch.empty_like(output)

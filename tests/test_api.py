@@ -1,0 +1,110 @@
+"""The public functions take what their torch twins take, with torch's semantics, or refuse with torch's error
+kind: the parameters of each twin's signature (inspect for Python functions, the aten schema for builtins), torch's
+implicit softmax dim and its warning, and TypeError for arguments of the wrong type (dim=None / float / bool / str /
+non-0-d tensors where an int is due, approximate=None)."""
+
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastact
+
+# fastact function -> its torch twin (a Python function whose signature inspect reads, or an aten op whose schema
+# names the arguments; `self` is `input` in Python).
+TWINS = {
+    "softmax": F.softmax,
+    "log_softmax": F.log_softmax,
+    "gelu": torch.ops.aten.gelu.default,
+    "sigmoid": torch.ops.aten.sigmoid.default,
+}
+
+
+def _twin_parameters(twin):
+    if isinstance(twin, torch._ops.OpOverload):
+        return [("input" if a.name == "self" else a.name, a.default_value if a.has_default_value() else inspect._empty)
+                for a in twin._schema.arguments]
+    return [(p.name, p.default) for p in inspect.signature(twin).parameters.values()]
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_signature_covers_the_twin(name):
+    """Every parameter of the torch twin exists in fastact's function with the same default and can be passed the
+    way torch allows (by keyword; positionally at the same position where torch's is positional)."""
+    ours = inspect.signature(getattr(fastact, name)).parameters
+    theirs = _twin_parameters(TWINS[name])
+    for i, (pname, default) in enumerate(theirs):
+        assert pname in ours, f"fastact.{name} lacks torch's parameter {pname!r}"
+        p = ours[pname]
+        assert p.default == default, f"fastact.{name}({pname}=...) defaults to {p.default!r}, torch to {default!r}"
+        assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), f"fastact.{name}: {pname} cannot be a keyword"
+    if not isinstance(TWINS[name], torch._ops.OpOverload):  # Python twins: positions agree too
+        assert [p for p in ours][: len(theirs)] == [p for p, _ in theirs], (list(ours), theirs)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("ndim", [0, 1, 2, 3, 4])
+def test_implicit_dim(name, ndim):
+    """dim=None (the default) is F.softmax's deprecated implicit dim, with the same warning at the caller's line."""
+    x = torch.randn((2, 3, 4, 5)[:ndim])
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        y = getattr(fastact, name)(x)
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        want = getattr(F, name)(x)
+    torch.testing.assert_close(y, want)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+    assert [w.filename for w in ours] == [__file__], [w.filename for w in ours]
+
+
+def test_positional_stacklevel_and_dtype():
+    """F.softmax(input, dim, _stacklevel, dtype), all positional."""
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    torch.testing.assert_close(fastact.softmax(x, 1, 3, torch.float32), F.softmax(x, 1, 3, torch.float32))
+    torch.testing.assert_close(fastact.log_softmax(x, 0, 5, torch.float64), F.log_softmax(x, 0, 5, torch.float64))
+
+
+def _outcome(f):
+    try:
+        f()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+
+
+DIMS = [torch.tensor(0.7), np.float32(0.7), True, False, np.bool_(True), torch.tensor([1]), torch.tensor(True), 1.0,
+        "1", torch.tensor(1), np.int64(1), np.int32(-1), 1, -1]
+
+
+@pytest.mark.parametrize("dim", DIMS, ids=repr)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_dim_types(name, dim):
+    """An int dim as torch parses one: ints, numpy integers and 0-d integer tensors; anything else (floats, bools,
+    strings, other tensors) is a TypeError, never silently truncated."""
+    x = torch.randn(2, 3)
+    want = _outcome(lambda: getattr(F, name)(x, dim))
+    got = _outcome(lambda: getattr(fastact, name)(x, dim))
+    assert got is want, f"fastact.{name}(x, {dim!r}): {got}, torch: {want}"
+    if want is None:
+        torch.testing.assert_close(getattr(fastact, name)(x, dim), getattr(F, name)(x, dim))
+
+
+@pytest.mark.parametrize("approximate", [None, 1, b"tanh", "bad"], ids=repr)
+def test_approximate_types(approximate):
+    """str as torch's parser takes it (bytes too); None or an int is a TypeError, an unknown name a RuntimeError."""
+    x = torch.randn(5)
+    want = _outcome(lambda: F.gelu(x, approximate=approximate))
+    assert _outcome(lambda: fastact.gelu(x, approximate=approximate)) is want
+    assert _outcome(lambda: fastact.bias_gelu(x, torch.zeros(5), approximate)) is want
+
+
+@pytest.mark.parametrize("dtype", ["float32", 1, torch.float32.itemsize], ids=repr)
+def test_dtype_argument_types(dtype):
+    x = torch.randn(2, 3)
+    want = _outcome(lambda: F.softmax(x, 1, dtype=dtype))
+    assert want is TypeError
+    assert _outcome(lambda: fastact.softmax(x, 1, dtype=dtype)) is want
