@@ -36,6 +36,7 @@ def _targets(nvcc):
 
 @pytest.mark.cuda
 @pytest.mark.slow
+@pytest.mark.gpu_memory(4)  # a few MB itself, but a separate process: other workers' cached blocks must leave room
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_header_only_16bit_softmax(tmp_path):
     nvcc = _nvcc()
