@@ -1,8 +1,10 @@
-"""A small run of the kernels the deep memory class adds (include/fastact/memory_depth.cuh), for compute-sanitizer
-(bench/NOTES.md, forty-fifth session): the 16-bit softmax / log_softmax vec backward one unit a thread (rows of
-896-4096) and the deep elementwise shapes (tile edges), each checked loosely against float64 torch.
+"""A small run of the kernels the deep memory class adds (include/fastact/memory_depth.cuh), for compute-sanitizer:
+the 16-bit softmax / log_softmax vec backward one unit a thread (rows of 896-4096) and the deep elementwise shapes
+(tile edges), each checked loosely against float64 torch. scripts/sanitize.sh runs the device's own class; this puts
+the other class under the sanitizer (the deep one on an H100, the standard one with FASTACT_MEMORY_DEPTH=standard on
+an H200).
 
-    FASTACT_MEMORY_DEPTH=deep compute-sanitizer --tool memcheck python3 bench/repro/memory_depth_sanitize.py
+    FASTACT_MEMORY_DEPTH=deep compute-sanitizer --tool memcheck python3 bench/diag/memory_depth_sanitize.py
 """
 import torch, fastact
 import torch.nn.functional as F

@@ -1,10 +1,11 @@
-// Diagnostic (not part of the library; bench/NOTES.md, fifty-sixth session): how close a plain stream of 16-byte
-// copies comes to the report's limit at each tensor size. The bar's 16-bit cells of 128 MB tensors (bias_gelu bf16
-// [16384, 4096], the strided bf16 [32, 1024, 2048] dim 1) run at 0.80-0.83 of a limit measured on 256 MB float
-// tensors; torch's own bf16 copy_ of 128 MB reached 0.88 there (session 51). Whether any kernel does better at that
-// size says whether those cells have room. Built as a shared library that stream_size_diag.py loads with ctypes:
+// Diagnostic (not part of the library, not compiled by CI; torch-free and fastact-free): how close a plain stream
+// of 16-byte copies comes to the report's limit at each tensor size. On the H200 the bar's 16-bit cells of 128 MB
+// tensors (bias_gelu bf16 [16384, 4096], the strided bf16 [32, 1024, 2048] dim 1) run at 0.80-0.83 of a limit
+// measured on 256 MB float tensors, while torch's own bf16 copy_ of 128 MB reached 0.88. Whether any kernel does
+// better at that size says whether those cells have room (docs/performance.md, known gaps). Built as a shared
+// library that stream_size.py loads with ctypes:
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90 -Xcompiler -fPIC -shared -o DIR/libstreamsize.so bench/repro/stream_size_diag.cu
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Xcompiler -fPIC -shared -o DIR/libstreamsize.so bench/diag/stream_size.cu
 //
 // Kinds (all copy n16 16-byte vectors from x to y):
 //   0  one vector a thread, 256-thread blocks (torch's elementwise shape for 16-bit types, less its 32-bit index);

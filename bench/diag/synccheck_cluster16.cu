@@ -3,9 +3,11 @@
 // st.async (counted on an mbarrier, the exchange of fastact's softmax/common.cuh) stops under
 // `compute-sanitizer --tool synccheck` with "an illegal memory access" and 0 synccheck errors when
 // two CTAs of the kernel can share an SM; it passes with one CTA an SM (argument 2: extra dynamic
-// shared memory), in clusters of 8, plainly, and under memcheck, initcheck and racecheck.
+// shared memory), in clusters of 8, plainly, and under memcheck, initcheck and racecheck. This is why
+// scripts/sanitize_cases.py leaves those plans out under synccheck (SYNCCHECK_SKIPS,
+// synccheck_cannot_run): rerun it on a new compute-sanitizer to see whether the skips can go.
 //
-//   nvcc -std=c++17 -arch=sm_90 -o repro bench/repro/synccheck_cluster16.cu
+//   nvcc -std=c++17 -arch=sm_90 -o repro bench/diag/synccheck_cluster16.cu
 //   ./repro 16 0         # plain: ok
 //   compute-sanitizer --tool synccheck ./repro 16 0        # illegal memory access (2025.3.1)
 //   compute-sanitizer --tool synccheck ./repro 16 120000   # ok: one CTA an SM

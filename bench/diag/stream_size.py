@@ -1,8 +1,8 @@
-"""How close streams come to the report's limit at each tensor size (diagnostic, not part of the library;
-bench/NOTES.md, fifty-sixth session): stream_size_diag.cu's copy kernels, torch's copy_, and fastact's 16-bit
-elementwise ops, on bf16 tensors of 64 MB to 512 MB, in one process.
+"""How close streams come to the report's limit at each tensor size (diagnostic, not part of the library):
+stream_size.cu's copy kernels, torch's copy_, and fastact's 16-bit elementwise ops, on bf16 tensors of 64 MB to
+512 MB, in one process. It says whether a cell below its bar at a size other than the limit's 256 MB has room.
 
-    python3 bench/repro/stream_size_diag.py [--build DIR] [--sizes 64,128,256,512] [--rounds 5] [--reps 30]
+    python3 bench/diag/stream_size.py [--build DIR] [--sizes 64,128,256,512] [--rounds 5] [--reps 30]
 
 Builds DIR/libstreamsize.so with nvcc unless it is there (it needs no torch: it can be built on another machine and
 carried). The limit is the report's (fastact.bench.measure_limit: the better of torch's copy_ and torch.mul of 256 MB
@@ -20,12 +20,34 @@ from pathlib import Path
 
 import torch
 
-from elementwise16_diag import time_rounds  # this folder's (the script's own folder leads sys.path)
-
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ["copy 1 x 16 B a thread", "copy 4 x 16 B a thread", "copy 4 x 16 B, persistent grid",
          "copy 4 x 16 B, streaming hints", "copy 8 x 16 B, 512 threads"]
 MB = 1 << 20
+
+
+def time_row(call, reps, warmup=3):
+    """Median microseconds of `reps` back-to-back calls, each bracketed by CUDA events, after warm-up."""
+    for _ in range(warmup):
+        call()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in events:
+        s.record()
+        call()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+
+
+def time_rounds(calls, rounds, reps):
+    """{name: [time_row of calls[name], one a round]}: rounds interleave the rows, in an order rotated by one each
+    round, so that no row always runs first or after the same neighbour."""
+    names = list(calls)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(time_row(calls[n], reps))
+    return times
 
 
 def load(folder):
@@ -33,7 +55,7 @@ def load(folder):
     if not so.exists():
         so.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "-Xcompiler", "-fPIC", "-shared", "-o", str(so),
-                        str(ROOT / "bench/repro/stream_size_diag.cu")], check=True)
+                        str(ROOT / "bench/diag/stream_size.cu")], check=True)
     lib = ctypes.CDLL(str(so))
     lib.diag_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return lib
