@@ -7,7 +7,7 @@ calls, so that host overhead does not hide the kernel at the small sizes; on the
 timed as the report times them, with glibc told to keep freed memory as the report does (keep_cpu_allocations: else
 every output past malloc's 32 MB mmap threshold faults its pages in on each call, which at 64 MB costs more than the
 kernels), and run it with OMP_WAIT_POLICY=passive (torch's OpenMP workers otherwise spin for ~10 ms after each of
-its parallel calls and slow fastact's threads; docs/performance.md, CPU method). Beside each, a
+its parallel calls and slow fastact's threads; docs/performance.md, "Timing on the CPU"). Beside each, a
 plain elementwise kernel that moves the same bytes (torch.neg forward, torch.mul backward) is timed as a size-aware
 limit. It prints every cell, then the cells where fastact is slower than torch, then those under 0.85 of the
 elementwise kernel.
