@@ -6,8 +6,8 @@ and dim -2 softmaxes, f32 / bf16 / f16, forward and backward. On CUDA each call 
 calls, so that host overhead does not hide the kernel at the small sizes; on the CPU each is the median of calls
 timed as the report times them, with glibc told to keep freed memory as the report does (keep_cpu_allocations: else
 every output past malloc's 32 MB mmap threshold faults its pages in on each call, which at 64 MB costs more than the
-kernels; bench/NOTES.md forty-eighth session), and run it with OMP_WAIT_POLICY=passive (torch's OpenMP workers
-otherwise spin between its calls and slow fastact's threads, bench/NOTES.md thirty-third session). Beside each, a
+kernels), and run it with OMP_WAIT_POLICY=passive (torch's OpenMP workers otherwise spin for ~10 ms after each of
+its parallel calls and slow fastact's threads; docs/performance.md, "Timing on the CPU"). Beside each, a
 plain elementwise kernel that moves the same bytes (torch.neg forward, torch.mul backward) is timed as a size-aware
 limit. It prints every cell, then the cells where fastact is slower than torch, then those under 0.85 of the
 elementwise kernel.
@@ -15,8 +15,8 @@ elementwise kernel.
     python bench/audit.py [--device cpu] [--sizes-mb 8 64] [--variants] [--json out.json]
 
 ``--variants`` (CUDA) also times every forced kernel variant that takes the input (the softmax family's
-``variant=``), to see which one a dispatcher rule should pick. bench/NOTES.md (thirtieth session) has what it found
-on the H100, the thirty-ninth what it found on the CPU."""
+``variant=``), to see which one a dispatcher rule should pick. docs/performance.md (known gaps) has what it left
+open on the H100 and on the CPU."""
 from __future__ import annotations
 
 import argparse

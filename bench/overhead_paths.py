@@ -1,4 +1,4 @@
-"""Where the per-call host time goes on CUDA (bench/NOTES.md, H100 section): fastact's public function,
+"""Where the per-call host time goes on CUDA (docs/performance.md, per-call overhead): fastact's public function,
 its torch.ops OpOverload, and the same entries into torch's own kernels. Prints microseconds per call
 (best of 15 interleaved rounds of 2000 calls) on an 8x1024 float32 tensor. Run: python bench/overhead_paths.py"""
 import torch

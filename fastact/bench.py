@@ -81,7 +81,7 @@ CHUNK_ROW = 4096
 OVERHEAD_SHAPE = (8, 1024)  # small enough that the call, not the data, is what costs
 OVERHEAD_CALLS = 1000  # back-to-back calls per timed round
 
-# The performance bar (``--check``; bench/NOTES.md, "The bar"). On CUDA: fastact's fraction of the measured limit,
+# The performance bar (``--check``; docs/performance.md, "The bar"). On CUDA: fastact's fraction of the measured limit,
 # by (kind, direction) (Case.kind). On every device: in every case fastact no slower than torch or torch.compile,
 # and the per-call overhead (OVERHEAD_SHAPE) within OVERHEAD_BAR of torch's own.
 BARS = {
@@ -544,8 +544,8 @@ def release_cpu_allocations():
     """After a case under keep_cpu_allocations: hand the freed memory back to the system (malloc_trim),
     which the raised trim threshold otherwise keeps for good. Kept across cases of different sizes, in
     the arenas of every thread that allocated (the main thread's, oneTBB's and OpenMP's workers'), it
-    grew past 24 GB on the 24 GiB dev VM by the 86th case of the full CPU report (bench/NOTES.md,
-    thirty-fourth session); within a case the timed calls still reuse their memory."""
+    grew past 24 GB on the 24 GiB dev VM by the 86th case of the full CPU report; within a case the
+    timed calls still reuse their memory."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -620,8 +620,8 @@ class Timing:
 
 
 # CPU rows take turns over three rounds, as CUDA's do: with one, a burst of another tenant's work on a shared VM fell on
-# whichever row was being timed, and two quick reports in a row on the same 2-core VM (AMD EPYC, bench/NOTES.md
-# fiftieth session) each showed one cell at 0.72-0.80x the better of torch and torch.compile, a different cell each
+# whichever row was being timed, and two quick reports in a row on the same 2-core VM (AMD EPYC)
+# each showed one cell at 0.72-0.80x the better of torch and torch.compile, a different cell each
 # time, every one ahead when re-timed alone (log_softmax backward bf16>f32 [8192, 4096]: 20.9 ms in the report,
 # 9.5-11.4 alone, torch.compile 14.5-15.2).
 TIMING = {
@@ -742,12 +742,12 @@ def bench_case(case, device, compiler=None, *, variants=True, timing=None, verif
     # in another, so whatever drifts during a case (the GPU's clocks after make_inputs' writes, a background
     # process) falls on the rows more alike (exactly alike only with as many rounds as rows). Timed one after the
     # other, the first row (fastact's auto dispatch) read slower than the same kernel forced and timed next in 80
-    # of the 84 softmax cells of session 38's H100 report (median 0.11%, up to 0.34%; bench/repro/
-    # softmax_bwd_diag.py found the first row's first round slow), enough to decide a tie. The first row also runs
+    # of the 84 softmax cells of an H100 bar report (median 0.11%, up to 0.34%; a diag that replayed the report's
+    # rows found the first row's first round slow), enough to decide a tie. The first row also runs
     # untimed for one round's length before any timing: on CUDA it settles the clocks; on the CPU a case's fresh
     # tensors ran their first calls slow on the 2-core dev VM (gelu backward bf16 [8192, 4096]: 5-20 calls at 25-31
     # ms, then 10; torch's first calls 29-39 ms, then 16), and with the CPU's single round that window fell on the
-    # first row alone (the quick report's cell read 0.75x torch; bench/NOTES.md, forty-third session).
+    # first row alone (the quick report's cell read 0.75x torch).
     timing = timing or timing_for(device, "full")
     share = timing.per_round()
     samples = {name: [] for name in calls}
@@ -769,8 +769,8 @@ def bench_case(case, device, compiler=None, *, variants=True, timing=None, verif
     # The outputs to verify are made only after every row is timed, so that each row is timed with the same
     # tensors alive: its own output then comes from the same cached block as every other row's. Kept outputs
     # put the later rows' outputs elsewhere in memory, and where a 256 MB output lies relative to its input
-    # moved a memory-bound kernel by up to 0.3% on the H100 (bench/repro/elementwise16_diag.py, thirty-ninth
-    # session), enough to decide a tie.
+    # moved a memory-bound kernel by up to 0.3% on the H100 (a diag of the 16-bit elementwise kernels beside
+    # torch's), enough to decide a tie.
     for name, call in checked.items():
         outputs[name] = call()
     checked.clear()

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Compiles every .cu file under csrc/ with nvcc against the installed torch's headers, without a GPU
 # and without CUDA libraries (CI runs this: a CUDA compile error fails it), and the torch-free programs
-# against include/ alone: the diagnostics under bench/repro/ (they use the library's internals, so a
-# change there must keep them building) and tests/cuda/ (the header-only check test_header_only.py runs
-# on a GPU). Objects are discarded.
-# Usage: scripts/check_cuda_compile.sh [file.cu ...]   (default: csrc/**/*.cu, bench/repro/*.cu, tests/**/*.cu)
+# under tests/ against include/ alone (tests/cuda/: the header-only check test_header_only.py runs on a
+# GPU). Objects are discarded. The diagnostics under bench/diag/ are not compiled here: they are built by
+# hand on the machine that runs them, and the library's internals may change under them.
+# Usage: scripts/check_cuda_compile.sh [file.cu ...]   (default: csrc/**/*.cu, tests/**/*.cu)
 # Env: NVCC (default nvcc, else $CUDA_HOME/bin/nvcc), CUDA_ARCH (default 90), JOBS (default: cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")}
 [ -x "$NVCC" ] || { echo "check_cuda_compile: nvcc not found" >&2; exit 1; }
-if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(find csrc -name '*.cu' | sort; find bench/repro tests -name '*.cu' 2>/dev/null | sort); fi
+if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(find csrc -name '*.cu' | sort; find tests -name '*.cu' 2>/dev/null | sort); fi
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda_compile: no .cu files"; exit 0; }
 
 mapfile -t incs < <(python3 -c "
@@ -31,13 +31,13 @@ abi=$(python3 -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -DFASTACT_WITH_CUDA=1
        "-D_GLIBCXX_USE_CXX11_ABI=$abi" -Iinclude -Icsrc "${incs[@]}" "-I$shim")
 
-# bench/repro/: standalone programs of the headers alone (no torch, no csrc/).
-repro_flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -Iinclude)
+# tests/: standalone programs of the headers alone (no torch, no csrc/).
+standalone_flags=(-std=c++17 -O1 "-arch=sm_${CUDA_ARCH:-90}" --expt-relaxed-constexpr -Iinclude)
 
 compile() {
   echo "nvcc $1"
   case $1 in
-    bench/repro/*|tests/*) "$NVCC" "${repro_flags[@]}" -c "$1" -o /dev/null ;;
+    tests/*) "$NVCC" "${standalone_flags[@]}" -c "$1" -o /dev/null ;;
     *) "$NVCC" "${flags[@]}" -c "$1" -o "${OBJ_DIR:-/dev/null}${OBJ_DIR:+/$(basename "$1").o}" ;;
   esac
 }

@@ -44,7 +44,7 @@ def taken(call):
 # compute-sanitizer 2025.3's synccheck stops with "an illegal memory access" (and 0 synccheck errors) on
 # any kernel whose CTAs push st.async values into the CTAs of a 16-CTA cluster while two CTAs of the
 # kernel can share an SM: a 40-line kernel doing only that fails alike, passes with 1 CTA an SM or in
-# clusters of 8, and is right in 3000 plain launches (bench/NOTES.md, twenty-second session). These
+# clusters of 8, and is right in 3000 plain launches (bench/diag/synccheck_cluster16.cu). These
 # cases run that way (the cached strided float / float64 backward, 2 columns x 512 threads x 16); the
 # other three tools run them.
 SYNCCHECK_SKIPS = {((16384, 64), 0)}
@@ -248,7 +248,7 @@ def prefetch_cases(dtype, synccheck=False, quick=False):
     inputs of at least the L2 size, float accumulation, D >= 8): dim 1 of [n, 1024, 2056] just past the L2
     size (the last tiles' counterparts ahead lie past the end and prefetch nothing) and dim 0 of [16384, m]
     (tiles over clusters of 16; not under synccheck, which stops on that forward as on the backward of
-    SYNCCHECK_SKIPS, with the prefetch off as well: H100, thirty-third session). A case whose plan is not cached
+    SYNCCHECK_SKIPS, with the prefetch off as well, on the H100). A case whose plan is not cached
     (without clusters) is left out. On a deep-memory device the 16-bit dim-1 case runs in half lines without the
     prefetch (dispatch.h kStridedRawCtaThreads), checked all the same. 16-bit: also the long_row forward of rows of
     262144 in shared memory (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end; on a

@@ -48,8 +48,8 @@ constexpr int kBiasGeluTx = 32;
 // most 85 registers a thread: every row of a thread's tile is loaded before any arithmetic (x and dy,
 // 4 rows: 32 registers in 16-bit), plus its bias and column sums (2 x 8 floats).
 // Why (H100, 16384 x 4096 and 8192 x 8192, tanh, a diag sweep of tile shapes in one process;
-// bench/NOTES.md, twelfth session): 32 x 8 threads x 4 rows at 3 blocks: bf16 145.6 / 145.0 us, f32
-// 275.0, against the persistent one-wave kernel of sessions 8-11 at 151.8 / 151.6 and 290.4 (and the
+// docs/performance.md, bias_gelu): 32 x 8 threads x 4 rows at 3 blocks: bf16 145.6 / 145.0 us, f32
+// 275.0, against the persistent one-wave kernel it replaced at 151.8 / 151.6 and 290.4 (and the
 // elementwise gelu backward on the same bytes without dbias at 133.8 / 261.6). Uncapped (107
 // registers) 147.5 / 146.6; 8-byte accesses 152.8-191.2; 64 accesses along a row 159.6-181.7 (bf16);
 // 2 rows a thread 149.9-174.5.
@@ -84,8 +84,9 @@ struct EltShape {
 enum class EltMath { kSigmoid, kTanh, kErf };
 
 // The shape for elements of `elem_bytes` bytes and an op reading `arity` operands with `math`.
-// Vector path, from sweeps against torch and torch.compile on the H100 (bench/NOTES.md, fourth, eighth,
-// thirty-ninth and forty-sixth sessions, 256 MB tensors; 16-bit figures from bench/repro/elementwise16_diag):
+// Vector path, from sweeps against torch and torch.compile on the H100 (256 MB tensors; the 16-bit figures from
+// diag builds of this kernel at forced shapes, timed beside torch's ops in one process; docs/performance.md,
+// elementwise):
 //   one operand (forwards), float: 128 threads, one 16-byte access, 32 registers: torch's own access shape
 //       (full occupancy), 0.997-1.007x torch on every op; more accesses or registers lose occupancy
 //   16-bit erf and sigmoid forwards (their 16-bit math forms): 512 threads, one 16-byte access, 32 registers:
@@ -107,8 +108,8 @@ enum class EltMath { kSigmoid, kTanh, kErf };
 //
 // A kDeep device (memory_depth.cuh: the H200) needs more bytes in flight a thread than those H100 shapes keep.
 // There every float and 16-bit vector shape is 128 threads of 16-byte accesses at 32 registers, with two accesses
-// for 16-bit forwards and the 16-bit GELU backwards (bench/repro/elementwise16_diag.py with float rows, H200, 256
-// MB, five rounds, us: the H100 shape -> this one (torch)):
+// for 16-bit forwards and the 16-bit GELU backwards (the same diag builds with float rows, H200, 256 MB, five
+// rounds, us: the H100 shape -> this one (torch)):
 //   two operands, one access: float sigmoid / tanh / erf backward 194.1 / 201.0 / 208.1 -> 186.8 / 186.8 /
 //       186.7 (187.5), 16-bit sigmoid backward 196.5 -> 186.6 (186.7). 8-byte accesses at 512 threads leave
 //       too few bytes in flight there
@@ -415,7 +416,7 @@ struct RowStep {
 // (RowDivider, so a launch holds fewer than 2^31 accesses: launch_elementwise_rows_as splits the rows); its
 // later accesses step their input pointers (RowStep). Dividing every access, with its two 64-bit row addresses,
 // cost registers that deep shapes (several accesses a thread) do not have: under a cap ptxas spilled, without
-// one occupancy fell (bench/NOTES.md, forty-ninth session).
+// one occupancy fell (measured on the H200: docs/performance.md, elementwise).
 template <int kThreads_, int kVec, int kUnroll_, int kMinBlocks, typename T, typename Op>
 __global__ void __launch_bounds__(kThreads_, kMinBlocks)
     elementwise_rows_kernel(const T* __restrict__ in0, int64_t stride0, const T* __restrict__ in1, int64_t stride1,
@@ -471,8 +472,8 @@ __global__ void __launch_bounds__(kThreads_, kMinBlocks)
 //   -> this one (torch.compile): tanh / erf GELU backward 329.7 / 283.1 -> 194.6 / 189.7 (209.0 / 264.2), bias_gelu
 //   erf / tanh forward 227.8 / 198.9 -> 139.5 / 154.8 (214.5 / 181.3); sigmoid forward 130.9 -> 130.0 (129.6). f16,
 //   which that shape did not slow: tanh GELU backward 189.6 -> 198.7 (210.2), bias_gelu erf forward 134.7 -> 134.9.
-//   bench/repro/elementwise_rows_diag.py, forty-ninth session; 8 CTAs an SM (64 registers) was ahead in bf16
-//   bias_gelu (132.5 / 144.8 in the diag's 2-D twin) but 9% behind in f16 tanh backward.
+//   (A diag build of this launcher at other shapes, timed beside torch.compile.) 8 CTAs an SM (64 registers) was
+//   ahead in bf16 bias_gelu (132.5 / 144.8 in the diag's 2-D twin) but 9% behind in f16 tanh backward.
 constexpr EltShape elementwise_rows_shape(int elem_bytes, int arity, bool vectorised, EltMath math, bool bias,
                                           MemoryDepth depth = MemoryDepth::kStandard) {
   if (depth == MemoryDepth::kDeep && vectorised && elem_bytes == 2) {

@@ -86,7 +86,7 @@ FASTACT_HOST_DEVICE float exp_sfu(float x) { return ex2_sfu(x * 1.44269504088896
 // Why .ftz spelled out rather than __expf: without -ftz=true (fastact builds without it) __expf keeps
 // results below 2^-126 as denormals by scaling around the MUFU (a compare and two predicated
 // multiplies), and that cost the 16-bit warp backward at rows of 197 11% (H100, bf16 [681308, 197]:
-// 313.3 against 280.2 us; bench/NOTES.md, twenty-sixth session).
+// 313.3 against 280.2 us).
 FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 #if defined(__CUDA_ARCH__)
   return exp_sfu(y);
@@ -113,12 +113,12 @@ struct GeluErf {
 
 // The erf GELU for results rounded to 16 bits (bfloat16, float16), in float at about 2e-6 relative error for
 // |x| < 6, under 1e-5 beyond (a 16-bit result is 2^-8 or 2^-11 apart), with two MUFUs and ~16 other instructions where erff alone
-// takes ~25: in 16-bit the erf GELU is issue-bound, not memory-bound (bench/NOTES.md, forty-sixth
-// session). The CUDA launchers take it for 16-bit tensors (elementwise.cuh StorageMath); float and
-// double keep GeluErf.
+// takes ~25: in 16-bit the erf GELU is issue-bound, not memory-bound (at the H200's memory limit an SM has
+// ~32 instructions an element to spend, loads, conversions and stores included). The CUDA launchers take it
+// for 16-bit tensors (elementwise.cuh StorageMath); float and double keep GeluErf.
 //
 // With a = |x|: Phi(-a) = t q(t) exp(-a^2 / 2), t = 1 / (1 + p a) in (0, 1], q a degree-7 polynomial
-// fitted (minimax in relative error over t in [0, 1], so over every a; script in bench/NOTES.md) to
+// fitted (minimax in relative error over t in [0, 1], so over every a) to
 // Phi(-a) exp(a^2 / 2) / t: 9.7e-7 relative evaluated in float; the rounding of the exponent adds 6.6e-7
 // near 0, growing with x^2 (8.6e-6 in all at |x| = 13), and the MUFUs ~4e-7. Then Phi(x) = 1 - Phi(-a) for x >= 0, Phi(-a) for x < 0, both without
 // cancellation, so the negative tail keeps its relative accuracy (erf-based 1 + erf(x / sqrt 2) loses it
@@ -126,6 +126,10 @@ struct GeluErf {
 // Subnormal results: exp is taken as exp(-a^2 / 2) 2^16 (the exponent offset by 16, so ex2 does not flush
 // before 2^-142) and q carries the 2^-16, so Phi(-a) rounds once into a float subnormal: bfloat16's
 // subnormal results (to 2^-133) come out within an ulp of the float64 formula's.
+// The fit, to redo it: nodes t_k = (1 - cos(pi (k + 0.5) / 4000)) / 2, a = (1 / t - 1) / p, target
+// 0.5 erfcx(a / sqrt 2) / t (scipy.special.erfcx); least squares on the Vandermonde matrix in t weighted by
+// 1 / target, then 60 Lawson reweightings towards minimax; p scanned over [0.25, 0.45] (degree 7 at p = 0.325:
+// 6.8e-7 with float64 coefficients; degree 6 reaches 3.7e-6 at p = 0.28, degree 8 2.3e-7).
 struct GeluErf16 {
   static constexpr float kP = 0.325f;
   // q's coefficients, lowest first (q(t) = kQ0 + kQ1 t + ... + kQ7 t^7), times 2^-16.
@@ -200,7 +204,7 @@ struct Sigmoid {
 // rounding of the exponent): exp(-|x|) 2^16
 // by one ex2 (offset by 16, as GeluErf16's exp, so that a result down to bfloat16's smallest subnormal does not
 // flush), 1 / (1 + exp(-|x|)) by one rcp (its argument in [1, 2]): two MUFUs and 5 other instructions where
-// expf and a division take ~20 (bench/NOTES.md, forty-sixth session). The backward needs none of it: Sigmoid's
+// expf and a division take ~20. The backward needs none of it: Sigmoid's
 // y (1 - y) (elementwise.cuh SigmoidBackwardOp).
 struct Sigmoid16 {
   static constexpr float kMinusLog2e = -1.44269504088896340736f;

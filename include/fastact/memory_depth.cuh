@@ -11,8 +11,8 @@
 // bits, the same SMs): 18.8; A100 80GB: 13.4. At or above kDeepMemoryBytesPerSmCycle a device is
 // kDeep: its elementwise kernels take more bytes a thread (elementwise.cuh elementwise_shape says
 // which) and the 16-bit softmax vec backward one unit a thread (dispatch.h softmax_vec_backward_one_unit),
-// from diags on both machines (bench/NOTES.md, forty-fifth session). Where a CUDA attribute is
-// missing (zero, or an error) the device is kStandard, the shapes every sweep before that was tuned on.
+// from diags on both machines (docs/performance.md, memory depth). Where a CUDA attribute is
+// missing (zero, or an error) the device is kStandard, the class whose shapes were tuned on the H100.
 //
 // FASTACT_MEMORY_DEPTH=standard or =deep (read once per device; other values are ignored) overrides the
 // measure: the tests force each class on whatever GPU runs them, and a user can pick the other shapes for a

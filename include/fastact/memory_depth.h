@@ -3,7 +3,7 @@
 
 namespace fastact {
 
-// kStandard: the H100 and devices like it, the shapes every sweep before the forty-fifth session was tuned on.
+// kStandard: the H100 and devices like it, the class whose shapes were tuned on the H100.
 // kDeep: devices whose DRAM moves at least kDeepMemoryBytesPerSmCycle bytes per SM per SM cycle (the H200), whose
 // kernels need more bytes in flight a thread and more threads an SM.
 enum class MemoryDepth { kStandard, kDeep };

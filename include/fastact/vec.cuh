@@ -29,9 +29,9 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector(const T* p) {  // p must be align
 
 // The same load, cached in L2 only (ld.global.cg; 16-byte vectors, other sizes load as above). For
 // data read once: on the H100 the warp softmax forward at rows of 1024 floats ran 1.7% faster with it
-// (185.5 -> 182.4 us on 256 MB, bench/NOTES.md fifth session); rows of 128 and the 128-bit block
-// kernels were unchanged, and the warp backward at rows of 128 lost 2% (bf16); bf16 rows of 128 at
-// one access a lane lost 0.8% (ninth session). So only the warp forward uses it, where a lane reads
+// (185.5 -> 182.4 us on 256 MB); rows of 128 and the 128-bit block kernels were unchanged, and the
+// warp backward at rows of 128 lost 2% (bf16); bf16 rows of 128 at one access a lane lost 0.8%.
+// So only the warp forward uses it, where a lane reads
 // several vectors (WarpShape::kLoadL2, softmax/warp.cuh).
 template <typename T, int N>
 FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
@@ -50,8 +50,8 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector_l2(const T* p) {
 // narrow piece of each line while other CTAs read the rest at about the same time: the cached strided
 // backward, whose tiles read 32 or 64 bytes of each D-row. On the H100, softmax backward over dim 0 of
 // f32 [8192, 8192] (64-byte pieces) ran ~0.78 -> ~0.86 of the limit, [16384, 4096] (32-byte pieces)
-// 0.670 -> 0.70-0.75; 128-byte pieces were unchanged; the strided forward lost 3% at 64-byte pieces
-// (bench/NOTES.md thirty-sixth session, bench/repro/strided_dim0_diag.cu). float64 keeps the plain load:
+// 0.670 -> 0.70-0.75; 128-byte pieces were unchanged; the strided forward lost 3% at 64-byte pieces.
+// float64 keeps the plain load:
 // as four 32-bit words its vectors cost register moves, and it was not measured. The .nc path is the one
 // the kernels' const __restrict__ loads already take: p must not be written by any thread while the
 // kernel runs.
@@ -156,7 +156,7 @@ FASTACT_DEVICE unsigned opaque_zero(int64_t nonneg) {
 // `zero` (opaque_zero) are ORed into `bits` (take), and `bits` into a float or double (apply). Nothing computed
 // from the result can start before every taken load has arrived, so ptxas cannot sink a load below the arithmetic
 // of another: softmax's backwards (softmax/common.cuh output_loads_with_reduction). (The 16-bit erf GELU forward's
-// tiles were tied too, until its 16-bit math form made them light: bench/NOTES.md, forty-sixth session.)
+// tiles were tied too, until its 16-bit math form (math.h GeluErf16) made them light.)
 struct LoadDependence {
   unsigned zero;
   unsigned bits = 0;

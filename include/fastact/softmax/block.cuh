@@ -99,8 +99,8 @@ struct PlainStores {
 // 16-bit rows into a float output (the dtype= cast): a lane's unit is 8 floats, 32 bytes; stored whole, each
 // store instruction of the warp writes half of each 32-byte sector it touches. Where the warp's 32 units of j lie
 // inside the row, its lanes swap halves and store 512 contiguous bytes an instruction (vec.cuh store_warp_paired);
-// the warp that holds the row's end stores plain. Why (H200, [*, D] 256 MB of bf16 in, bench/NOTES.md fifty-fifth
-// session): the dispatcher's vec plans (4 units a thread), D = 2048 208.6 -> 197.9 us, 4096 220.7 -> 202.2 (0.874 ->
+// the warp that holds the row's end stores plain. Why (H200, [*, D] 256 MB of bf16 in, a diag of the library's
+// plans): the dispatcher's vec plans (4 units a thread), D = 2048 208.6 -> 197.9 us, 4096 220.7 -> 202.2 (0.874 ->
 // 0.956 of the limit), 8192 229.3 -> 203.1, 12288 266.0 -> 218.6, 16384 275.0 -> 203.2. Plans of one or two units a
 // thread lose 2-10% (the shuffles, with few loads to hide them behind); the dispatcher gives these rows none.
 // Loading 8-byte pieces instead (each lane then stores its own 512-byte runs, no shuffle) lost 7-10% but at 16384:
@@ -132,8 +132,8 @@ struct WarpPairedStores {
 // The stores of a resident forward's slice (softmax_block_fwd_kernel; long_row.cuh's shared-memory cluster kernel and
 // grid.cuh's slices, whose units lie alike): paired where a unit's outputs are two 16-byte halves wider than its
 // inputs, else plain. Rows off the alignment (kEdges) store plain: the pairs made D = 4095 slower (softmax 217.7 ->
-// 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled. (The long_row and grid kernels' pairs are
-// not yet timed: bench/NOTES.md, fifty-fifth session.)
+// 228.0 us, log_softmax 215.1 -> 218.6), and the log kernel spilled. long_row's shared-memory cluster kernel
+// gained alike (H200, bf16 in: rows of 32768-128256 240-246 -> 202-204 us); the grid kernel's pairs are untimed.
 template <typename in_t, typename out_t, int kVec, int kVecs, bool kEdges>
 FASTACT_DEVICE auto forward_stores(int64_t dim) {
   if constexpr (!kEdges && sizeof(out_t) > sizeof(in_t) && kVec * sizeof(out_t) == 2 * kVecBytes) {
@@ -717,8 +717,8 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_
   const out_t* dyr = grad_output + offset;
   const out_t* yr = output + offset;
   // Each pass issues all of its loads before it uses any. With each unit's loads next to their uses, ptxas kept
-  // one unit's loads in flight at a time: at 1024 threads x 4 units (bf16 [4096, 32768]; the branch
-  // s43-two-pass-32k's two_pass_l1_diag.cu) 293.2 us, 270.8 in one wave (bench/NOTES.md, session 44).
+  // one unit's loads in flight at a time: at 1024 threads x 4 units (H100, bf16 [4096, 32768], a diag build of this
+  // kernel) 293.2 us, 270.8 in one wave.
   AlignedVector<out_t, kVec> gv[kVecs], ov[kVecs];
   int round = 0;
   A dot = A(0);

@@ -81,7 +81,7 @@ enum class Packed16 { kHalf, kBFloat16 };
 // 32-bit words, two elements at a time: a 16-bit type's own conversion goes through its 16-bit member,
 // and ptxas then gives every element a register of its own, which spilled the register-bound kernels
 // (H100, bf16 softmax over dim 0 of [16384, 8192], __nv_bfloat16 by element: 500 us, 0.36 of the limit,
-// where c10::BFloat16 by words ran at 0.77; bench/NOTES.md, thirty-seventh session). Widening is exact;
+// where c10::BFloat16 by words ran at 0.77). Widening is exact;
 // narrowing rounds to nearest even (as c10::Half(float) and c10::BFloat16(float) do on the device).
 template <typename T, Packed16 kKind>
 struct PackedElementConvert {
@@ -250,8 +250,8 @@ FASTACT_DEVICE AlignedVector<T, N> from_acc(const A (&in)[N]) {
 // the loop that adds the row's terms, under its guard: a loop of its own, guarded again, cost ptxas's predicates
 // registers (P2R). Where: output_loads_with_reduction.
 // Whether a backward with epilogue Epi and outputs out_t takes its output's loads into its reduction
-// (LoadDependence): log_softmax with float outputs. H100, us, HEAD -> dependence (bench/NOTES.md
-// thirty-second session): 8 MB f32 [209, 10000] 6.80 -> 6.12 (torch 6.20), [419, 5000] 5.97 -> 5.70,
+// (LoadDependence): log_softmax with float outputs. H100, us, without -> with the dependence:
+// 8 MB f32 [209, 10000] 6.80 -> 6.12 (torch 6.20), [419, 5000] 5.97 -> 5.70,
 // [3634, 577] 6.10 -> 5.71; 256 MB [67041, 1001] 275.1 -> 268.3; lost: 8 MB [13981, 150] 5.69 -> 6.21,
 // [69, 30000] 7.45 -> 7.71. 16-bit outputs lose: there the later loads overlap the reduction (8 MB
 // [64, 65536] bf16 7.19 -> 8.03, the cluster's exchange being long) or the kernel is bound by issue
@@ -603,9 +603,8 @@ FASTACT_DEVICE ColumnScratch<V> column_scratch(unsigned char* smem) {
 //     threads past G * C idle. i / C = (i * magic) >> 21, magic = ceil(2^21 / C), for i < 1024: exact,
 //     since i * magic / 2^21 = i / C + i * e / (C * 2^21) with e = magic * C - 2^21 < C and i * e <
 //     2^20. A multiply, not a division by a runtime value (~20 instructions).
-// Lines stay a plain int, computed as before AnyColumns existed: passed as a struct (a kernel parameter
-// copied once rather than reloaded where used), the same shifts made some kernels at their 64-register
-// cap spill and lose 2-4% (bench/NOTES.md, twenty-first session).
+// Lines stay a plain int: passed as a struct (a kernel parameter copied once rather than reloaded where
+// used), the same shifts made some kernels at their 64-register cap spill and lose 2-4% (H100).
 struct AnyColumns {
   int columns, whole_groups;
   unsigned magic;

@@ -51,8 +51,8 @@ FASTACT_DEVICE int staged_shift(const T* p) {
 // Chunk k of D-row d's segment [off, off + w) of tensor t (n elements) to row[k * V] (row: the D-row's
 // stage), if the segment reaches into it: the segment starts at its own shift in its first chunk. The
 // copies ask L2 for whole lines (kLine): a tile's segment covers part of each D-row's lines and the
-// neighbouring tiles the rest. H100, dim 1 of [*, D, 1023], fraction of the limit (bench/NOTES.md
-// thirty-sixth session): backward f32 D = 100 0.936 -> 0.960, bf16 D = 100 / 257 / 700 0.910 / 0.697 /
+// neighbouring tiles the rest. H100, dim 1 of [*, D, 1023], fraction of the limit:
+// backward f32 D = 100 0.936 -> 0.960, bf16 D = 100 / 257 / 700 0.910 / 0.697 /
 // 0.709 -> 0.934 / 0.720 / 0.752; the bf16 forwards +0.5-1.7%.
 template <typename T>
 FASTACT_DEVICE void staged_copy_row_chunk(const T* __restrict__ t, int64_t n, int64_t off, int k, int w,

@@ -25,7 +25,7 @@
 // log forward D = 577 386.7 -> 216.9 us (torch 281.1), log backward 419.1 -> 284.8 (torch 374.0).
 // Lanes of fewer accesses keep every phase guarded: their few predicates stay in predicate registers,
 // and the fill made them slower (64 MB: f16 log backward D = 33 78.5 -> 99.6 us, softmax backward bf16
-// D = 10 9.3 -> 12.4 at 8 MB; 128-bit rows unchanged either way; bench/NOTES.md, thirty-first session).
+// D = 10 9.3 -> 12.4 at 8 MB; 128-bit rows unchanged either way).
 #pragma once
 
 #include <type_traits>
@@ -49,9 +49,9 @@ struct WarpShape {
   static_assert(kTpr >= 1 && kTpr <= kWarpSize && (kTpr & (kTpr - 1)) == 0, "lanes per row: power of two <= 32");
   static_assert(kElems % kVec == 0 && kVecs >= 1, "a lane holds whole accesses");
   // The forward's loads: cached in L2 only (load_vector_l2) where a lane reads several vectors, plain
-  // where it reads one. Why (H100, 256 MB): rows of 1024 with .cg: float 185.5 -> 182.4 us (fifth
-  // session), bf16 184.2 -> 182.5; rows of 128, bf16, one access a lane: 184.4 with .cg, 182.9 plain
-  // (ninth session; float unchanged either way).
+  // where it reads one. Why (H100, 256 MB): rows of 1024 with .cg: float 185.5 -> 182.4 us, bf16
+  // 184.2 -> 182.5; rows of 128, bf16, one access a lane: 184.4 with .cg, 182.9 plain (float unchanged
+  // either way).
   static constexpr bool kLoadL2 = kVecs > 1;
   // Accesses past the row filled, the later phases' guards from fresh copies (see the top of the file).
   static constexpr bool kFill = kVecs >= 16;
