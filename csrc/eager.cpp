@@ -2,7 +2,7 @@
 //
 // Why: torch.ops.fastact.softmax.default(x, dim, None) matches its Python arguments against the
 // schema into a stack of IValues and dispatches boxed, ~1.4 us a call more than a native binding
-// (bench/NOTES.md, "per-call overhead"), which is most of a small tensor's cost. These functions take
+// (docs/performance.md, "Per-call overhead"), which is most of a small tensor's cost. These functions take
 // the common case, a plain torch.Tensor (or Parameter) and no __torch_function__ mode, and call the
 // op's typed handle with the GIL released, as torch's own bindings do. The dispatcher still runs
 // every key (autograd, inference mode, dispatch modes, the CUDA kernel and its device guard): only

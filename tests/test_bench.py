@@ -1,7 +1,7 @@
 """The benchmark report's arithmetic and its bar (fastact/bench.py): byte counts, figures, the speed-ups' geometric
 mean, and what ``--check`` counts as a miss on each device; then one small report run end to end on the CPU.
 
-The bar (bench/NOTES.md, "The bar"): on CUDA a fraction of the measured limit per kind of case; on every device no
+The bar (docs/performance.md, "The bar"): on CUDA a fraction of the measured limit per kind of case; on every device no
 case slower than torch or torch.compile and the per-call overhead within 10% of torch's; on the CPU, instead of the
 fractions, the geometric mean of the speed-ups over torch eager at least 1.5."""
 
