@@ -1,5 +1,13 @@
-"""fastact.nn modules: drop-ins for torch.nn.Softmax, LogSoftmax, GELU and Sigmoid, and BiasGELU
-with its own (learnable) bias."""
+"""fastact.nn modules: drop-ins for torch.nn.Softmax, LogSoftmax, GELU and Sigmoid (the same
+constructor, semantics, warnings, repr, state dict and pickling), and BiasGELU with its own (learnable)
+bias."""
+
+import copy
+import inspect
+import io
+import math
+import pickle
+import warnings
 
 import pytest
 import torch
@@ -12,9 +20,9 @@ from fastact_testing import assert_close, make_tensor
     "make_fa,make_pt",
     [
         (lambda: fastact.nn.Softmax(1), lambda: torch.nn.Softmax(1)),
-        (lambda: fastact.nn.Softmax(), lambda: torch.nn.Softmax(-1)),
+        (lambda: fastact.nn.Softmax(-1), lambda: torch.nn.Softmax(-1)),
         (lambda: fastact.nn.LogSoftmax(0), lambda: torch.nn.LogSoftmax(0)),
-        (lambda: fastact.nn.LogSoftmax(), lambda: torch.nn.LogSoftmax(-1)),
+        (lambda: fastact.nn.LogSoftmax(dim=-1), lambda: torch.nn.LogSoftmax(dim=-1)),
         (lambda: fastact.nn.GELU(), lambda: torch.nn.GELU()),
         (lambda: fastact.nn.GELU("tanh"), lambda: torch.nn.GELU("tanh")),
         (lambda: fastact.nn.GELU(approximate="none"), lambda: torch.nn.GELU(approximate="none")),
@@ -99,14 +107,185 @@ def test_modules_train_a_step(device):
     assert not torch.equal(m_fa[0].weight, before)  # the step moved the weights
 
 
-def test_module_reprs():
-    assert "dim=1" in repr(fastact.nn.Softmax(1))
-    assert "dim=0" in repr(fastact.nn.LogSoftmax(0))
-    assert "tanh" in repr(fastact.nn.GELU("tanh"))
-    # a state dict round trip keeps BiasGELU's bias
+# (fastact module, its torch twin)
+TWINS = [
+    (fastact.nn.Softmax, torch.nn.Softmax),
+    (fastact.nn.LogSoftmax, torch.nn.LogSoftmax),
+    (fastact.nn.GELU, torch.nn.GELU),
+    (fastact.nn.Sigmoid, torch.nn.Sigmoid),
+]
+TWIN_IDS = [fa.__name__ for fa, _ in TWINS]
+
+
+def _params(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("fa,pt", TWINS, ids=TWIN_IDS)
+def test_signatures_match_torch(fa, pt):
+    """Every argument torch's module takes, by the same name, kind and default (so any call that
+    builds torch's module builds fastact's), and the same forward."""
+    assert _params(fa.__init__) == _params(pt.__init__)
+    assert _params(fa.forward) == _params(pt.forward)
+    assert getattr(fa, "__constants__", []) == getattr(pt, "__constants__", [])
+
+
+@pytest.mark.parametrize("name", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("ndim", [0, 1, 2, 3, 4])
+def test_implicit_dim_matches_torch(name, ndim):
+    """dim=None: torch's implicit dim (0 for 0-, 1- and 3-d inputs, else 1) and torch's deprecation
+    warning: the same text and category, attributed to the same file and line."""
+    m_fa, m_pt = getattr(fastact.nn, name)(), getattr(torch.nn, name)()
+    x = make_tensor((3, 4, 5, 6)[:ndim], torch.float32, "cpu", scale=2.0)  # sizes differ: a wrong dim shows
+    with warnings.catch_warnings(record=True) as w_fa:
+        warnings.simplefilter("always")
+        y_fa = m_fa(x)
+    with warnings.catch_warnings(record=True) as w_pt:
+        warnings.simplefilter("always")
+        y_pt = m_pt(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y_ref = m_pt(x.double())
+    assert_close(y_fa, y_ref, torch_actual=y_pt, msg=f"{name}() on {ndim}-d")
+    assert len(w_fa) == len(w_pt) == 1
+    (a,), (b,) = w_fa, w_pt
+    assert (str(a.message), a.category, a.filename, a.lineno) == (str(b.message), b.category, b.filename, b.lineno)
+    assert "Implicit dimension choice for" in str(a.message)
+    # an explicit dim warns of nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(fastact.nn, name)(0)(x)
+
+
+def test_implicit_dim_is_recomputed_per_input():
+    m = fastact.nn.Softmax()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x3, x2 = torch.randn(2, 3, 4), torch.randn(3, 4)
+        torch.testing.assert_close(m(x3), torch.softmax(x3, 0))
+        torch.testing.assert_close(m(x2), torch.softmax(x2, 1))
+        assert m.dim is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda nn: nn.Softmax(),
+        lambda nn: nn.Softmax(dim=None),
+        lambda nn: nn.Softmax(1),
+        lambda nn: nn.Softmax(-2),
+        lambda nn: nn.LogSoftmax(),
+        lambda nn: nn.LogSoftmax(0),
+        lambda nn: nn.GELU(),
+        lambda nn: nn.GELU("tanh"),
+        lambda nn: nn.GELU(approximate="none"),
+        lambda nn: nn.Sigmoid(),
+        lambda nn: torch.nn.Sequential(nn.Softmax(dim=1), nn.GELU("tanh"), nn.Sigmoid()),
+    ],
+)
+def test_repr_matches_torch(make):
+    assert repr(make(fastact.nn)) == repr(make(torch.nn))
+
+
+def test_bias_gelu_repr():
+    assert repr(fastact.nn.BiasGELU(4)) == "BiasGELU(features=4, approximate='tanh')"
+    assert repr(fastact.nn.BiasGELU(7, "none")) == "BiasGELU(features=7, approximate='none')"
+
+
+@pytest.mark.parametrize("fa,pt", TWINS, ids=TWIN_IDS)
+def test_state_dict_interchangeable_with_torch(fa, pt):
+    """A model's state dict loads (strict) whichever of the twins it holds, both ways."""
+
+    def model(act):
+        return torch.nn.Sequential(torch.nn.Linear(4, 6), act, torch.nn.Linear(6, 3))
+
+    m_fa = model(fa(1) if fa in (fastact.nn.Softmax, fastact.nn.LogSoftmax) else fa())
+    m_pt = model(pt(1) if pt in (torch.nn.Softmax, torch.nn.LogSoftmax) else pt())
+    assert m_fa[1].state_dict() == m_pt[1].state_dict() == {}
+    m_fa.load_state_dict(m_pt.state_dict(), strict=True)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    m_fa.double(), m_pt.double()
+    torch.testing.assert_close(m_fa(x), m_pt(x))
+    m_pt[0].weight.data.normal_()
+    m_pt.load_state_dict(m_fa.state_dict(), strict=True)
+    torch.testing.assert_close(m_fa(x), m_pt(x))
+
+
+def test_bias_gelu_state_dict_round_trip():
     m = fastact.nn.BiasGELU(4)
     with torch.no_grad():
         m.bias.copy_(torch.tensor([1.0, -2.0, 3.0, 0.5]))
+    assert list(m.state_dict()) == ["bias"]
     m2 = fastact.nn.BiasGELU(4)
     m2.load_state_dict(m.state_dict())
     assert torch.equal(m2.bias, m.bias)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        fastact.nn.BiasGELU(5).load_state_dict(m.state_dict())
+
+
+@pytest.mark.parametrize("how", ["device-argument", "device-context"])
+def test_bias_gelu_meta_init_then_reset_parameters(how):
+    """Built on the meta device (no memory), moved with to_empty (uninitialised memory, poisoned
+    here), reset_parameters gives the documented zero bias, as torch.nn.Linear's pattern expects."""
+    if how == "device-argument":
+        m = fastact.nn.BiasGELU(8, device="meta", dtype=torch.float64)
+    else:
+        with torch.device("meta"):
+            m = fastact.nn.BiasGELU(8, dtype=torch.float64)
+    assert m.bias.is_meta and m.bias.dtype == torch.float64
+    m.to_empty(device="cpu")
+    with torch.no_grad():
+        m.bias.fill_(math.nan)
+    m.reset_parameters()
+    assert not m.bias.is_meta and m.bias.requires_grad
+    assert torch.equal(m.bias, torch.zeros(8, dtype=torch.float64))
+    x = torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(m(x), torch.nn.functional.gelu(x, approximate="tanh"))
+
+
+def test_bias_gelu_reset_parameters_resets_a_trained_bias():
+    m = fastact.nn.BiasGELU(6, "none")
+    with torch.no_grad():
+        m.bias.normal_()
+    before = m.bias
+    m.reset_parameters()
+    assert m.bias is before  # in place: an optimizer holding the parameter keeps it
+    assert torch.equal(m.bias, torch.zeros(6))
+
+
+def _pickle_round_trips(m):
+    yield pickle.loads(pickle.dumps(m))
+    yield copy.deepcopy(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    yield torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("dim", [None, 1])
+def test_softmax_pickles(dim):
+    x = torch.randn(2, 3, 4)
+    for m in _pickle_round_trips(fastact.nn.Softmax(dim=dim)):
+        assert type(m) is fastact.nn.Softmax and m.dim == dim
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(m(x), torch.nn.Softmax(dim=dim)(x))
+    for m in _pickle_round_trips(fastact.nn.BiasGELU(4, "none")):
+        assert type(m) is fastact.nn.BiasGELU and m.features == 4 and m.approximate == "none"
+
+
+@pytest.mark.parametrize("fa,pt", TWINS[:2], ids=TWIN_IDS[:2])
+def test_setstate_without_dim_like_torch(fa, pt):
+    """A pickle from a version without the ``dim`` attribute loads as dim=None, as torch's does."""
+    for cls in (fa, pt):
+        state = cls(1).__dict__.copy()
+        del state["dim"]
+        m = cls.__new__(cls)
+        m.__setstate__(state)
+        assert m.dim is None
+    # and a pickle of a BiasGELU without ``features`` takes it from the bias
+    state = fastact.nn.BiasGELU(5).__dict__.copy()
+    del state["features"]
+    m = fastact.nn.BiasGELU.__new__(fastact.nn.BiasGELU)
+    m.__setstate__(state)
+    assert m.features == 5 and repr(m) == "BiasGELU(features=5, approximate='tanh')"
