@@ -151,3 +151,13 @@ class Sigmoid(torch.nn.Module):
         if _scripting():
             return torch.ops.fastact.sigmoid(input)
         return sigmoid(input)
+
+
+# TorchScript code that calls the fastact functions (``fastact.softmax(x, -1)`` in a scripted forward)
+# compiles to the registered ops: TorchScript looks a called Python function up in its table of
+# builtins before it tries to compile its source (which it cannot: the C fast path). The ops' schemas
+# decide the arguments there: positional or by the schema's names (``self`` for the input), ``dim``
+# required.
+for _fn in (softmax, log_softmax, gelu, bias_gelu, sigmoid):
+    torch.jit._builtins._register_builtin(_fn, f"fastact::{_fn.__name__}")
+del _fn

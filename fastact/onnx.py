@@ -61,13 +61,20 @@ def _torchscript_symbolics():
         """torch's ``dtype=``: the input cast to dtype before the op (a constant ScalarType or None)."""
         if symbolic_helper._is_none(dtype):
             return x
-        scalar_type = symbolic_helper._get_const(dtype, "i", "dtype")
-        return g.op("Cast", x, to_i=_type_utils.JitScalarType(scalar_type).onnx_type())
+        scalar_type = _type_utils.JitScalarType(symbolic_helper._get_const(dtype, "i", "dtype"))
+        y = g.op("Cast", x, to_i=scalar_type.onnx_type())
+        # x's shape with the new dtype: torch's symbolics read the rank (below opset 13 Softmax
+        # needs it to pick its axis; without it torch writes Exp/ReduceSum/Div instead of Softmax)
+        y.setType(x.type().with_dtype(scalar_type.dtype()))
+        return y
 
     def softmax_like(name, opset):
         aten = aten_symbolic(name, opset)
 
         def symbolic(g, x, dim, dtype, variant):
+            if symbolic_helper._get_tensor_rank(x) == 0:  # ONNX's Softmax wants rank >= 1
+                y = aten(g, symbolic_helper._unsqueeze_helper(g, cast(g, x, dtype), [0]), 0, None)
+                return symbolic_helper._squeeze_helper(g, y, [0])
             return aten(g, cast(g, x, dtype), dim, None)
 
         return symbolic
