@@ -12,6 +12,7 @@ import warnings
 
 import torch
 from torch import Tensor
+from torch.compiler import is_dynamo_compiling as _dynamo_tracing
 from torch.jit import is_scripting as _scripting  # bound here: 20 ns a call less than torch.jit.is_scripting
 
 from . import bias_gelu, gelu, log_softmax, sigmoid, softmax
@@ -24,12 +25,15 @@ def _implicit_dim(name: str, ndim: int) -> int:
     # stacklevel 4 counts 1 _implicit_dim, 2 forward, 3 Module._call_impl, 4 Module._wrapped_call_impl:
     # torch.nn.Softmax's warning (F.softmax called with _stacklevel=5, one frame deeper) points at the
     # same frame, so both are attributed to the same file and line and a warnings filter treats them
-    # alike. (A literal: TorchScript cannot read a global int.)
-    warnings.warn(
-        "Implicit dimension choice for " + name + " has been deprecated. "
-        "Change the call to include dim=X as an argument.",
-        stacklevel=4,
-    )
+    # alike. (A literal: TorchScript cannot read a global int.) Not while dynamo traces: it cannot
+    # trace warnings.warn (a graph break, an error under fullgraph=True), so a torch.compile'd module
+    # gives no warning where torch's, whose F.softmax runs at run time, gives one per call.
+    if not _dynamo_tracing():
+        warnings.warn(
+            "Implicit dimension choice for " + name + " has been deprecated. "
+            "Change the call to include dim=X as an argument.",
+            stacklevel=4,
+        )
     if ndim == 0 or ndim == 1 or ndim == 3:
         return 0
     return 1

@@ -289,3 +289,30 @@ def test_setstate_without_dim_like_torch(fa, pt):
     m = fastact.nn.BiasGELU.__new__(fastact.nn.BiasGELU)
     m.__setstate__(state)
     assert m.features == 5 and repr(m) == "BiasGELU(features=5, approximate='tanh')"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fastact.nn.Softmax(),
+        lambda: fastact.nn.LogSoftmax(),
+        lambda: fastact.nn.Softmax(1),
+        lambda: fastact.nn.GELU("tanh"),
+        lambda: fastact.nn.BiasGELU(5, "none"),
+        lambda: fastact.nn.Sigmoid(),
+    ],
+    ids=["Softmax-implicit", "LogSoftmax-implicit", "Softmax1", "GELU-tanh", "BiasGELU", "Sigmoid"],
+)
+def test_module_compiles_fullgraph(make):
+    """torch.compile(fullgraph=True) of each module, dim=None included (whose warning dynamo could
+    not trace), equals eager."""
+    m = make().double()
+    if isinstance(m, fastact.nn.BiasGELU):
+        with torch.no_grad():
+            m.bias.normal_()
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y_eager = m(x)
+        y = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(y, y_eager)
