@@ -13,8 +13,10 @@ sigmoid                        Sigmoid
 
 - The TorchScript-based exporter (``dynamo=False``) traces the model, which records
   ``fastact::*`` nodes; a symbolic function per op (``torch.onnx.register_custom_op_symbolic``)
-  turns each into torch's own symbolic for the aten op (``aten::softmax`` etc.) at the export's
-  opset, so the nodes are exactly those torch writes for ``torch.softmax`` and ``F.gelu``.
+  hands each to torch's own symbolic for the aten op (``aten::softmax`` etc.) at the export's
+  opset, so the nodes are those torch writes for ``torch.softmax`` or ``F.gelu``, two cases apart:
+  ``dtype=`` casts before the op (torch's symbolic casts the result), and a 0-d input goes through
+  Unsqueeze/Squeeze (torch's symbolic writes a Softmax of rank 0, which ONNX refuses).
 - The ``torch.export``-based exporter (``dynamo=True``, torch's default) keeps the ``fastact::*``
   ops in the exported program (they have fake kernels) and looks each op up in its registry of
   translation functions, which it builds from torch's torchlib list on every export; the onnxscript
@@ -25,9 +27,9 @@ milliseconds and onnxscript seconds. An import hook waits for ``torch.onnx`` (th
 exporter's symbolics) and for ``torch.onnx._internal.exporter._core`` (which the dynamo exporter
 imports, together with its registry and onnxscript, before it builds the registry) and registers
 then; when either is already imported, registration is immediate. Why not a decomposition in
-``torch._decomp.decomposition_table`` (which the dynamo exporter also reads): fake tensors prefer
-that table to an op's fake kernel under symbolic shapes, and DTensor uses it too, so it would change
-what ``torch.compile(dynamic=True)`` and DTensor see, not only ONNX.
+``torch._decomp.decomposition_table``, which the dynamo exporter also reads: fake tensors prefer
+that table to an op's fake kernel under symbolic shapes (``torch.compile(dynamic=True)`` would run
+it at every trace), and DTensor decomposes through it, so it would change more than ONNX.
 """
 
 import importlib
@@ -112,7 +114,7 @@ def _dynamo_translations():
     its registry from (``ONNXRegistry.from_torchlib``, on every export). The functions are traced
     (``trace_only``): plain Python over the ONNX values, run once per node at export time. Their
     annotations are what the exporter reads their signatures from."""
-    from onnx_ir import tensor
+    from onnx_ir import DataType, tensor
     from onnxscript.onnx_opset import opset18 as op18
     from onnxscript.onnx_opset import opset20 as op20
     from torch.onnx._internal.exporter._torchlib._tensor_typing import TFloat
@@ -132,26 +134,33 @@ def _dynamo_translations():
 
         return translation
 
-    def gelu_formula(x, approximate):
+    def gelu_formula(x, approximate, out_dtype):
         """GELU for opsets without the Gelu op: x/2 (1 + erf(x/sqrt 2)), or with "tanh"
-        x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in x's dtype as torch computes it."""
+        x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); float16 and bfloat16 in float, as torch and
+        fastact compute them, rounded once at the end. ``out_dtype`` is x's (a traced node's output,
+        such as an Add's, has none yet)."""
+        dtype = DataType.FLOAT if out_dtype in (DataType.FLOAT16, DataType.BFLOAT16) else out_dtype
+        if dtype != out_dtype:
+            x = op18.Cast(x, to=dtype)
 
         def c(value):
-            return tensor(value, dtype=x.dtype)
+            return tensor(value, dtype=dtype)
 
         if approximate == "tanh":
             inner = op18.Mul(c(0.7978845608028654), op18.Add(x, op18.Mul(c(0.044715), op18.Mul(x, op18.Mul(x, x)))))
-            return op18.Mul(op18.Mul(c(0.5), x), op18.Add(c(1.0), op18.Tanh(inner)))
-        return op18.Mul(op18.Mul(c(0.5), x), op18.Add(c(1.0), op18.Erf(op18.Mul(x, c(0.7071067811865476)))))
+            y = op18.Mul(op18.Mul(c(0.5), x), op18.Add(c(1.0), op18.Tanh(inner)))
+        else:
+            y = op18.Mul(op18.Mul(c(0.5), x), op18.Add(c(1.0), op18.Erf(op18.Mul(x, c(0.7071067811865476)))))
+        return y if dtype == out_dtype else op18.Cast(y, to=out_dtype)
 
     def gelu18(self: TFloat, approximate: str = "none") -> TFloat:
-        return gelu_formula(self, approximate)
+        return gelu_formula(self, approximate, self.dtype)
 
     def gelu20(self: TFloat, approximate: str = "none") -> TFloat:
         return op20.Gelu(self, approximate=approximate)
 
     def bias_gelu18(self: TFloat, bias: TFloat, approximate: str = "tanh") -> TFloat:
-        return gelu_formula(op18.Add(self, bias), approximate)
+        return gelu_formula(op18.Add(self, bias), approximate, self.dtype)  # the Add in x's dtype, as F.gelu(x + b)
 
     def bias_gelu20(self: TFloat, bias: TFloat, approximate: str = "tanh") -> TFloat:
         return op20.Gelu(op18.Add(self, bias), approximate=approximate)
