@@ -6,7 +6,9 @@ BiasGELU owns its bias (a Linear without bias followed by BiasGELU is the fused
 Every module is scriptable: under ``torch.jit.script`` the forward calls the registered op
 (``torch.ops.fastact.*``), which TorchScript compiles; in eager it calls the fastact function, whose C
 fast path TorchScript cannot see. ``torch.jit.is_scripting()`` (here ``_scripting()``) is a constant
-to the TorchScript compiler, which compiles only the branch it takes, so the eager branch may call anything."""
+to the TorchScript compiler, which compiles only the branch it takes, so the eager branch may call
+anything. The check costs eager ~30 ns a call (one Python call), ~1% of a module call on a small
+tensor."""
 
 import warnings
 
@@ -18,6 +20,7 @@ from torch.jit import is_scripting as _scripting  # bound here: 20 ns a call les
 from . import bias_gelu, gelu, log_softmax, sigmoid, softmax
 
 __all__ = ["Softmax", "LogSoftmax", "GELU", "BiasGELU", "Sigmoid"]
+
 
 def _implicit_dim(name: str, ndim: int) -> int:
     """The dim torch.nn.functional.softmax/log_softmax pick when called with ``dim=None``, with the

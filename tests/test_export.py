@@ -380,8 +380,10 @@ def test_onnx_export_op(case, dynamo, opset):
 
 def _python(code):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(fastact.__file__)), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=600)
+    root = os.path.dirname(os.path.dirname(fastact.__file__))  # this fastact, not an installed one
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -396,7 +398,8 @@ def test_export_needs_only_import_fastact(order):
     imports = {
         "fastact-first": """
             import sys, fastact
-            print("loaded-by-import-fastact", sorted(m for m in sys.modules if m == "torch.onnx" or m.startswith("onnxscript")))
+            loaded = sorted(m for m in sys.modules if m == "torch.onnx" or m.startswith("onnxscript"))
+            print("loaded-by-import-fastact", loaded)
             import torch.onnx
         """,
         "torch.onnx-first": "import torch.onnx\nimport fastact\n",
@@ -411,7 +414,8 @@ def test_export_needs_only_import_fastact(order):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(M(), (torch.randn(3, 4),), f, dynamo=dynamo)
-            print("dynamo" if dynamo else "torchscript", sorted({n.op_type for n in onnx.load_from_string(f.getvalue()).graph.node}))
+            op_types = sorted({n.op_type for n in onnx.load_from_string(f.getvalue()).graph.node})
+            print("dynamo" if dynamo else "torchscript", op_types)
     """))
     lines = dict(line.split(" ", 1) for line in out.strip().splitlines() if line.split(" ", 1)[0] in
                  ("torchscript", "dynamo", "loaded-by-import-fastact"))
