@@ -22,20 +22,20 @@ from . import bias_gelu, gelu, log_softmax, sigmoid, softmax
 __all__ = ["Softmax", "LogSoftmax", "GELU", "BiasGELU", "Sigmoid"]
 
 
-def _implicit_dim(name: str, ndim: int) -> int:
+def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
     """The dim torch.nn.functional.softmax/log_softmax pick when called with ``dim=None``, with the
-    deprecation warning torch gives (the same text, a UserWarning). Called from a module's forward."""
-    # stacklevel 4 counts 1 _implicit_dim, 2 forward, 3 Module._call_impl, 4 Module._wrapped_call_impl:
-    # torch.nn.Softmax's warning (F.softmax called with _stacklevel=5, one frame deeper) points at the
-    # same frame, so both are attributed to the same file and line and a warnings filter treats them
-    # alike. (A literal: TorchScript cannot read a global int.) Not while dynamo traces: it cannot
-    # trace warnings.warn (a graph break, an error under fullgraph=True), so a torch.compile'd module
-    # gives no warning where torch's, whose F.softmax runs at run time, gives one per call.
+    deprecation warning torch gives (the same text, a UserWarning), attributed ``stacklevel`` frames
+    up from here as torch.nn.functional._get_softmax_dim does (so a function calling it directly
+    passes its own ``_stacklevel``, 3 by default, as F.softmax does).
+
+    Not while dynamo traces: it cannot trace warnings.warn (a graph break, an error under
+    fullgraph=True), so a torch.compile'd call gives no warning where torch's, whose F.softmax runs
+    at run time, gives one per call."""
     if not _dynamo_tracing():
         warnings.warn(
             "Implicit dimension choice for " + name + " has been deprecated. "
             "Change the call to include dim=X as an argument.",
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
     if ndim == 0 or ndim == 1 or ndim == 3:
         return 0
@@ -61,7 +61,11 @@ class Softmax(torch.nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         dim = self.dim
         if dim is None:
-            dim = _implicit_dim("softmax", input.dim())
+            # stacklevel 4 counts 1 _implicit_dim, 2 forward, 3 Module._call_impl, 4
+            # Module._wrapped_call_impl: where torch.nn.Softmax's warning points (F.softmax called with
+            # _stacklevel=5, one frame deeper), so both have the same file and line and a warnings
+            # filter treats them alike. (A literal: TorchScript cannot read a global int.)
+            dim = _implicit_dim("softmax", input.dim(), 4)
         if _scripting():
             return torch.ops.fastact.softmax(input, dim, None)
         return softmax(input, dim)
@@ -88,7 +92,7 @@ class LogSoftmax(torch.nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         dim = self.dim
         if dim is None:
-            dim = _implicit_dim("log_softmax", input.dim())
+            dim = _implicit_dim("log_softmax", input.dim(), 4)  # 4: as in Softmax.forward
         if _scripting():
             return torch.ops.fastact.log_softmax(input, dim, None)
         return log_softmax(input, dim)
