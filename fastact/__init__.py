@@ -8,7 +8,6 @@ and bfloat16, under autograd, torch.compile and CUDA graphs.
 import sys
 
 import torch
-import torch.nn.functional as _F
 from torch.compiler import is_dynamo_compiling as _dynamo_tracing
 
 from . import _functorch
@@ -87,7 +86,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
         if y is not NotImplemented:
             return y
     if dim is None:
-        dim = _F._get_softmax_dim("softmax", input.dim(), _stacklevel)
+        dim = _implicit_dim("softmax", input.dim(), _stacklevel)
     else:
         dim = _int_arg("softmax", "dim", 2, dim)
     _check_dtype_arg("softmax", dtype)
@@ -104,7 +103,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
         if y is not NotImplemented:
             return y
     if dim is None:
-        dim = _F._get_softmax_dim("log_softmax", input.dim(), _stacklevel)
+        dim = _implicit_dim("log_softmax", input.dim(), _stacklevel)
     else:
         dim = _int_arg("log_softmax", "dim", 2, dim)
     _check_dtype_arg("log_softmax", dtype)
@@ -166,3 +165,5 @@ def explain(op, input, dim=-1, *, dtype=None):
 
 
 from . import nn  # noqa: E402
+from . import onnx  # noqa: E402,F401  (registers the ops with torch's ONNX exporters when torch imports them)
+from .nn import _implicit_dim  # noqa: E402  (F.softmax's dim=None rule and warning, silent while dynamo traces)

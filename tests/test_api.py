@@ -108,3 +108,13 @@ def test_dtype_argument_types(dtype):
     want = _outcome(lambda: F.softmax(x, 1, dtype=dtype))
     assert want is TypeError
     assert _outcome(lambda: fastact.softmax(x, 1, dtype=dtype)) is want
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_implicit_dim_compiles(name):
+    """dim=None under torch.compile(fullgraph=True), as F.softmax compiles (dynamo cannot trace the warning)."""
+    x = torch.randn(2, 3, 4)
+    f = torch.compile(lambda t: getattr(fastact, name)(t), fullgraph=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(f(x), getattr(F, name)(x))
