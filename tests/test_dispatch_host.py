@@ -74,3 +74,33 @@ def test_deep_rules_keep_to_the_cast(plans_tool, device):
     assert f32_1024.startswith("variant=vec"), f32_1024
     assert bwd_768.startswith("variant=warp"), bwd_768
     assert bwd_1024.startswith("variant=vec"), bwd_1024
+
+
+GOLDEN = ROOT / "tests/host/dispatch_golden.txt.gz"
+
+
+def test_golden_plans(tmp_path):
+    """Every plan in tests/host/dispatch_golden.txt.gz (the bench grids' problems and seeded random ones on the
+    modelled H100, H200 and A100 and variants of them: tests/host/make_dispatch_golden.py) is still what the
+    dispatcher plans: auto's choice and every forced variant's plan, field by field. A change of plans is a
+    measured decision (docs/dispatch.md): regenerate the file with the script and say which cells changed."""
+    import gzip
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path / "dispatch_golden"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'include'}", "-o", str(exe),
+                    str(ROOT / "tests/host/dispatch_golden.cpp")], check=True, capture_output=True, timeout=600)
+    with gzip.open(GOLDEN, "rt") as f:
+        want = f.read().splitlines()
+    problems = [w.split(" | ", 1)[0] for w in want]
+    out = subprocess.run([str(exe)], input="".join(p + "\n" for p in problems), capture_output=True, text=True,
+                         check=True, timeout=600)
+    got = out.stdout.splitlines()
+    assert len(got) == len(want), (len(got), len(want))
+    diffs = [(w, g) for w, g in zip(want, got) if w != g]
+    shown = "\n".join(f"problem: {w.split(' | ')[0]}\n  golden:  {w.split(' | ')[1]}\n  now:     {g.split(' | ')[1]}"
+                      for w, g in diffs[:20])
+    assert not diffs, (f"{len(diffs)} of {len(want)} problems plan differently (first 20; fields: "
+                       f"tests/host/dispatch_golden.cpp):\n{shown}")
