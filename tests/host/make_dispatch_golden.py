@@ -7,7 +7,8 @@ dispatcher in CI.
 
 The problems: each (outer, D, inner) geometry of the report's grids (fastact.bench: bar, irregular, wide; full and
 quick) and of bench/audit.py's sweep (8 and 64 MB), in every dtype pairing (float, double, half, bfloat16, and the
-fused 16-bit -> float cast), forward and backward, softmax and log_softmax, on the three modelled devices; then
+fused 16-bit -> float cast), forward and backward, softmax and log_softmax, on the three modelled devices; row
+lengths at and around each line the dispatcher draws (BOUNDARY_DIMS), rows and columns, likewise; then
 RANDOM_PROBLEMS random problems (any layout, alignment, dtype pairing, probed backward CTA size, workspace or none) on
 the three, and RANDOM_EXTRA more on each of the device variants the cluster, prefetch and compute-capability rules
 read.
@@ -105,6 +106,33 @@ def grid_problems():
     return out
 
 
+# Row lengths at and around every line the dispatcher draws (warp and vec limits, the backwards' crossovers, the
+# two-pass and one-unit ranges, block and cluster capacities, the staged tables' rows), each at -8, -1, 0, +1, +8.
+BOUNDARY_DIMS = (8, 16, 32, 64, 79, 80, 95, 96, 111, 112, 128, 143, 144, 160, 211, 212, 256, 299, 300, 320, 398, 400,
+                 512, 576, 768, 896, 1024, 2048, 2560, 4096, 8192, 10240, 12288, 16384, 20480, 32768, 65536, 131072,
+                 163840, 262144, 327680, 524288, 1048576, 2097152)
+# Inners of the strided rules: element accesses (odd), whole lines or not, D-rows on or off a 32-byte sector.
+BOUNDARY_INNERS = (1, 2, 33, 264, 300, 1000, 1008, 1023, 2048)
+BOUNDARY_BYTES = (8 << 20, 256 << 20)  # under and past the L2 size: the prefetch rules
+
+
+def boundary_problems():
+    out = []
+    dims = sorted({max(1, t + k) for t in BOUNDARY_DIMS for k in (-8, -1, 0, 1, 8)})
+    for d in dims:
+        for inner in BOUNDARY_INNERS:
+            if inner > 1 and d > 4096:
+                continue
+            for size in BOUNDARY_BYTES:
+                outer = max(1, size // (4 * d * inner))
+                for dev in DEVICES.values():
+                    for in_b, out_b, acc in PAIRINGS:
+                        for log in (False, True):
+                            out.append(line(dev, in_b, out_b, acc, False, log, outer, d, inner, d, (0, 0, 0), 0, True))
+                            out.append(line(dev, in_b, out_b, acc, True, log, outer, d, inner, d, (0, 0, 0), 0, True))
+    return out
+
+
 def log_uniform(rng, lo, hi):
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
@@ -175,7 +203,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(GOLDEN))
     a = ap.parse_args(argv)
-    problems = grid_problems() + random_problems()
+    problems = grid_problems() + boundary_problems() + random_problems()
     with tempfile.TemporaryDirectory() as tmp:
         exe = pathlib.Path(tmp) / "dispatch_golden"
         build(exe)
@@ -184,7 +212,8 @@ def main(argv=None):
     data = "".join(l + "\n" for l in lines).encode()
     with open(a.out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, filename="", mtime=0) as f:
         f.write(data)  # no name or time in the header: the same plans give the same bytes
-    print(f"{a.out}: {len(lines)} problems ({len(grid_problems())} from the grids)", file=sys.stderr)
+    print(f"{a.out}: {len(lines)} problems ({len(grid_problems())} from the grids, {len(boundary_problems())} at the "
+          f"dispatcher's lines)", file=sys.stderr)
 
 
 if __name__ == "__main__":
