@@ -44,8 +44,8 @@ def plans(tool, device, problems, log=False):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("depth", ["standard", "deep"])
 def test_cast_forward_plans(plans_tool, device, depth):
-    """The forward of bf16 rows into float (the dtype= cast; dispatch.h kDeepVecForwardMinCastDim,
-    long_row_deep_shapes): rows of 1024 in vec on a deep device, in warp on a standard one, 1016 in warp on both;
+    """The forward of bf16 rows into float (the dtype= cast; dispatch.h's rows vec-fwd-deep-cast and
+    cluster-deep-shapes): rows of 1024 in vec on a deep device, in warp on a standard one, 1016 in warp on both;
     block.cuh's register clusters kept as loaded to 131072; long_row.cuh's shared-memory clusters without a
     register part from 139264 to 262144 in both classes; past that, the deep class's register part."""
     dims = (1016, 1024, 65544, 131072, 139264, 262144, 524288)
@@ -63,8 +63,8 @@ def test_cast_forward_plans(plans_tool, device, depth):
 @pytest.mark.parametrize("device", DEVICES)
 def test_deep_rules_keep_to_the_cast(plans_tool, device):
     """The cast's rules change no other problem's plan on a deep device: bf16 -> bf16 rows of 1024 stay in warp and
-    those of 139264 keep the register part as loaded; float rows of 1024 take vec (kDeepVecForwardMinFloatDim); the
-    fused backward (float dy and y into bf16 dx) leaves warp from 896 (kVecBackwardMinAlignedDim), not 768."""
+    those of 139264 keep the register part as loaded; float rows of 1024 take vec (row vec-fwd-deep-f32); the
+    fused backward (float dy and y into bf16 dx) leaves warp from 896 (row vec-bwd-aligned), not 768."""
     got = plans(plans_tool, device, [("deep", 2, 2, False, 5, 1024), ("deep", 2, 2, False, 5, 139264),
                                      ("deep", 4, 4, False, 5, 1024), ("deep", 2, 4, True, 5, 768),
                                      ("deep", 2, 4, True, 5, 1024)])
