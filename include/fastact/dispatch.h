@@ -224,10 +224,11 @@ struct Row {
 };
 
 constexpr int kVecMaxThreadsWithClusters = 512;  // two CTAs an SM overlap load, reduce and store [vec-512]
-constexpr int kStridedRawCtaThreads = 256;
+constexpr int kStridedRawCtaThreads = 256;       // [strided-small-ctas]
 // rows of 16-bit forwards into float that one portable cluster of the shared-memory shape holds (8 x 512 x 64)
 constexpr int64_t kCastPortableRow = int64_t(kMaxPortableCluster) * kClusterSmemMaxThreads * 64;
 
+// {pick, direction, op (backwards only), dtype classes, device requirements, access, D from, D to, value, name, why}
 inline constexpr Row kPreferences[] = {
     {kVecOverWarp, kBwd, kAnyOp, kF32, kAnyDev, kVector, 512, kNoMax, 1, "vec-bwd-f32",
      "float backwards of aligned rows: vec's block leads warp from 512"},
