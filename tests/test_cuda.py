@@ -701,8 +701,9 @@ def test_rows_off_alignment_take_vectors(dtype, d, direction):
     backward = direction == "bwd"
     s, plan = _explain_plan("softmax", make_tensor((8, d), dtype, "cuda"), -1, backward=backward)
     edges = d % _vec_width(dtype) != 0  # 30522 is a whole number of float64 vectors
-    assert plan["variant"] in ("vec", "long_row") and plan["mode"] == "resident", s
-    assert ("edges" in plan["flags"]) == edges and plan["vec"] > 1, s
+    assert plan["variant"] in ("vec", "long_row"), s
+    if plan["mode"] == "resident":  # vec, or a cluster (the grid and split modes take element accesses)
+        assert ("edges" in plan["flags"]) == edges and plan["vec"] > 1, s
     if direction == "fwd":
         s, plan = _explain_plan("softmax", make_tensor((8, d), dtype, "cuda", "sliced_last"), -1)
         assert "edges" not in plan["flags"] and plan["vec"] == 1, s
@@ -789,6 +790,8 @@ def test_long_row_cache_plan(dtype, d, direction, layout):
     kept as loaded only in 16-bit forwards with 128-bit accesses (softmax_resident_raw), both only in the 16-bit
     shared-memory shape (softmax_cluster_smem_raw_regs); element accesses keep converted registers. The plan is
     valid, and auto runs bitwise as long_row forced, right against float64 (outputs poisoned)."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     x = make_tensor((2, d), dtype, "cuda", layout)
     backward = direction == "bwd"
     s, plan = _explain_plan("softmax", torch.softmax(x, -1) if backward else x, -1, backward=backward)
