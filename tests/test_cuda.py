@@ -959,10 +959,11 @@ def test_strided_forward_prefetch(op):
         assert prefetched, "no case prefetched"
 
 
-# Long rows of inputs just past the device's L2 size (dispatch.h row long-row-prefetch): (dtype, D): 16-bit rows in
-# shared memory, float rows, portable register-only clusters, 16-bit rows with a register part besides.
-_LONG_ROW_PREFETCH_CASES = [(torch.bfloat16, 262144), (torch.float16, 151936), (torch.float32, 262144),
-                            (torch.bfloat16, 131072), (torch.bfloat16, 1 << 20)]
+# Long rows of inputs just past a multiple of the device's L2 size (dispatch.h row long-row-prefetch): (dtype, D,
+# multiple): 16-bit rows in shared memory, float rows, portable register-only clusters, 16-bit rows with a register
+# part besides (which the deep class prefetches from a larger input).
+_LONG_ROW_PREFETCH_CASES = [(torch.bfloat16, 262144, 1), (torch.float16, 151936, 1), (torch.float32, 262144, 1),
+                            (torch.bfloat16, 131072, 1), (torch.bfloat16, 1 << 20, 1), (torch.bfloat16, 262144, 4)]
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
@@ -970,13 +971,14 @@ def test_long_row_forward_prefetch(op):
     """The long_row forwards that ask L2 for the slices of the rows a quarter of the device's resident clusters ahead
     (long_row.cuh softmax_cluster_smem_fwd_kernel; explain says so) keep 16-bit slices in shared memory and give the
     right result (outputs poisoned), their last rows included, whose counterparts ahead lie past the end; inputs
-    under the L2 size and backwards do not prefetch; on sm_90 with clusters some case prefetches."""
+    under the L2 size and backwards do not prefetch; on sm_90 with clusters some case prefetches (in either memory
+    class)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
     prefetched = 0
-    for dtype, d in _LONG_ROW_PREFETCH_CASES:
+    for dtype, d, multiple in _LONG_ROW_PREFETCH_CASES:
         size = dtype.itemsize
-        x = make_tensor((-(-l2 // (d * size)), d), dtype, "cuda")
+        x = make_tensor((-(-multiple * l2 // (d * size)), d), dtype, "cuda")
         s, plan = _explain_plan(op.name, x)
         if "prefetch" in plan["flags"]:
             prefetched += 1
