@@ -95,7 +95,6 @@ struct SoftmaxPlan {
   bool packed = false;      // warp forward: kWarpPackedAccesses a lane, several rows a warp
   int elems_per_thread = 0;  // cached elements per thread (resident, strided, warp, grid)
   int smem_elems = 0;        // long_row, grid: of those, the ones in shared memory
-  const char* why = "";      // auto: why this variant
 };
 
 // ---- Eligibility -------------------------------------------------------------------------------------------------
@@ -794,63 +793,20 @@ inline SoftmaxPlan plan_softmax(SoftmaxVariant v, const SoftmaxProblem& p) {
 }
 
 // The dispatcher: strided for inner > 1; warp for rows it holds (unless a kVecOverWarp row says vec); vec (aligned)
-// or scalar for rows one block caches; long_row beyond. plan.why says which and why.
+// or scalar for rows one block caches; long_row beyond.
 inline SoftmaxPlan choose_softmax(const SoftmaxProblem& p) {
   using namespace softmax_detail;
-  SoftmaxPlan s;
-  if (p.inner > 1) {
-    s = plan_softmax(SoftmaxVariant::kStrided, p);
-    s.why = s.staged ? "the softmax dim is not innermost; element accesses (or a 128-bit backward whose D-rows start off "
-                       "a 32-byte sector) at short D: each tile's D-rows copied to shared memory in aligned 16-byte "
-                       "chunks, a column a thread or a few thread groups: one read"
-            : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads (and a "
-                             "cluster) with the tile cached: one read"
-            : strided_element_streams(p, s) ? "the softmax dim is not innermost; a backward of element accesses, "
-                                              "streamed in the shape whose tiles in flight fit L2: two reads, the "
-                                              "second mostly from L2"
-            : s.chunks > 1 ? "the softmax dim is not innermost; D too long to cache, and too few tiles of columns to "
-                             "fill the device: D split into chunks, a CTA each, partials through a workspace, two reads"
-                           : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
-    return s;
-  }
+  if (p.inner > 1) return plan_softmax(SoftmaxVariant::kStrided, p);
   const int w = softmax_vec_width(p);
-  const int row_vec = softmax_rows_vectorizable(p) ? w : 1;
   if (p.dim_size <= softmax_warp_max_dim(p.acc_bytes) &&
-      !prefer(kVecOverWarp, p, row_vec, softmax_rows_edge_vectorizable(p))) {
-    s = plan_softmax(SoftmaxVariant::kWarp, p);
-    s.why = "short rows: a warp (or part of one) per row, the row in registers";
-    return s;
-  }
+      !prefer(kVecOverWarp, p, softmax_rows_vectorizable(p) ? w : 1, softmax_rows_edge_vectorizable(p)))
+    return plan_softmax(SoftmaxVariant::kWarp, p);
   const bool vectorizable =
       softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p) || softmax_rows_shift_vectorizable(p);
   const int64_t elems = softmax_resident_elems(p, vectorizable ? w : 1);
-  if (p.dim_size <= (clusters_available(p) ? softmax_vec_max_threads(p) : kResidentMaxThreads) * elems) {
-    s = plan_softmax(vectorizable ? SoftmaxVariant::kVec : SoftmaxVariant::kScalar, p);
-    s.why = !vectorizable ? "the row fits one block's registers; not 16-byte aligned (or D / row stride not a multiple "
-                            "of the vector width): element accesses"
-            : s.edges ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
-                        "accesses, each row's head and tail elements one at a time"
-            : s.shifted ? "the row fits one block's registers; 16-bit input rows off the alignment, an aligned "
-                          "output: 128-bit accesses, the input staged in shared memory in aligned 16-byte chunks and "
-                          "realigned"
-                        : "the row fits one block's registers; aligned: 128-bit accesses";
-    return s;
-  }
-  s = plan_softmax(SoftmaxVariant::kLongRow, p);
-  s.why = s.mode == SoftmaxMode::kGrid
-              ? "the row is longer than a cluster caches (or no clusters, or a backward whose cluster CTAs would run "
-                "one an SM): split over CTAs anywhere on the device, each caching its slice, combined through global "
-                "memory: one read"
-          : s.mode != SoftmaxMode::kResident ? "the row is longer than the device caches (or no workspace): online "
-                                               "max+sum per chunk, then a write pass"
-          : s.smem_elems > 0 ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
-                               "registers and shared memory, combined through distributed shared memory: one read"
-          : p.dim_size <= int64_t(kVecMaxThreadsWithClusters) * elems
-              ? "a 16-bit forward row past 320 threads of one block on a deep-memory device: split over a "
-                "thread-block cluster, cached in registers, combined through distributed shared memory: one read"
-              : "the row is longer than one block caches: split over a thread-block cluster, cached in registers, "
-                "combined through distributed shared memory: one read";
-  return s;
+  if (p.dim_size <= (clusters_available(p) ? softmax_vec_max_threads(p) : kResidentMaxThreads) * elems)
+    return plan_softmax(vectorizable ? SoftmaxVariant::kVec : SoftmaxVariant::kScalar, p);
+  return plan_softmax(SoftmaxVariant::kLongRow, p);
 }
 
 // The workspace the launcher needs for `s` on `outer` rows (0: none): grid plans (zeroed), strided split plans.

@@ -75,6 +75,55 @@ inline std::string softmax_plan_fields(const SoftmaxProblem& p, const SoftmaxPla
   return out;
 }
 
+// Why the dispatcher's plan `s` of `p` (choose_softmax) is what it is: the structural reason (the preference rows
+// follow it in softmax_explain).
+inline const char* softmax_plan_why(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  using namespace softmax_detail;
+  switch (s.variant) {
+    case SoftmaxVariant::kStrided:
+      return s.staged ? "the softmax dim is not innermost; element accesses (or a 128-bit backward whose D-rows start "
+                        "off a 32-byte sector) at short D: each tile's D-rows copied to shared memory in aligned "
+                        "16-byte chunks, a column a thread or a few thread groups: one read"
+             : !s.streaming ? "the softmax dim is not innermost: threads along inner, D split over threads (and a "
+                              "cluster) with the tile cached: one read"
+             : strided_element_streams(p, s) ? "the softmax dim is not innermost; a backward of element accesses, "
+                                               "streamed in the shape whose tiles in flight fit L2: two reads, the "
+                                               "second mostly from L2"
+             : s.chunks > 1 ? "the softmax dim is not innermost; D too long to cache, and too few tiles of columns "
+                              "to fill the device: D split into chunks, a CTA each, partials through a workspace, two "
+                              "reads"
+                            : "the softmax dim is not innermost; D too long to cache a tile of columns: two reads";
+    case SoftmaxVariant::kWarp: return "short rows: a warp (or part of one) per row, the row in registers";
+    case SoftmaxVariant::kScalar:
+      return "the row fits one block's registers; not 16-byte aligned (or D / row stride not a multiple of the vector "
+             "width): element accesses";
+    case SoftmaxVariant::kVec:
+      return s.edges ? "the row fits one block's registers; aligned bases, rows off the vector width: 128-bit "
+                       "accesses, each row's head and tail elements one at a time"
+             : s.shifted ? "the row fits one block's registers; 16-bit input rows off the alignment, an aligned "
+                           "output: 128-bit accesses, the input staged in shared memory in aligned 16-byte chunks and "
+                           "realigned"
+                         : "the row fits one block's registers; aligned: 128-bit accesses";
+    default: break;
+  }
+  const bool vectorizable =
+      softmax_rows_vectorizable(p) || softmax_rows_edge_vectorizable(p) || softmax_rows_shift_vectorizable(p);
+  const int64_t elems = softmax_resident_elems(p, vectorizable ? softmax_vec_width(p) : 1);
+  return s.mode == SoftmaxMode::kGrid
+             ? "the row is longer than a cluster caches (or no clusters, or a backward whose cluster CTAs would run "
+               "one an SM): split over CTAs anywhere on the device, each caching its slice, combined through global "
+               "memory: one read"
+         : s.mode != SoftmaxMode::kResident ? "the row is longer than the device caches (or no workspace): online "
+                                              "max+sum per chunk, then a write pass"
+         : s.smem_elems > 0 ? "the row is longer than one block caches: split over a thread-block cluster, cached in "
+                              "registers and shared memory, combined through distributed shared memory: one read"
+         : p.dim_size <= int64_t(kVecMaxThreadsWithClusters) * elems
+             ? "a 16-bit forward row past 320 threads of one block on a deep-memory device: split over a "
+               "thread-block cluster, cached in registers, combined through distributed shared memory: one read"
+             : "the row is longer than one block caches: split over a thread-block cluster, cached in registers, "
+               "combined through distributed shared memory: one read";
+}
+
 // explain's note on a cluster backward of 128-bit accesses whose two-CTA size was probed
 // (SoftmaxProblem::bwd_two_cta_threads): whether other CTAs share its SMs.
 inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const SoftmaxPlan& s) {
@@ -83,6 +132,7 @@ inline const char* resident_backward_occupancy(const SoftmaxProblem& p, const So
                                                                                             : ", one CTA an SM";
 }
 
+// The dispatcher's plan `s` of `p` explained:
 // "variant=vec: D=4096, outer=8, inner=1: <why> [<configuration>]; preference: <row> (<its reason>)"
 inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s) {
   char buf[512];
@@ -94,10 +144,8 @@ inline std::string softmax_explain(const SoftmaxProblem& p, const SoftmaxPlan& s
                         static_cast<long long>(p.dim_size), static_cast<long long>(p.outer),
                         static_cast<long long>(p.inner));
   std::string out(buf, n > 0 ? size_t(n) : 0);
-  if (s.why && *s.why) {
-    out += ": ";
-    out += s.why;
-  }
+  out += ": ";
+  out += softmax_plan_why(p, s);
   switch (s.mode) {
     case SoftmaxMode::kWarp:
       n = std::snprintf(buf, sizeof(buf), " [%d lanes per row, %d elements per lane, %s%s]",
