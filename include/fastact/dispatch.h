@@ -717,14 +717,6 @@ inline SoftmaxPlan plan_strided(const SoftmaxProblem& p) {
   return stream();
 }
 
-// Whether strided plan `s` is the streamed element backward of strided_element_stream_shape.
-inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& s) {
-  StridedStreamShape e;
-  const int64_t line = strided_line_columns(p, 1);
-  const bool wide = prefer(kElementStreamWide, p, 1) && line * p.out_bytes == kStridedRowBytes;
-  return s.vec == 1 && p.backward && s.streaming && strided_element_stream_shape(p, line, wide, &e) &&
-         e.threads == s.threads && e.columns == s.columns && e.cluster == s.cluster;
-}
 }  // namespace softmax_detail
 
 // nullptr if `v` can run `p`, else why not.

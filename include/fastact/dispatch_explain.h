@@ -10,6 +10,17 @@
 
 namespace fastact {
 
+namespace softmax_detail {
+// Whether strided plan `s` is the streamed element backward of strided_element_stream_shape.
+inline bool strided_element_streams(const SoftmaxProblem& p, const SoftmaxPlan& s) {
+  StridedStreamShape e;
+  const int64_t line = strided_line_columns(p, 1);
+  const bool wide = prefer(kElementStreamWide, p, 1) && line * p.out_bytes == kStridedRowBytes;
+  return s.vec == 1 && p.backward && s.streaming && strided_element_stream_shape(p, line, wide, &e) &&
+         e.threads == s.threads && e.columns == s.columns && e.cluster == s.cluster;
+}
+}  // namespace softmax_detail
+
 // The preference rows that shaped plan `s` of `p` (at most 4), for explain and the tests.
 inline int softmax_plan_rows(const SoftmaxProblem& p, const SoftmaxPlan& s, const pref::Row* out[4]) {
   using namespace softmax_detail;
