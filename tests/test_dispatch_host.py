@@ -1,9 +1,10 @@
 """The softmax dispatcher (include/fastact/dispatch.h, pure host C++) on modelled devices, without a GPU.
 
+test_golden_plans pins every plan of tests/host/dispatch_golden.txt.gz (docs/dispatch.md says how to change one).
 tests/host/dispatch_plans.cpp, built here with the host compiler, prints softmax_explain for problems given on
 stdin and a device given on its command line: the plans a deep-memory device (the H200) and a standard one (the
-H100) get, so that CI pins the dispatcher's rules where no GPU runs them. The GPU tests check the same plans through
-fastact.explain on the real device (test_cuda.py) and run them.
+H100) get for the dtype= cast's rows. The GPU tests (test_cuda.py) run whatever plans the real device gets and
+check what every plan must satisfy, not where the rows draw their lines.
 """
 
 import pathlib
