@@ -36,6 +36,8 @@ inline bool softmax_variant_from_name(std::string_view name, SoftmaxVariant* out
   return false;
 }
 
+// Softmax over D = dim_size of a tensor viewed as [outer, D, inner]. inner 1: rows of D, the input's row_stride
+// apart, every other tensor dense; inner > 1: columns of D at stride inner, every tensor dense.
 struct SoftmaxProblem {
   int64_t outer = 1, dim_size = 1, inner = 1;
   int64_t row_stride = 1;  // input elements between rows when inner == 1 (== dim_size when dense)
