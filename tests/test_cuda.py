@@ -1,5 +1,6 @@
 """CUDA only: every softmax variant forced on every shape class it accepts (boundary sizes, every
-dtype, forward and backward), the dispatcher's choices as explain() reports them, the caller's
+dtype, forward and backward), the dispatcher's plans as explain() reports them (checked for what every plan must
+satisfy, and run, never against the tuning: tests/host/dispatch_golden.txt.gz pins that), the caller's
 stream, CUDA graphs, torch.compile(mode="reduce-overhead"), a second GPU, peak memory, and tensors
 beyond 2^31 elements (`huge`). The device-parametrised tests of the other files run on CUDA too.
 
@@ -55,12 +56,10 @@ DTYPE_CONFIGS = [
     (torch.float16, torch.float32),
 ]
 # Row lengths: the suite's boundaries, the 128-bit vector widths +-1 (4 floats, 8 halves, 2
-# doubles), each dispatcher threshold of include/fastact/dispatch.h +-1 (the warp kernel's 512 for
-# float64 and 1024; backwards leaving it past 768, from 896 or (float) from 512: kWarpBackwardMaxDim,
-# kVecBackwardMinAlignedDim and kVecBackwardMinAlignedFloatDim;
-# one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements = 4096 ... 32768; 10240: the 16-bit
-# forward's vec rows on a deep-memory device, kDeepVecForward16MaxThreads), and a row far beyond
-# what one SM holds.
+# doubles), lengths around lines the dispatcher drew when these were chosen (the warp kernel's 512 for float64 and
+# 1024, one block's register cache: 512 or 1024 threads x 8, 16 or 32 elements; docs/dispatch.md has the current
+# ones), and a row far beyond what one SM holds. Every variant runs forced at every length, so where the lines lie
+# now changes which plans auto picks, not what is tested.
 THRESHOLDS = (512, 768, 896, 1024, 4096, 8192, 10240, 16384, 32768)
 CUDA_SIZES = tuple(
     sorted(set(BOUNDARY_SIZES + (3, 4, 5, 7, 8, 9, 15, 16, 17, 262144) + tuple(t + k for t in THRESHOLDS for k in (-1, 0, 1))))
@@ -129,6 +128,62 @@ def must_refuse(variant, cls, d, dtype, out_dtype=None, backward=True):
     shifted = (not backward and dtype in (torch.float16, torch.bfloat16) and out_dtype in (None, dtype)
                and d % _vec_width(dtype) == 0)
     return variant == "vec" and cls in ("misaligned", "row_strided") and not shifted
+
+
+def _plan(explanation):
+    """explain()'s plan line (dispatch.h softmax_plan_fields) as a dict: every SoftmaxPlan field by name (numbers as
+    ints), "flags" and "rows" (the preference rows that shaped the plan: docs/dispatch.md) as sets."""
+    lines = [line for line in explanation.splitlines() if line.startswith("plan: ")]
+    assert len(lines) == 1, explanation
+    out = {}
+    for kv in lines[0][len("plan: "):].split():
+        k, v = kv.split("=", 1)
+        out[k] = (set() if v == "-" else set(v.split(","))) if k in ("flags", "rows") else (
+            v if k in ("variant", "mode") else int(v))
+    return out
+
+
+def _assert_plan_valid(plan, shape, dim, backward, msg=""):
+    """What every plan of the dispatcher satisfies, whatever its tuning: the kernels' capacities and the modes'
+    conditions (dispatch.h eligibility, softmax_shapes.h), on the current device."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    dim = dim % len(shape) if shape else 0
+    d = shape[dim] if shape else 1
+    note = f"{msg}: {plan}"
+    flags, mode = plan["flags"], plan["mode"]
+    assert mode == ("strided" if plan["variant"] == "strided" else mode), note
+    assert 0 < plan["threads"] <= 1024 and plan["threads"] % 32 == 0, note
+    assert plan["cluster"] in (1, 2, 4, 8, 16), note
+    assert plan["cluster"] == 1 or torch.cuda.get_device_capability()[0] >= 9, note
+    assert plan["vec"] == 1 or plan["vec"] in (2, 4, 8), note
+    if mode == "warp":
+        assert d <= 1024 and (1 << plan["warp_log2"]) >= d and plan["threads"] in (64, 128), note
+        assert (1 << plan["warp_log2"]) // plan["elems_per_thread"] <= 32, note  # a row within a warp
+    if mode == "resident":  # the row cached: a block, or a cluster of them
+        assert plan["cluster"] * plan["threads"] * plan["elems_per_thread"] >= d, note
+    if mode == "grid":  # every CTA of a row resident at once, partials through the workspace
+        assert 2 <= plan["chunks"] <= props.multi_processor_count or plan["chunks"] == 1, note
+        assert plan["chunks"] * plan["threads"] * plan["elems_per_thread"] >= d and plan["workspace_bytes"] > 0, note
+    if mode == "strided":
+        assert plan["columns"] > 0, note
+        if "staged" in flags:
+            assert plan["vec"] == 1 and plan["cluster"] == 1 and plan["groups"] >= 1, note
+        if plan["chunks"] > 1:
+            assert "streaming" in flags and plan["workspace_bytes"] > 0 and plan["cluster"] == 1, note
+    else:
+        assert not flags & {"staged", "streaming"}, note
+    assert not backward or not flags & {"packed", "shifted", "raw", "prefetch"}, note  # forward-only kernels
+    assert backward or not flags & {"two_pass", "one_unit"}, note  # backward-only kernels
+    assert "edges" not in flags or (plan["vec"] > 1 and d % plan["vec"] != 0), note
+    assert "shifted" not in flags or plan["vec"] > 1, note
+
+
+def _explain_plan(op, x, dim=-1, backward=False, msg="", **kw):
+    """(explain()'s text, its plan) for `op` on x, the plan checked by _assert_plan_valid."""
+    s = fastact.explain(op + ("_backward" if backward else ""), x, dim, **kw)
+    plan = _plan(s)
+    _assert_plan_valid(plan, tuple(x.shape), dim, backward, msg or s.splitlines()[0])
+    return s, plan
 
 
 def _call(fn):
@@ -209,7 +264,7 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
     """The resident forwards of 16-bit rows into float (block.cuh WarpPairedStores): lanes l and l ^ 16 swap halves
     of their units where the warp's 32 units lie inside the row; the warp that holds the row's end stores plain.
     Rows of whole warps (256: one warp; 1024, vec's plan on a deep-memory device, dispatch.h
-    kDeepVecForwardMinCastDim; 2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows
+    row vec-fwd-deep-cast; 2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows
     with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
     plan; outputs poisoned, against float64 (fastact_testing.fused_cast_forward_failures). Long rows:
     test_fused_cast_long_rows."""
@@ -230,7 +285,7 @@ for in_dtype in (torch.bfloat16, torch.float16):
         failures += fused_cast_forward_failures(in_dtype, 5, d, ("auto", "long_row", "grid"))
 for d in (1016, 1024, 65544, 131072, 139264, 262144, 524288):
     x = torch.empty(5, d, dtype=torch.bfloat16, device="cuda")
-    print("PLAN", d, fastact.explain("softmax", x, dtype=torch.float32))
+    print("PLAN", d, fastact.explain("softmax", x, dtype=torch.float32).replace("\\n", " | "))
 print("\\n".join(failures), file=sys.stderr)
 sys.exit(1 if failures else 0)
 """
@@ -242,27 +297,27 @@ def test_fused_cast_long_rows(depth):
     auto and forced long_row and grid, rows of 65544 (a partial last warp), 131072, 139264 and 262144, aligned and
     with a padded stride, outputs poisoned, against float64. Their forwards store a warp's units by lane pairs
     (block.cuh WarpPairedStores) in block.cuh's register clusters kept as loaded (to 131072), long_row.cuh's
-    shared-memory clusters (to 262144: dispatch.h long_row_deep_shapes) and grid.cuh's slices; the clusters with a
-    register part as loaded (deep, past 262144: test_long_row_rows_beyond_one_wave's rows of the cast) store plain.
-    explain(dtype=torch.float32) shows those plans in both classes, the deep class's register part at 524288, and
-    rows of 1024 in vec on deep (dispatch.h kDeepVecForwardMinCastDim), in warp on standard, 1016 in warp on both."""
+    shared-memory clusters and grid.cuh's slices; the clusters with a register part as loaded (the deep class's
+    longest rows: test_long_row_rows_beyond_one_wave's rows of the cast) store plain. explain(dtype=torch.float32)'s
+    plans of these rows, in both classes, are valid, and between them take both the register clusters kept as loaded
+    and the shared-memory clusters where clusters run (so both store paths ran above)."""
     env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _FUSED_CAST_LONG_ROWS_SCRIPT, tests], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    plans = dict(line.split(" ", 2)[1:] for line in out.stdout.splitlines() if line.startswith("PLAN"))
+    plans = {d: p.replace(" | ", "\n") for d, p in
+             (line.split(" ", 2)[1:] for line in out.stdout.splitlines() if line.startswith("PLAN"))}
     assert len(plans) == 7, out.stdout
-    for p in plans.values():
-        assert p.endswith("the BFloat16 input read as it is, the output written in Float"), p
-    assert plans["1016"].startswith("variant=warp"), plans["1016"]
-    assert plans["1024"].startswith("variant=vec" if depth == "deep" else "variant=warp"), plans["1024"]
-    for d in ("65544", "131072"):  # block.cuh's register clusters, kept as loaded
-        assert "(kept as loaded)" in plans[d] and "in shared memory" not in plans[d], plans[d]
-    for d in ("139264", "262144"):  # long_row.cuh's shared-memory kernel, its units converted
-        assert "in shared memory" in plans[d] and "kept as loaded" not in plans[d], plans[d]
-    if depth == "deep":  # the register part as loaded beside shared memory (plain stores)
-        assert "the rest kept as loaded" in plans["524288"], plans["524288"]
+    kinds = set()
+    for d, p in plans.items():
+        assert p.splitlines()[0].endswith("the BFloat16 input read as it is, the output written in Float"), p
+        plan = _plan(p)
+        _assert_plan_valid(plan, (5, int(d)), -1, False, p)
+        if plan["mode"] == "resident" and plan["cluster"] > 1:
+            kinds.add(("raw" in plan["flags"], plan["smem_elems"] > 0))
+    if torch.cuda.get_device_capability()[0] >= 9 and not _clusters_capped():
+        assert (True, False) in kinds and (False, True) in kinds, plans  # block.cuh's and long_row.cuh's clusters
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -284,8 +339,10 @@ def test_forced_variant_through_autograd(variant):
 def _cluster_plan(explanation):
     """(CTAs per row, threads per CTA) of a long_row plan that caches the row (a cluster, or the grid
     mode beyond one), or None for its two-read mode."""
-    m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads", explanation)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    plan = _plan(explanation)
+    if plan["mode"] == "resident":
+        return plan["cluster"], plan["threads"]
+    return (plan["chunks"], plan["threads"]) if plan["mode"] == "grid" else None
 
 
 @pytest.mark.parametrize(
@@ -356,29 +413,31 @@ def test_long_row_rows_beyond_one_wave(direction, layout, op, dtypes, d):
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 def test_long_row_backward_clusters_run_two_ctas_an_sm(dtype, log):
-    """dispatch.h cluster_backward_yields_to_grid: a backward of 128-bit accesses runs a 16-CTA cluster only
-    where two of its CTAs fit an SM (the size launch.cuh's block_backward_two_cta_threads probes from the
-    kernel's registers, at least 512 threads) or its CTAs are 1024 threads (not on a deep-memory device); in
-    between it takes the grid mode. 8-CTA clusters and rows off the vector width keep their cluster."""
+    """dispatch.h cluster_backward_yields_to_grid (row grid-over-cluster): a backward of 128-bit accesses whose
+    16-CTA cluster would hold CTAs too large for two an SM (the size launch.cuh's block_backward_two_cta_threads
+    probes from the kernel's registers) may take the grid mode instead. Every plan of these long rows is valid; the
+    16-CTA cluster plans that remain say whether two of their CTAs fit an SM (the probe ran); the grid mode is reached
+    from some length, and auto runs bitwise as long_row forced and right."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    op = "log_softmax_backward" if log else "softmax_backward"
-    deep = _deep_memory()
+    op = "log_softmax" if log else "softmax"
     grids = 0
     for d in (131072, 132096, 140000, 151936, 163840, 200000, 262144, 270336, 300000, 400000, 524288):
-        s = fastact.explain(op, make_tensor((2, d), dtype, "cuda"))
-        assert _variant(s) == "long_row", s
-        if "partials through global memory" in s:
+        y = (torch.log_softmax if log else torch.softmax)(make_tensor((2, d), dtype, "cuda"), -1)
+        s, plan = _explain_plan(op, y, -1, backward=True)
+        assert plan["variant"] == "long_row", s
+        if plan["mode"] == "grid":
             grids += 1
-        elif "128-bit" in s and (plan := _cluster_plan(s)) is not None:
-            two = "at least two CTAs an SM" in s
-            assert two or "one CTA an SM" in s, s  # the probe ran
-            assert two or plan[1] > 512, s  # two CTAs of 512 threads always fit (64 registers at most)
-            assert plan[0] <= 8 or two or (plan[1] == 1024 and not deep), s  # deep: 16 x 1024 takes the grid
+        elif plan["mode"] == "resident" and plan["vec"] > 1 and "edges" not in plan["flags"] and plan["cluster"] > 8:
+            assert "two CTAs an SM" in s or "one CTA an SM" in s, s  # the probe ran
+        g = make_tensor((2, d), dtype, "cuda")
+        bwd = getattr(ops, op + "_backward")
+        poison_allocator("cuda", y.numel() * dtype.itemsize)
+        auto = bwd(g, y, -1, dtype)
+        assert torch.equal(auto, bwd(g, y, -1, dtype, variant="long_row")), s
+        assert_close(auto, softmax_backward_ref(g, y, -1, log),
+                     torch_actual=softmax_backward_torch(g, y, -1, dtype, log), msg=s)
     assert grids > 0, "no row length took the grid mode"
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16-CTA clusters cache it (H100, H200)
-        s = fastact.explain(op, make_tensor((2, 151935), dtype, "cuda"))  # off the vector width
-        assert "partials through global memory" not in s, s
 
 
 def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
@@ -386,13 +445,12 @@ def test_grid_mode_needs_no_clusters_and_bounds_its_ctas():
     a row beyond that takes the split mode."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = make_tensor((1, 1 << 20), torch.float32, "cuda")
-    s = fastact.explain("softmax", x)
-    plan = _cluster_plan(s)
-    assert "partials through global memory" in s and 2 <= plan[0] <= sms, s
+    s, plan = _explain_plan("softmax", x)
+    assert plan["mode"] == "grid" and 2 <= plan["chunks"] <= sms, s
     # float forward: 512 threads x 64 elements a CTA at most
     too_long = make_tensor((1, sms * 1024 * 64 + 4), torch.float32, "cuda")
-    s = fastact.explain("softmax", too_long)
-    assert "chunk(s) per row" in s, s
+    s, plan = _explain_plan("softmax", too_long)
+    assert plan["mode"] == "split", s
     with pytest.raises(RuntimeError, match="cannot take"):
         ops.softmax(too_long, -1, None, variant="grid")
 
@@ -481,29 +539,30 @@ def _deep_memory():
 
 
 def _variant(explanation):
-    m = re.search(r"variant=(\w+)", explanation)
-    assert m, explanation
-    return m.group(1)
+    return _plan(explanation)["variant"]
 
 
 @pytest.mark.parametrize(
-    "expected,shape,dim,layout",
+    "allowed,shape,dim,layout",
     [
-        ("warp", (4096, 256), -1, "contiguous"),  # 512: vec on a deep-memory device (kDeepVecForwardMinFloatDim)
-        ("warp", (4096, 33), -1, "contiguous"),
-        ("vec", (1024, 4096), -1, "contiguous"),
-        ("vec", (1024, 4097), -1, "contiguous"),  # odd D, aligned base: 128-bit body, head and tail elements
-        ("long_row", (16, 50257), -1, "contiguous"),  # a vocabulary's row: clusters, head and tail elements
-        ("scalar", (1024, 4097), -1, "sliced_last"),  # x[..., 1:]: misaligned, odd D
-        ("long_row", (4, 262144), -1, "contiguous"),
-        ("strided", (64, 1024, 64), 1, "contiguous"),
-        ("strided", (8, 33, 2), 1, "contiguous"),
+        ({"warp", "vec"}, (4096, 256), -1, "contiguous"),  # short aligned rows
+        ({"warp", "vec"}, (4096, 33), -1, "contiguous"),
+        ({"vec", "long_row"}, (1024, 4096), -1, "contiguous"),  # longer than a warp holds
+        ({"vec", "long_row"}, (1024, 4097), -1, "contiguous"),  # odd D, aligned base: 128-bit body, head and tail
+        ({"long_row"}, (16, 50257), -1, "contiguous"),  # longer than a block caches
+        ({"scalar", "long_row"}, (1024, 4097), -1, "sliced_last"),  # x[..., 1:]: misaligned, odd D: no vectors
+        ({"long_row"}, (4, 262144), -1, "contiguous"),
+        ({"strided"}, (64, 1024, 64), 1, "contiguous"),  # inner > 1: only strided takes it
+        ({"strided"}, (8, 33, 2), 1, "contiguous"),
     ],
 )
-def test_explain_reports_dispatcher_branch(expected, shape, dim, layout):
+def test_explain_reports_dispatcher_branch(allowed, shape, dim, layout):
+    """explain()'s variant is one that can take the input (the others refuse it: must_accept's table), its plan is
+    valid, and auto runs it: bitwise the variant forced."""
     x = make_tensor(shape, torch.float32, "cuda", layout)
-    s = fastact.explain("softmax", x, dim)
-    assert _variant(s) == expected, s
+    s, plan = _explain_plan("softmax", x, dim)
+    assert plan["variant"] in allowed, s
+    assert torch.equal(ops.softmax(x, dim, None), ops.softmax(x, dim, None, variant=plan["variant"])), s
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
@@ -516,9 +575,8 @@ def test_warp_element_rows(op, dtype, d):
     phase with the count. Every padded row length (2^2 ... 2^10), a last slot
     that few lanes hold (257, 513: one), 13 rows (the last block of rows partial). Special values where a fill could
     show: an all -inf row, +inf / NaN / -inf as the row's last element, a row whose only finite element is the last;
-    masked rows forward and backward; against float64, outputs poisoned. Auto dispatch keeps such rows on the warp
-    kernel except 16-bit backwards beyond 768 (dispatch.h softmax_rows_leave_warp: vec, head and tail elements);
-    backwards of float rows and of 16-bit rows up to 16 hold 4 elements a lane (softmax_warp_element_lane)."""
+    masked rows forward and backward; against float64, outputs poisoned. Auto's plans of such rows are valid: warp
+    with element accesses, or vec with head and tail elements (dispatch.h row vec-bwd-edges16)."""
     if dtype == torch.float64 and d > 512:
         pytest.skip("the warp kernel takes float64 rows up to 512")
     log = op.name == "log_softmax"
@@ -527,8 +585,8 @@ def test_warp_element_rows(op, dtype, d):
     torch_fn = torch.log_softmax if log else torch.softmax
     ninf, inf, nan = float("-inf"), float("inf"), float("nan")
     x = make_tensor((13, d), dtype, "cuda")
-    s = fastact.explain(op.name, x, -1)
-    assert _variant(s) == "warp" and "element accesses" in s, s
+    s, plan = _explain_plan(op.name, x, -1)
+    assert plan["variant"] == "vec" and "edges" in plan["flags"] or plan["variant"] == "warp" and plan["vec"] == 1, s
     x[0] = ninf
     x[2, -1] = inf
     x[3, -1] = nan
@@ -546,13 +604,8 @@ def test_warp_element_rows(op, dtype, d):
         y = fwd(t, -1, None, variant="warp")
         assert_close(y, torch_fn(t.double(), -1), torch_actual=torch_fn(t, -1), msg=msg + " forward")
     y = torch_fn(m, -1)
-    s = fastact.explain(op.name + "_backward", y, -1)
-    leaves = dtype.itemsize == 2 and d > 768
-    assert _variant(s) == ("vec" if leaves else "warp") and ("head and tail" if leaves else "element accesses") in s, s
-    if d <= 128:  # dispatch.h softmax_warp_element_lane: 4 elements a lane in float and short 16-bit backwards
-        padded = 1 << (d - 1).bit_length()
-        per_lane = min(padded, 4 if dtype.itemsize == 4 or (dtype.itemsize == 2 and padded <= 16) else 8)
-        assert f"{padded // per_lane} lanes per row, {per_lane} elements per lane" in s, s
+    s, plan = _explain_plan(op.name, y, -1, backward=True)
+    assert plan["variant"] == "vec" and "edges" in plan["flags"] or plan["variant"] == "warp" and plan["vec"] == 1, s
     g = make_tensor((13, d), dtype, "cuda")
     poison_allocator("cuda", g.numel() * dtype.itemsize)
     dx = bwd(g, y, -1, dtype, variant="warp")
@@ -564,65 +617,78 @@ def test_warp_element_rows(op, dtype, d):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("d", [256, 504, 512, 520, 768, 776, 888, 896, 904, 1000, 1024])
 def test_backward_rows_leave_warp(op, dtype, d):
-    """Aligned rows (D a multiple of the vector width): the forward stays on the warp kernel up to 1024 (but float
-    rows leave it for vec from 512 on a deep-memory device: dispatch.h kDeepVecForwardMinFloatDim), the
-    backward leaves it for vec from 896 (dispatch.h kVecBackwardMinAlignedDim), float rows from 512
-    (kVecBackwardMinAlignedFloatDim); both 128-bit. The forward and backward that auto runs are bitwise the forced vec
-    (or warp) ones and match float64, outputs poisoned; rows of 13 blocks of 13."""
+    """Aligned rows (D a multiple of the vector width) around the lines where the dispatcher moves rows from warp to
+    vec (dispatch.h rows vec-bwd-*, vec-fwd-deep-*): auto's plans are warp or vec, both 128-bit, and the forward and
+    backward auto runs are bitwise those of the variant explain names, forced; the other of the two, forced, is right
+    too; both match float64, outputs poisoned; rows of 13 blocks of 13."""
     log = op.name == "log_softmax"
     fwd = getattr(ops, op.name).default
     bwd = getattr(ops, f"{op.name}_backward").default
     torch_fn = torch.log_softmax if log else torch.softmax
     x = make_tensor((169, d), dtype, "cuda")
-    s = fastact.explain(op.name, x, -1)
-    want = "vec" if _deep_memory() and dtype == torch.float32 and d >= 512 else "warp"
-    assert _variant(s) == want and "128-bit" in s, s
+    s, plan = _explain_plan(op.name, x, -1)
+    assert plan["variant"] in ("warp", "vec") and plan["vec"] > 1, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     auto = fwd(x, -1, None)
-    assert torch.equal(auto, fwd(x, -1, None, variant=want))
-    assert_close(auto, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1), msg=f"{op.name} forward {dtype} D={d}")
+    assert torch.equal(auto, fwd(x, -1, None, variant=plan["variant"]))
+    for variant in ("auto", "warp", "vec"):
+        got = auto if variant == "auto" else fwd(x, -1, None, variant=variant)
+        assert_close(got, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1),
+                     msg=f"{op.name} forward {variant} {dtype} D={d}")
     y = torch_fn(x, -1)
-    s = fastact.explain(op.name + "_backward", y, -1)
-    want = "vec" if d >= (512 if dtype == torch.float32 else 896) else "warp"
-    assert _variant(s) == want and "128-bit" in s and "head and tail" not in s, s
+    s, plan = _explain_plan(op.name, y, -1, backward=True)
+    assert plan["variant"] in ("warp", "vec") and plan["vec"] > 1 and "edges" not in plan["flags"], s
     g = make_tensor((169, d), dtype, "cuda")
     poison_allocator("cuda", g.numel() * dtype.itemsize)
     auto = bwd(g, y, -1, dtype)
-    assert torch.equal(auto, bwd(g, y, -1, dtype, variant=want))
-    assert_close(auto, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
-                 msg=f"{op.name} backward {dtype} D={d}")
+    assert torch.equal(auto, bwd(g, y, -1, dtype, variant=plan["variant"]))
+    for variant in ("auto", "warp", "vec"):
+        got = auto if variant == "auto" else bwd(g, y, -1, dtype, variant=variant)
+        assert_close(got, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
+                     msg=f"{op.name} backward {variant} {dtype} D={d}")
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("d", [1024, 2040, 2048, 3072, 4088, 4096, 4104, 8192, 8200, 12288, 16384, 16392])
 def test_backward_two_pass(op, dtype, d):
-    """Softmax backwards of aligned 16-bit rows of 2048-16384 run vec in two passes (dispatch.h softmax_rows_two_pass:
-    dy and y loaded again after the row's all-reduce), a unit of each a thread up to 1024 threads (512 on a
-    deep-memory device: softmax_two_pass_units), then two (4104: 513 units in 544 threads, some past the row, or in
-    288 of two; 8200: 1025 units in 544 threads of two, some holding one; 12288: 768 threads of two); log_softmax,
-    float and rows outside the range keep the row in registers (or take long_row). The backward auto runs is bitwise
-    the forced variant explain names and matches float64 with poisoned outputs."""
+    """Backwards of aligned rows where the dispatcher may take vec's two passes (dispatch.h row two-pass: dy and y
+    loaded again after the row's all-reduce, a unit or two of each a thread): auto's plan is valid, a two-pass plan
+    only for softmax's 16-bit backward with one or two 128-bit units a thread (4104: 513 units, some threads past
+    the row; 8200: some holding one unit); the backward auto runs is bitwise the forced variant explain names and
+    matches float64 with poisoned outputs. test_two_pass_reached: some length takes it."""
     log = op.name == "log_softmax"
     bwd = getattr(ops, f"{op.name}_backward").default
     torch_fn = torch.log_softmax if log else torch.softmax
     rows = 67
     x = make_tensor((rows, d), dtype, "cuda")
     y = torch_fn(x, -1)
-    s = fastact.explain(op.name + "_backward", y, -1)
-    two_pass = not log and dtype != torch.float32 and 2048 <= d <= 16384
-    assert ("two passes" in s) == two_pass, s
-    if two_pass:
-        units = 1 if d <= (512 if _deep_memory() else 1024) * 8 else 2
-        threads = -(-(-(-d // (8 * units))) // 32) * 32
-        assert _variant(s) == "vec" and f"x {threads} threads x {8 * units} elements" in s, s
+    s, plan = _explain_plan(op.name, y, -1, backward=True)
+    if "two_pass" in plan["flags"]:
+        assert not log and dtype.itemsize == 2 and plan["variant"] == "vec", s
+        assert plan["elems_per_thread"] in (plan["vec"], 2 * plan["vec"]), s
     g = make_tensor((rows, d), dtype, "cuda")
     poison_allocator("cuda", g.numel() * dtype.itemsize)
     auto = bwd(g, y, -1, dtype)
-    assert torch.equal(auto, bwd(g, y, -1, dtype, variant=_variant(s)))
+    assert torch.equal(auto, bwd(g, y, -1, dtype, variant=plan["variant"]))
     msg = f"{op.name} backward {dtype} D={d}"
     assert_close(auto, softmax_backward_ref(g, y, -1, log), torch_actual=softmax_backward_torch(g, y, -1, dtype, log),
                  msg=msg)
+
+
+def test_two_pass_reached():
+    """The two-pass vec backward (block.cuh softmax_block_bwd_two_pass_kernel) is what auto runs for some 16-bit
+    softmax row length of test_backward_two_pass's on sm_80 and later (where its cache policies exist), so that those
+    tests run it."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the two-pass kernel's cache policies need sm_80")
+    units = set()
+    for d in (1024, 2040, 2048, 3072, 4088, 4096, 4104, 8192, 8200, 12288, 16384, 16392):
+        y = torch.softmax(make_tensor((3, d), torch.bfloat16, "cuda"), -1)
+        s, plan = _explain_plan("softmax", y, -1, backward=True)
+        if "two_pass" in plan["flags"]:
+            units.add(plan["elems_per_thread"] // plan["vec"])
+    assert units, "no row length took the two-pass kernel"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=dtype_id)
@@ -632,13 +698,15 @@ def test_rows_off_alignment_take_vectors(dtype, d, direction):
     """Rows whose length the 128-bit width does not divide (vocabulary sizes) run the resident kernels
     with 128-bit bodies and head/tail elements when every row starts at one offset in every tensor;
     a view whose rows start elsewhere in x than in y (x[..., 1:]) keeps element accesses."""
-    op = "softmax" if direction == "fwd" else "softmax_backward"
-    s = fastact.explain(op, make_tensor((8, d), dtype, "cuda"))
+    backward = direction == "bwd"
+    s, plan = _explain_plan("softmax", make_tensor((8, d), dtype, "cuda"), -1, backward=backward)
     edges = d % _vec_width(dtype) != 0  # 30522 is a whole number of float64 vectors
-    assert _variant(s) in ("vec", "long_row") and ("head and tail" in s) == edges and "128-bit" in s, s
+    assert plan["variant"] in ("vec", "long_row"), s
+    if plan["mode"] == "resident":  # vec, or a cluster (the grid and split modes take element accesses)
+        assert ("edges" in plan["flags"]) == edges and plan["vec"] > 1, s
     if direction == "fwd":
-        s = fastact.explain(op, make_tensor((8, d), dtype, "cuda", "sliced_last"))
-        assert "head and tail" not in s and "element accesses" in s, s
+        s, plan = _explain_plan("softmax", make_tensor((8, d), dtype, "cuda", "sliced_last"), -1)
+        assert "edges" not in plan["flags"] and plan["vec"] == 1, s
 
 
 def _shifted_views(rows, d, dtype):
@@ -665,16 +733,15 @@ def test_vec_shifted_rows(dtype, d, log):
     aligned contiguous tensor (the same units, the same reduction). D = 8 and 64: a row of one or a few units,
     most threads past it (the chunk after the row's last unit is staged by a thread whose own unit is not in
     the row); 16392: past auto's vec rows (long_row takes them), forced vec in 544 threads; 32768: the largest
-    row vec caches (1024 threads, the stage's last slot)."""
+    row vec caches (1024 threads, the stage's last slot). Where auto takes vec, its plan realigns the rows."""
     op = "log_softmax" if log else "softmax"
     fwd = getattr(ops, op).default
     rows = max(3, min(97, (1 << 21) // d))
     for name, x in _shifted_views(rows, d, dtype):
         msg = f"{op} {dtype_id(dtype)} {name} {describe(x)}"
-        auto = fastact.explain(op, x)
-        if 1024 < d <= 16384:  # past the warp kernel's rows; up to 512 threads x 32 (dispatch.h
-            # kVecMaxThreadsWithClusters; 32768: long_row's clusters)
-            assert _variant(auto) == "vec" and "staged in shared memory and realigned" in auto, f"{msg}: {auto}"
+        auto, plan = _explain_plan(op, x, -1)
+        if plan["variant"] == "vec":
+            assert "shifted" in plan["flags"], f"{msg}: {auto}"
         ref = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
         pt = (torch.log_softmax if log else torch.softmax)(x, -1)
         aligned = fwd(torch.empty(x.shape, dtype=dtype, device="cuda").copy_(x), -1, None, variant="vec")
@@ -686,86 +753,83 @@ def test_vec_shifted_rows(dtype, d, log):
                 assert torch.equal(y, aligned), f"{msg} {variant}: differs from the aligned copy's result"
     # Not taken: D off the vector width (the rows start off the alignment, and their ends too).
     x = strided_tensor((rows, d + 1), dtype, "cuda", slices={1: (1, 1, 0)})
-    assert "realigned" not in fastact.explain(op, x)
+    assert "shifted" not in _explain_plan(op, x, -1)[1]["flags"]
     with pytest.raises(RuntimeError, match="cannot take"):
         fwd(x, -1, None, variant="vec")
 
 
-@pytest.mark.parametrize(
-    "dtype,d,direction,layout,cache",
-    [
-        (torch.float32, 262144, "fwd", "contiguous", "shared"),  # 32 in registers, 32 in shared memory
-        (torch.bfloat16, 262144, "fwd", "contiguous", "shared"),  # all 64 in shared memory, as loaded
-        (torch.float16, 262144, "fwd", "contiguous", "shared"),
-        (torch.float32, 65536, "fwd", "contiguous", "registers"),  # 8 x 256 in registers
-        (torch.float64, 262144, "fwd", "contiguous", "registers"),  # double arithmetic: registers only
-        (torch.float32, 262144, "fwd", "sliced_last", "registers"),  # element accesses
-        (torch.float32, 50257, "fwd", "contiguous", "registers"),  # float: the converted cache
-        (torch.float32, 262144, "bwd", "contiguous", "registers"),
-        (torch.bfloat16, 50257, "bwd", "contiguous", "registers"),  # raw is a forward cache only
-        (torch.bfloat16, 50257, "fwd", "sliced_last", "registers"),  # element accesses
-        (torch.bfloat16, 30522, "fwd", "contiguous", "raw"),  # a vocabulary's row: head and tail too
-        (torch.float16, 50257, "fwd", "contiguous", "raw"),
-        (torch.bfloat16, 65536, "fwd", "contiguous", "raw"),
-        (torch.bfloat16, 131072, "fwd", "contiguous", "raw"),  # 8 x 256 x 64: the last portable cluster
-        (torch.bfloat16, 262143, "fwd", "contiguous", "raw"),  # rows off the alignment: registers only
-        (torch.bfloat16, 1 << 20, "fwd", "contiguous", "shared_raw"),  # 64 as loaded, 64 in shared memory
-        (torch.float16, 600000, "fwd", "contiguous", "shared_raw"),
-        (torch.bfloat16, 1 << 20, "bwd", "contiguous", "grid"),  # raw is a forward cache only
-        (torch.float32, 1 << 20, "fwd", "contiguous", "grid"),  # float: 16 x 512 x 64 caches 2^19
-    ],
-)
-def test_long_row_cache_plan(dtype, d, direction, layout, cache):
-    """Where the long_row cluster kernels keep a slice, exactly as dispatch.h says: part of it in shared
-    memory in forwards with 128-bit accesses and float arithmetic, rows beyond 8 x 256 x 32 elements
-    (16-bit: beyond 8 x 256 x 64); registers as loaded in 16-bit forwards with 128-bit accesses
-    (softmax_resident_raw, 64 elements a thread); both in 16-bit forwards past 16 x 512 x 64 elements
-    (softmax_cluster_smem_raw_regs: 64 as loaded and 64 in shared memory, 16 x 512 x 128 = 2^20); converted
-    registers otherwise, and in every backward. Past what a cluster caches: the grid mode. On a deep-memory
-    device (kDeepClusterWideThreads) the 16-bit forwards past 8 x 256 x 64 take both (16 x 128 at 262144), and the
-    backward of 16 CTAs of 1024 threads the grid mode (cluster_backward_yields_to_grid)."""
+# (dtype, D, direction, layout) of long rows whose caches differ (test_long_row_cache_plan).
+_LONG_ROW_CACHE_CASES = [
+        (torch.float32, 262144, "fwd", "contiguous"),
+        (torch.bfloat16, 262144, "fwd", "contiguous"),
+        (torch.float16, 262144, "fwd", "contiguous"),
+        (torch.float32, 65536, "fwd", "contiguous"),
+        (torch.float64, 262144, "fwd", "contiguous"),
+        (torch.float32, 262144, "fwd", "sliced_last"),  # element accesses
+        (torch.float32, 50257, "fwd", "contiguous"),
+        (torch.float32, 262144, "bwd", "contiguous"),
+        (torch.bfloat16, 50257, "bwd", "contiguous"),
+        (torch.bfloat16, 50257, "fwd", "sliced_last"),  # element accesses
+        (torch.bfloat16, 30522, "fwd", "contiguous"),  # a vocabulary's row: head and tail too
+        (torch.float16, 50257, "fwd", "contiguous"),
+        (torch.bfloat16, 65536, "fwd", "contiguous"),
+        (torch.bfloat16, 131072, "fwd", "contiguous"),
+        (torch.bfloat16, 262143, "fwd", "contiguous"),  # rows off the alignment
+        (torch.bfloat16, 1 << 20, "fwd", "contiguous"),
+        (torch.float16, 600000, "fwd", "contiguous"),
+        (torch.bfloat16, 1 << 20, "bwd", "contiguous"),
+        (torch.float32, 1 << 20, "fwd", "contiguous"),
+]
+
+
+@pytest.mark.parametrize("dtype,d,direction,layout", _LONG_ROW_CACHE_CASES,
+                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
+def test_long_row_cache_plan(dtype, d, direction, layout):
+    """Where a long_row plan keeps a slice, it is one the kernels can: part of it in shared memory only in forwards
+    with 128-bit accesses and float arithmetic (long_row.cuh; grid.cuh's backwards of 16-byte units too), registers
+    kept as loaded only in 16-bit forwards with 128-bit accesses (softmax_resident_raw), both only in the 16-bit
+    shared-memory shape (softmax_cluster_smem_raw_regs); element accesses keep converted registers. The plan is
+    valid, and auto runs bitwise as long_row forced, right against float64 (outputs poisoned)."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    deep = _deep_memory()
-    if deep:
-        cache = _DEEP_LONG_ROW_CACHE.get((dtype, d, direction, layout), cache)
-    # A slice of 16 registers a thread (the float backward, float64) caches 8 x 1024 x 16 = 131072 elements in 8-CTA
-    # clusters: with clusters capped there (FASTACT_MAX_CLUSTER=8), longer rows take the grid mode.
-    if cache == "registers" and layout == "contiguous" and d > 8 * 1024 * 16 and _clusters_capped(16):
-        cache = "grid"
     x = make_tensor((2, d), dtype, "cuda", layout)
-    s = fastact.explain("softmax" if direction == "fwd" else "softmax_backward", x)
-    assert _variant(s) == "long_row", s
-    if cache == "grid":
-        assert "partials through global memory" in s, s
-        return
-    if cache == "shared_raw" and (_clusters_capped(16) or
-                                  torch.cuda.get_device_properties(x.device).multi_processor_count < 16):
-        pytest.skip("16-CTA clusters (FASTACT_MAX_CLUSTER unset or 16, 16 SMs)")
-    assert "global memory" not in s, s
-    assert ("in shared memory" in s) == (cache in ("shared", "shared_raw")), s
-    assert ("kept as loaded" in s) == (cache in ("raw", "shared_raw")), s
-    if cache == "shared_raw":
-        m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \(the rest kept as loaded, (\d+) in "
-                      r"shared memory\)", s)
-        assert m and int(m.group(1)) == 16 and int(m.group(3)) == 128 and int(m.group(4)) == 64, s
-        if deep and d == 262144:  # the fewest threads: 16 x 128 x 128
-            assert int(m.group(2)) == 128, s
-    if cache == "shared":  # 64 elements a thread: 32 in registers, 32 in shared memory (32-bit); 64 there (16-bit)
-        m = re.search(r"\[(\d+) CTA\(s\) x (\d+) threads x (\d+) elements per row \((\d+) in shared memory\)", s)
-        assert m and int(m.group(3)) == 64 and int(m.group(4)) == (32 if dtype.itemsize == 4 else 64), s
-        if d == 262144 and deep and not _clusters_capped(16):  # 16 x 256 (kDeepClusterWideThreads)
-            assert (int(m.group(1)), int(m.group(2))) == (16, 256), s
-    if cache == "raw":
-        assert re.search(r"x 64 elements per row \(kept as loaded\)", s), s
+    backward = direction == "bwd"
+    s, plan = _explain_plan("softmax", torch.softmax(x, -1) if backward else x, -1, backward=backward)
+    assert plan["variant"] == "long_row", s
+    flags, smem = plan["flags"], plan["smem_elems"]
+    if smem > 0 and plan["mode"] == "resident":
+        assert not backward and plan["vec"] > 1 and dtype != torch.float64, s
+    if "raw" in flags:
+        assert not backward and plan["vec"] > 1 and dtype.itemsize == 2, s
+    if plan["vec"] == 1:
+        assert smem == 0 and "raw" not in flags, s
+    if not backward:
+        poison_allocator("cuda", x.numel() * dtype.itemsize)
+        auto = fastact.softmax(x, -1)
+        assert torch.equal(auto, ops.softmax(x, -1, None, variant="long_row")), s
+        assert_close(auto, torch.softmax(x.double(), -1), torch_actual=torch.softmax(x, -1), msg=s)
+    else:
+        y, g = torch.softmax(x, -1), make_tensor((2, d), dtype, "cuda")
+        poison_allocator("cuda", x.numel() * dtype.itemsize)
+        auto = ops.softmax_backward(g, y, -1, dtype)
+        assert torch.equal(auto, ops.softmax_backward(g, y, -1, dtype, variant="long_row")), s
+        assert_close(auto, softmax_backward_ref(g, y, -1, False),
+                     torch_actual=softmax_backward_torch(g, y, -1, dtype, False), msg=s)
 
 
-# test_long_row_cache_plan's cases whose cache differs on a deep-memory device.
-_DEEP_LONG_ROW_CACHE = {
-    (torch.bfloat16, 262144, "fwd", "contiguous"): "shared_raw",
-    (torch.float16, 262144, "fwd", "contiguous"): "shared_raw",
-    (torch.float32, 262144, "bwd", "contiguous"): "grid",
-}
+def test_long_row_cache_kinds_reached():
+    """Between them, test_long_row_cache_plan's rows take every cache the long_row kernels have where 16-CTA clusters
+    run (sm_90): converted registers, registers kept as loaded, part in shared memory, shared memory with a register
+    part kept as loaded, and the grid mode; so each is run there."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped(16):
+        pytest.skip("16-CTA clusters (sm_90, FASTACT_MAX_CLUSTER unset or 16)")
+    kinds = set()
+    for dtype, d, direction, layout in _LONG_ROW_CACHE_CASES:
+        x = make_tensor((2, d), dtype, "cuda", layout)
+        s, plan = _explain_plan("softmax", torch.softmax(x, -1) if direction == "bwd" else x, -1,
+                                backward=direction == "bwd")
+        kinds.add("grid" if plan["mode"] == "grid" else ("raw" in plan["flags"], plan["smem_elems"] > 0))
+    assert kinds >= {(False, False), (True, False), (False, True), (True, True), "grid"}, kinds
 
 
 def _clusters_capped(below=8):
@@ -775,201 +839,60 @@ def _clusters_capped(below=8):
     return env is not None and (int(env) if env.strip().lstrip("-").isdigit() else 0) < below
 
 
-@pytest.mark.parametrize(
-    "dtype,d,standard,deep",  # (columns, threads, cluster) on a standard-memory device, on a deep one
-    [
-        (torch.bfloat16, 256, (8, 256, 1), (8, 256, 1)),  # a whole line (128 bytes) in one CTA of 256 threads
-        (torch.bfloat16, 512, (8, 256, 2), (4, 256, 1)),  # not one CTA of 512: 256-thread CTAs in a cluster (deep:
-        (torch.float16, 1024, (8, 256, 4), (4, 256, 2)),  # half lines, as the docstring says)
-        (torch.float32, 512, (8, 512, 1), (8, 256, 2)),  # float keeps whole lines in CTAs of up to 512 threads (deep: 256)
-    ],
-)
-def test_strided_forward_tile_plan(dtype, d, standard, deep):
-    """dispatch.h kStridedRawCtaThreads / kStridedRawClusterThreads: the strided forward of raw 16-bit
-    rows takes whole lines in CTAs of at most 256 threads, clusters beyond; float keeps its rule. On a deep-memory
-    device (strided_deep_forward) float takes the raw rows' shapes and the raw rows half lines where a whole one needs
-    a cluster."""
-    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
-        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 256), (torch.bfloat16, 512), (torch.float16, 1024),
+                                     (torch.float32, 512)])
+def test_strided_forward_tile_plan(dtype, d):
+    """The strided cached forward of 128-bit columns (raw 16-bit rows, float; dispatch.h rows strided-small-ctas,
+    strided-deep-half-lines): whole or half lines, in one CTA or over a cluster. The plan is valid and right against
+    float64, outputs poisoned."""
     x = make_tensor((2, d, 2048), dtype, "cuda")
-    s = fastact.explain("softmax", x, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), cached", s)
-    want = deep if _deep_memory() else standard
-    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == want, s
+    s, plan = _explain_plan("softmax", x, 1)
+    assert plan["variant"] == "strided" and plan["vec"] > 1, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     assert_close(fastact.softmax(x, 1), torch.softmax(x.double(), 1), torch_actual=torch.softmax(x, 1), msg=s)
 
 
-# (dtype, shape, dim, backward, the launch shapes explain may report: (columns, threads, cluster, mode)).
+# (dtype, shape, dim, backward) of strided problems around the strided planner's rules (docs/dispatch.md
+# strided-*): element accesses narrowing lines, short float element forwards, 16-bit element forwards over small
+# clusters, element backwards streamed (short and long D, over clusters), dim 0 of tall matrices (narrow tiles over
+# the largest cluster, or the split mode), whole outer indices as tiles, streaming over a cluster.
 _STRIDED_RULES = [
-    # element accesses (inner 1023), forward: the line halves to 16 columns (bf16: 32 bytes) to stay in one CTA
-    (torch.bfloat16, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
-    # float stops at 64 bytes (16 columns), and takes no fewer than 16 columns: at D = 513 a cluster
-    (torch.float32, (2, 257, 1023), 1, False, {(16, 288, 1, "cached")}),
-    (torch.float32, (2, 513, 1023), 1, False, {(32, 288, 4, "cached")}),
-    # float element forwards of short D widen to 512 threads where the inner holds a whole line
-    # (kStridedMinFloatElementThreads), not below (inner 3: 128 threads, as other short tiles)
-    (torch.float32, (2, 64, 1023), 1, False, {(128, 512, 1, "cached")}),
-    (torch.float32, (2, 100, 49), 1, False, {(64, 448, 1, "cached")}),
-    (torch.float32, (5, 100, 3), 1, False, {(16, 128, 1, "cached")}),
-    # 16-bit element forwards whose 16-column tile needs more than one CTA: those 16 columns over the
-    # smallest cluster of CTAs of at most 320 threads (kStridedElementClusterThreads), up to 8 CTAs;
-    # not where the inner holds less than a whole line (inner 49: the line over a cluster, as before)
-    (torch.bfloat16, (2, 513, 1023), 1, False, {(16, 288, 2, "cached")}),
-    (torch.float16, (2, 700, 1023), 1, False, {(16, 192, 4, "cached")}),
-    (torch.bfloat16, (2, 2000, 1023), 1, False, {(16, 256, 8, "cached")}),
-    (torch.bfloat16, (2, 513, 49), 1, False, {(32, 288, 4, "cached")}),
-    # element accesses, backward, a tile beyond one CTA: streamed, each thread ~64 bytes of each array
-    # (strided_element_stream_shape; "stream" computes the shape from the device's SMs and L2)
-    (torch.float32, (2, 257, 1023), 1, True, "stream"),
-    (torch.bfloat16, (2, 257, 1023), 1, True, "stream"),
-    (torch.float32, (2, 513, 1023), 1, True, "stream"),
-    (torch.bfloat16, (2, 513, 1023), 1, True, "stream"),
-    (torch.float32, (2, 1000, 1023), 1, True, "stream"),
-    (torch.bfloat16, (2, 2000, 1023), 1, True, "stream"),
-    (torch.float64, (2, 513, 1023), 1, True, "stream"),
-    (torch.float32, (7, 1600, 13), 1, True, "stream"),
-    # ... and, where the inner holds a whole line of 2- or 4-byte elements, at short D too (from 64 rows;
-    # kStridedElementStreamMinRows), in a wider set of shapes (256-thread CTAs, up to two lines)
-    (torch.float32, (2, 64, 1023), 1, True, "stream"),
-    (torch.float32, (3, 100, 1023), 1, True, "stream"),
-    (torch.bfloat16, (2, 64, 1023), 1, True, "stream"),
-    (torch.float16, (3, 100, 255), 1, True, "stream"),
-    (torch.float32, (4, 160, 49), 1, True, "stream"),
-    # below 64 rows, or float64, the cached plans
-    (torch.float32, (2, 48, 1023), 1, True, {(32, 192, 1, "cached")}),
-    (torch.bfloat16, (2, 16, 1023), 1, True, {(64, 128, 1, "cached")}),
-    (torch.float64, (2, 100, 1023), 1, True, {(16, 416, 1, "cached")}),
-    # ... D over a cluster where that comes closer to the share (float D = 2000: no shape without a
-    # cluster fits L2 on the H100; with one, 512 x 32 x 8)
-    (torch.float32, (2, 2000, 1023), 1, True, "stream"),
-    (torch.float64, (2, 1500, 1023), 1, True, "stream"),
-    # dim 0 of a tall matrix: narrower tiles over the largest cluster (16 on the H100; with 8, the
-    # forward of 16384 halves the tile again and the others, 2 tiles, take the split mode)
-    # (a device whose 16-clusters fill it at 1024 threads takes those in the cluster loop first)
-    (torch.float32, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached"), (8, 1024, 16, "cached")}),
-    (torch.float32, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "split")}),
-    (torch.bfloat16, (16384, 64), 0, False, {(4, 512, 16, "cached"), (2, 512, 8, "cached")}),
-    (torch.bfloat16, (16384, 64), 0, True, {(2, 512, 16, "cached"), (8, 512, 1, "split")}),
-    (torch.float32, (16385, 64), 0, False, {(2, 288, 16, "cached"), (8, 512, 1, "split")}),
-    # D too long for any cached tile, and too few tiles to fill the device even over a cluster: the split
-    # mode (chunks of D, a CTA each, partials through the workspace)
-    (torch.float32, (65536, 64), 0, False, {(8, 512, 1, "split")}),
-    (torch.float32, (65536, 64), 0, True, {(8, 512, 1, "split")}),
-    (torch.bfloat16, (65536, 64), 0, False, {(8, 512, 1, "split")}),
-    (torch.bfloat16, (65536, 64), 0, True, {(8, 512, 1, "split")}),
-    (torch.float64, (65536, 64), 0, True, {(8, 512, 1, "split")}),
-    (torch.float32, (4, 65536, 8), 1, True, {(2, 512, 1, "split")}),  # tiles over 4 outer indices
-    # ... in tiles of a whole outer index where a line does not divide its column vectors
-    # (kStridedWholeOuterUnits: 3 or 33 elements, 25 vectors of [*, 100]; not a power of two, the threads
-    # past the last whole D-group idle)
-    (torch.float32, (100000, 3), 0, False, {(3, 512, 1, "split"), (2, 800, 16, "cached")}),
-    (torch.bfloat16, (65536, 33), 0, False, {(33, 512, 1, "split")}),
-    (torch.float32, (65536, 33), 0, True, {(33, 512, 1, "split")}),
-    (torch.float64, (65536, 33), 0, False, {(33, 512, 1, "split")}),
-    (torch.float32, (65536, 100), 0, False, {(25, 512, 1, "split")}),
-    (torch.float32, (65536, 100), 0, True, {(25, 512, 1, "split")}),
-    (torch.bfloat16, (65536, 100), 0, True, {(100, 512, 1, "split")}),
-    # ... and streamed over a cluster where 66 tiles fill the device with one (8 CTAs on 132 SMs)
-    (torch.float32, (66, 16384, 33), 1, False, {(33, 512, 8, "streamed twice"), (33, 512, 4, "streamed twice")}),
-    (torch.float32, (66, 16384, 33), 1, True, {(33, 512, 8, "streamed twice"), (33, 512, 4, "streamed twice")}),
+    (torch.bfloat16, (2, 257, 1023), 1, False), (torch.float32, (2, 257, 1023), 1, False),
+    (torch.float32, (2, 513, 1023), 1, False), (torch.float32, (2, 64, 1023), 1, False),
+    (torch.float32, (2, 100, 49), 1, False), (torch.float32, (5, 100, 3), 1, False),
+    (torch.bfloat16, (2, 513, 1023), 1, False), (torch.float16, (2, 700, 1023), 1, False),
+    (torch.bfloat16, (2, 2000, 1023), 1, False), (torch.bfloat16, (2, 513, 49), 1, False),
+    (torch.float32, (2, 257, 1023), 1, True), (torch.bfloat16, (2, 257, 1023), 1, True),
+    (torch.float32, (2, 513, 1023), 1, True), (torch.bfloat16, (2, 513, 1023), 1, True),
+    (torch.float32, (2, 1000, 1023), 1, True), (torch.bfloat16, (2, 2000, 1023), 1, True),
+    (torch.float64, (2, 513, 1023), 1, True), (torch.float32, (7, 1600, 13), 1, True),
+    (torch.float32, (2, 64, 1023), 1, True), (torch.float32, (3, 100, 1023), 1, True),
+    (torch.bfloat16, (2, 64, 1023), 1, True), (torch.float16, (3, 100, 255), 1, True),
+    (torch.float32, (4, 160, 49), 1, True), (torch.float32, (2, 48, 1023), 1, True),
+    (torch.bfloat16, (2, 16, 1023), 1, True), (torch.float64, (2, 100, 1023), 1, True),
+    (torch.float32, (2, 2000, 1023), 1, True), (torch.float64, (2, 1500, 1023), 1, True),
+    (torch.float32, (16384, 64), 0, False), (torch.float32, (16384, 64), 0, True),
+    (torch.bfloat16, (16384, 64), 0, False), (torch.bfloat16, (16384, 64), 0, True),
+    (torch.float32, (16385, 64), 0, False), (torch.float32, (65536, 64), 0, False),
+    (torch.float32, (65536, 64), 0, True), (torch.bfloat16, (65536, 64), 0, False),
+    (torch.bfloat16, (65536, 64), 0, True), (torch.float64, (65536, 64), 0, True),
+    (torch.float32, (4, 65536, 8), 1, True), (torch.float32, (100000, 3), 0, False),
+    (torch.bfloat16, (65536, 33), 0, False), (torch.float32, (65536, 33), 0, True),
+    (torch.float64, (65536, 33), 0, False), (torch.float32, (65536, 100), 0, False),
+    (torch.float32, (65536, 100), 0, True), (torch.bfloat16, (65536, 100), 0, True),
+    (torch.float32, (66, 16384, 33), 1, False), (torch.float32, (66, 16384, 33), 1, True),
 ]
 
 
-_H100_STREAMS = {
-    (torch.float32, (2, 513, 1023)): (32, 1024, 1, "streamed twice"),
-    (torch.bfloat16, (2, 513, 1023)): (32, 512, 1, "streamed twice"),
-    (torch.float32, (2, 1000, 1023)): (32, 512, 4, "streamed twice"),
-    (torch.bfloat16, (2, 2000, 1023)): (32, 512, 4, "streamed twice"),
-    (torch.float32, (2, 2000, 1023)): (32, 512, 8, "streamed twice"),
-    # twenty-fourth session's sweep
-    (torch.float32, (2, 64, 1023)): (64, 256, 1, "streamed twice"),
-    (torch.float32, (3, 100, 1023)): (32, 256, 1, "streamed twice"),
-    (torch.bfloat16, (2, 64, 1023)): (128, 256, 1, "streamed twice"),
-    (torch.bfloat16, (2, 257, 1023)): (32, 256, 1, "streamed twice"),
-}
-
-
-def _pow2_floor(n):
-    return 1 << (n.bit_length() - 1)
-
-
-def _element_stream_shapes(d, size, line, wide_cap=None):
-    """dispatch.h strided_element_stream_shape, written again from its comment: the streamed shapes
-    (512 or 1024 threads, columns a power of two from 16, or the line if narrower, to the line; with
-    `wide_cap` (strided_element_stream_wide: the inner's largest power of two) also 256 threads and
-    columns up to two lines, within wide_cap, without a cluster; D split over a cluster of up to the
-    device's cap, 8 or 16 at each CTA size: every cap the probe can give) whose tiles in flight fit L2
-    with every SM full (2048 threads, each ceil(D / (G x cluster)) elements of two arrays); the one
-    whose share is closest to 64 bytes, then columns nearest 32, then the first tried (no cluster
-    first, narrower columns first, 256 / 512 / 1024 threads at each; then 512 threads before 1024,
-    smaller clusters first). None fits: the cached plans (any cluster)."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-
-    def widths_to(top):
-        out, cols = [], min(16, line)
-        while cols <= top:
-            out.append(cols)
-            cols *= 2
-        return out
-
-    widths = widths_to(line)
-    single = widths_to(min(2 * line, wide_cap)) if wide_cap else widths
-    out = set()
-    for cap in ({512: 8, 1024: 8}, {512: 16, 1024: 8}, {512: 16, 1024: 16}):
-        tried = [(1, c, t) for c in single for t in ((256, 512, 1024) if wide_cap else (512, 1024))]
-        tried += [(1 << k, c, t) for t in (512, 1024) for k in range(1, cap[t].bit_length()) for c in widths]
-        best = None
-        for cl, c, t in tried:
-            groups = t // c * cl
-            if c > t or (cl > 1 and groups > d):
-                continue
-            share = -(-d // groups) * size
-            if props.multi_processor_count * 2048 * share * 2 > props.L2_cache_size:
-                continue
-            key = (max(share, 64) / min(share, 64), abs(c.bit_length() - 6))
-            if best is None or key < best[0]:
-                best = (key, (c, t, cl, "streamed twice"))
-        if best is None:
-            return {(line, t, c, "cached") for t in range(32, 1025, 32) for c in (2, 4, 8, 16)}
-        out.add(best[1])
-    return out
-
-
-@pytest.mark.parametrize("dtype,shape,dim,backward,shapes", _STRIDED_RULES,
+@pytest.mark.parametrize("dtype,shape,dim,backward", _STRIDED_RULES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
-    """dispatch.h kStridedMinElementColumns, kStridedMinFloatElementThreads, kStridedSectorBytes,
-    strided_element_stream_shape and strided_stream_cluster: the strided plan narrows element forwards
-    to lines of 16 columns in one CTA (16-bit ones past one CTA: 16 columns over a small cluster), widens
-    short float element forwards to 512 threads, streams element backwards whose tile needs more than one
-    CTA, or whose inner holds a whole line at D >= 64, in the shape the L2 rule picks (D over a cluster
-    where that comes closer), narrows the tiles of a D too long for a line's cluster over the
-    largest cluster, and streams the few tiles of a D too long for any of those over a cluster (or
-    splits D), in tiles of a whole outer index where a line does not divide it (kStridedWholeOuterUnits);
-    each of those plans gives the right result (outputs poisoned first)."""
-    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
-        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
-    element_stream = shapes == "stream"
-    if element_stream:
-        line = min(128 // dtype.itemsize, _pow2_floor(shape[2]))
-        wide = line * dtype.itemsize == 128 and dtype.itemsize <= 4 and shape[1] >= 64
-        shapes = _element_stream_shapes(shape[1], dtype.itemsize, line, _pow2_floor(shape[2]) if wide else None)
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        if (props.multi_processor_count, props.L2_cache_size) == (132, 50 << 20) and (dtype, shape) in _H100_STREAMS:
-            # the shapes measured on the H100 (bench/NOTES.md, nineteenth and twenty-fourth sessions), in case the rule and
-            # its Python copy above share a mistake
-            assert _H100_STREAMS[(dtype, shape)] in shapes, shapes
-            shapes = {_H100_STREAMS[(dtype, shape)]}
+def test_strided_plan_rules(dtype, shape, dim, backward):
+    """Each strided plan of the cases above (cached, over a cluster, streamed, streamed over a cluster, split
+    through the workspace, staged) is valid and gives the right result, outputs poisoned first."""
     x = make_tensor(shape, dtype, "cuda")
     y = torch.softmax(x, dim)
-    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, dim)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster (\d+), (cached|streamed twice)"
-                  r"(, \d+ chunks of D)?", s)
-    mode = "split" if m and m.group(5) else m and m.group(4)
-    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3)), mode) in shapes, s
-    if element_stream and mode == "streamed twice":
-        assert "the second mostly from L2" in s, s
+    s, plan = _explain_plan("softmax", y if backward else x, dim, backward=backward)
+    assert plan["variant"] == "strided", s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     if not backward:
         assert_close(fastact.softmax(x, dim), torch.softmax(x.double(), dim), torch_actual=y, msg=s)
@@ -979,104 +902,95 @@ def test_strided_plan_rules(dtype, shape, dim, backward, shapes):
                      torch_actual=softmax_backward_torch(g, y, dim, dtype, False), msg=s)
 
 
-# dispatch.h strided_prefetches: (dtype, D, inner (0: dim 0 of [D, m]), whether the cached forward of an input
-# just past the device's L2 size prefetches the tiles ahead into L2).
+def test_strided_modes_reached():
+    """Between them, _STRIDED_RULES' cases take every strided mode on sm_90 with clusters: cached in one CTA, cached
+    over a cluster, streamed, streamed over a cluster, split through the workspace; so each runs there."""
+    if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
+        pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
+    modes = set()
+    for dtype, shape, dim, backward in _STRIDED_RULES:
+        x = make_tensor(shape, dtype, "cuda")
+        _, plan = _explain_plan("softmax", torch.softmax(x, dim) if backward else x, dim, backward=backward)
+        streaming = "streaming" in plan["flags"]
+        modes.add("split" if plan["chunks"] > 1 else (streaming, plan["cluster"] > 1))
+    assert modes >= {(False, False), (False, True), (True, False), (True, True), "split"}, modes
+
+
+# Strided forwards of inputs just past the device's L2 size (dispatch.h row strided-prefetch): (dtype, D, inner; 0:
+# dim 0 of [D, m]): 128-bit columns in a CTA a tile (the last partial), raw 16-bit rows over a cluster, element
+# accesses (16-bit ones staged), dim 0 of a tall matrix, D = 8 and 7, float64.
 _PREFETCH_CASES = [
-    (torch.float32, 1024, 2056, True),   # 128-bit accesses, a CTA a tile (the last partial where n x 514 is odd)
-    (torch.bfloat16, 1024, 2056, True),  # raw 16-bit rows over a cluster of 4 (not on a deep-memory device)
-    (torch.float16, 1024, 2056, True),
-    (torch.float32, 100, 1023, False),   # element accesses
-    (torch.bfloat16, 100, 1023, False),  # 16-bit element accesses, staged in shared memory: no prefetch
-    (torch.float32, 16384, 0, True),     # dim 0 of a tall matrix: narrow tiles over clusters of 16
-    (torch.float32, 8, 65536, True),     # D = kStridedPrefetchMinRows ...
-    (torch.float32, 7, 65536, False),    # ... and below it
-    (torch.float64, 1024, 2056, False),  # float64 accumulation
+    (torch.float32, 1024, 2056), (torch.bfloat16, 1024, 2056), (torch.float16, 1024, 2056),
+    (torch.float32, 100, 1023), (torch.bfloat16, 100, 1023), (torch.float32, 16384, 0),
+    (torch.float32, 8, 65536), (torch.float32, 7, 65536), (torch.float64, 1024, 2056),
 ]
 
 
-@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("dtype,d,inner,prefetch", _PREFETCH_CASES,
-                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_strided_forward_prefetch(op, dtype, d, inner, prefetch):
-    """dispatch.h kStridedPrefetchDivisor / strided_prefetches: the cached strided forward of an input of at least
-    the L2 size, float accumulation, 128-bit accesses and D >= 8 asks L2 for the tiles a quarter of the device's
-    resident tiles ahead (explain says so); one just under the L2 size, float64, D = 7, element accesses, the staged
-    16-bit forward and the backward do not; nor, on a deep-memory device, the raw 16-bit rows (128-bit accesses).
-    The prefetching forward gives the right result (outputs poisoned), its
-    last tiles included, whose counterparts ahead lie past the end. The plans named above are the H100's; without
-    clusters (or with FASTACT_MAX_CLUSTER below 8) a case whose plan streams instead is skipped."""
+def _past_l2(d, inner, size, under=False):
+    """(shape, dim) of an input just past (or, `under`, just under) the device's L2 size."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    size = dtype.itemsize
     if inner == 0:
-        dim, shape = 0, (d, -(-l2 // (d * size * 8)) * 8)
-        under = (d, (l2 // (d * size) - 1) // 8 * 8)
-    else:
-        dim, shape = 1, (-(-l2 // (d * inner * size)), d, inner)
-        under = ((l2 - 1) // (d * inner * size), d, inner)
-    x = make_tensor(shape, dtype, "cuda")
-    s = fastact.explain(op.name, x, dim)
-    clusters = torch.cuda.get_device_capability()[0] >= 9 and not _clusters_capped()
-    mode = "staged" if "staged in shared memory" in s else "cached"
-    if not clusters and f", {mode}" not in s:
-        pytest.skip(f"without clusters this plan is neither cached nor staged: {s}")
-    assert (mode == "staged") == (dtype.itemsize == 2 and inner % 8 != 0), s
-    if prefetch and dtype.itemsize == 2 and mode == "cached" and _deep_memory():
-        prefetch = False  # D = 1024: half lines on a deep device, not prefetched
-    assert ("the tiles ahead prefetched into L2" in s) == prefetch, s
-    if prefetch:
-        s_under = fastact.explain(op.name, make_tensor(under, dtype, "cuda"), dim)
-        assert mode in s_under and "prefetched" not in s_under, s_under
-    torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
-    poison_allocator("cuda", x.numel() * size)
-    y = getattr(fastact, op.name)(x, dim)
-    assert_close(y, torch_fn(x.double(), dim), torch_actual=torch_fn(x, dim), msg=s)
-    s_bwd = fastact.explain(op.name + "_backward", y, dim)
-    assert "prefetched" not in s_bwd, s_bwd
-
-
-# dispatch.h long_row_prefetches: (dtype, D, whether part of the slice is in shared memory, whether the long_row
-# forward of an input just past the device's L2 size prefetches the rows ahead into L2).
-_LONG_ROW_PREFETCH_CASES = [
-    (torch.bfloat16, 262144, True, True),    # 16-bit rows all in shared memory (deep: a register part, unprefetched
-                                             # at this size)
-    (torch.float16, 151936, True, True),
-    (torch.float32, 262144, True, False),    # float rows: half the slice in registers
-    (torch.bfloat16, 131072, False, False),  # 16-bit rows in portable register-only clusters, kept as loaded
-    (torch.bfloat16, 1 << 20, True, False),  # 16-bit rows with a register part as loaded besides
-]
+        return ((d, (l2 // (d * size) - 1) // 8 * 8) if under else (d, -(-l2 // (d * size * 8)) * 8)), 0
+    return (((l2 - 1) // (d * inner * size), d, inner) if under else (-(-l2 // (d * inner * size)), d, inner)), 1
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-@pytest.mark.parametrize("dtype,d,smem,prefetch", _LONG_ROW_PREFETCH_CASES,
-                         ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_long_row_forward_prefetch(op, dtype, d, smem, prefetch):
-    """dispatch.h kLongRowPrefetchDivisor / long_row_prefetches: the long_row forward of 16-bit rows cached in
-    shared memory (long_row.cuh softmax_cluster_smem_fwd_kernel), of an input of at least the L2 size, asks L2 for
-    the slices of the rows a quarter of the device's resident clusters ahead (explain says so); one just under the
-    L2 size, float rows, the register-only clusters, 16-bit rows with a register part besides (past 2^19; on a
-    deep-memory device past 2^17, prefetched only from four times the L2 size, so none here: the memory-depth test
-    runs both) and the backward do not. The prefetching forward gives the right
-    result (outputs poisoned), its last rows included, whose counterparts ahead lie past the end. Without clusters
-    (or with FASTACT_MAX_CLUSTER capping them) a case whose plan is not a cluster one is skipped."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    size = dtype.itemsize
-    x = make_tensor((-(-l2 // (d * size)), d), dtype, "cuda")
-    s = fastact.explain(op.name, x)
-    if "variant=long_row" not in s or "global memory" in s:
-        pytest.skip(f"not a cluster plan here: {s}")
-    if _deep_memory() and dtype.itemsize == 2 and d > 131072:  # a register part (kDeepRawPrefetchL2Multiple)
-        assert "the rest kept as loaded" in s, s
-        prefetch = False
-    assert ("in shared memory)" in s) == smem, s
-    assert ("the rows ahead prefetched into L2" in s) == prefetch, s
-    if prefetch:
-        s_under = fastact.explain(op.name, make_tensor(((l2 - 1) // (d * size), d), dtype, "cuda"))
-        assert "in shared memory)" in s_under and "prefetched" not in s_under, s_under
+def test_strided_forward_prefetch(op):
+    """The cached strided forwards that ask L2 for the tiles a quarter of the device's resident tiles ahead (explain
+    says so) give the right result (outputs poisoned), their last tiles included, whose counterparts ahead lie past
+    the end; only forwards prefetch, and only inputs of at least the L2 size; on sm_90 with clusters some case of
+    _PREFETCH_CASES prefetches, so that the path runs here."""
     torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
-    poison_allocator("cuda", x.numel() * size)
-    y = getattr(fastact, op.name)(x, -1)
-    assert_close(y, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1), msg=s)
-    assert "prefetched" not in fastact.explain(op.name + "_backward", y), s
+    prefetched = 0
+    for dtype, d, inner in _PREFETCH_CASES:
+        shape, dim = _past_l2(d, inner, dtype.itemsize)
+        x = make_tensor(shape, dtype, "cuda")
+        s, plan = _explain_plan(op.name, x, dim)
+        if "prefetch" in plan["flags"]:
+            prefetched += 1
+            assert plan["mode"] == "strided" and "streaming" not in plan["flags"], s
+            under, _ = _past_l2(d, inner, dtype.itemsize, under=True)
+            assert "prefetch" not in _explain_plan(op.name, make_tensor(under, dtype, "cuda"), dim)[1]["flags"]
+        poison_allocator("cuda", x.numel() * dtype.itemsize)
+        y = getattr(fastact, op.name)(x, dim)
+        assert_close(y, torch_fn(x.double(), dim), torch_actual=torch_fn(x, dim), msg=s)
+        assert "prefetch" not in _explain_plan(op.name, y, dim, backward=True)[1]["flags"]
+    if torch.cuda.get_device_capability()[0] >= 9 and not _clusters_capped():
+        assert prefetched, "no case prefetched"
+
+
+# Long rows of inputs just past a multiple of the device's L2 size (dispatch.h row long-row-prefetch): (dtype, D,
+# multiple): 16-bit rows in shared memory, float rows, portable register-only clusters, 16-bit rows with a register
+# part besides (which the deep class prefetches from a larger input).
+_LONG_ROW_PREFETCH_CASES = [(torch.bfloat16, 262144, 1), (torch.float16, 151936, 1), (torch.float32, 262144, 1),
+                            (torch.bfloat16, 131072, 1), (torch.bfloat16, 1 << 20, 1), (torch.bfloat16, 262144, 4)]
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
+def test_long_row_forward_prefetch(op):
+    """The long_row forwards that ask L2 for the slices of the rows a quarter of the device's resident clusters ahead
+    (long_row.cuh softmax_cluster_smem_fwd_kernel; explain says so) keep 16-bit slices in shared memory and give the
+    right result (outputs poisoned), their last rows included, whose counterparts ahead lie past the end; inputs
+    under the L2 size and backwards do not prefetch; on sm_90 with clusters some case prefetches (in either memory
+    class)."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    torch_fn = torch.log_softmax if op.name == "log_softmax" else torch.softmax
+    prefetched = 0
+    for dtype, d, multiple in _LONG_ROW_PREFETCH_CASES:
+        size = dtype.itemsize
+        x = make_tensor((-(-multiple * l2 // (d * size)), d), dtype, "cuda")
+        s, plan = _explain_plan(op.name, x)
+        if "prefetch" in plan["flags"]:
+            prefetched += 1
+            assert plan["mode"] == "resident" and plan["smem_elems"] > 0 and size == 2, s
+            under = make_tensor(((l2 - 1) // (d * size), d), dtype, "cuda")
+            assert "prefetch" not in _explain_plan(op.name, under)[1]["flags"]
+        poison_allocator("cuda", x.numel() * size)
+        y = getattr(fastact, op.name)(x, -1)
+        assert_close(y, torch_fn(x.double(), -1), torch_actual=torch_fn(x, -1), msg=s)
+        assert "prefetch" not in _explain_plan(op.name, y, backward=True)[1]["flags"]
+    if torch.cuda.get_device_capability()[0] >= 9 and not _clusters_capped(16):
+        assert prefetched, "no case prefetched"
 
 
 _PREFETCH_OFF_SCRIPT = """
@@ -1084,20 +998,19 @@ import sys, torch, fastact
 l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
 torch.manual_seed(0)
 x = torch.randn(-(-l2 // (1024 * 2056 * 4)), 1024, 2056, device="cuda")
-print(fastact.explain("softmax", x, 1))
+print(fastact.explain("softmax", x, 1).splitlines()[-1])
 r = torch.randn(-(-l2 // (262144 * 2)), 262144, device="cuda", dtype=torch.bfloat16)
-print(fastact.explain("softmax", r))
+print(fastact.explain("softmax", r).splitlines()[-1])
 r4 = torch.randn(-(-4 * l2 // (262144 * 2)), 262144, device="cuda", dtype=torch.bfloat16)
-print(fastact.explain("log_softmax", r4))
+print(fastact.explain("log_softmax", r4).splitlines()[-1])
 torch.save((fastact.softmax(x, 1).cpu(), fastact.softmax(r).cpu(), fastact.log_softmax(r4).cpu()), sys.argv[1])
 """
 
 
 def test_forward_prefetch_off(tmp_path):
     """FASTACT_PREFETCH=0 (read once, with the device's properties) turns the L2 prefetches off (the strided
-    forward's; the 16-bit long_row forward's where clusters run it, on a deep-memory device with the register part
-    from four times the L2 size): the plans say so, and the results are bitwise the prefetching run's (a prefetch
-    changes no value)."""
+    forward's, the 16-bit long_row forward's): no plan of the three prefetches, where with prefetches on one does;
+    and the results are bitwise the prefetching run's (a prefetch changes no value)."""
     runs = {}
     for flag in ("0", "1"):
         path = tmp_path / f"prefetch{flag}.pt"
@@ -1105,119 +1018,33 @@ def test_forward_prefetch_off(tmp_path):
         out = subprocess.run([sys.executable, "-c", _PREFETCH_OFF_SCRIPT, str(path)], env=env, capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr[-3000:]
-        strided, long_row, long_row_4l2 = out.stdout.splitlines()[:3]
-        assert "cached" in strided and ("prefetched into L2" in strided) == (flag == "1"), out.stdout
-        # The shared-memory cluster plan without a register part (not the grid's; on a deep-memory device these rows
-        # keep one, unprefetched under four times the L2 size: dispatch.h kDeepRawPrefetchL2Multiple).
-        if "in shared memory)" in long_row and "global memory" not in long_row and "kept as loaded" not in long_row:
-            assert ("prefetched into L2" in long_row) == (flag == "1"), out.stdout
-        elif "kept as loaded" in long_row:  # not prefetched at this size, whatever the flag
-            assert "prefetched" not in long_row, out.stdout
-        # Four times the L2 size: any shared-memory cluster plan prefetches (on a deep-memory device the register part
-        # too: dispatch.h kDeepRawPrefetchL2Multiple).
-        if "in shared memory)" in long_row_4l2 and "global memory" not in long_row_4l2:
-            assert ("prefetched into L2" in long_row_4l2) == (flag == "1"), out.stdout
+        plans = [_plan(line) for line in out.stdout.splitlines()[:3]]
+        prefetching = ["prefetch" in p["flags"] for p in plans]
+        assert not any(prefetching) if flag == "0" else any(prefetching), out.stdout
         runs[flag] = torch.load(path)
     assert all(torch.equal(a, b) for a, b in zip(runs["0"], runs["1"]))
 
 
-# dispatch.h kStridedStagedNarrowBackwardShapes: (bytes a D-row, thread groups a column).
-_STAGED_NARROW_BACKWARD_SHAPES = ((128, 2), (64, 4), (64, 2), (64, 1))
-# dispatch.h kStridedStagedVec16BackwardShapes: (up to D, bytes a D-row, thread groups a column).
-_STAGED_VEC16_BACKWARD_SHAPES = ((95, 256, 1), (128, 128, 2), (299, 0, 0), (398, 128, 4), (400, 128, 2))
-# dispatch.h kStridedStagedForwardShapes: (up to D, bytes a D-row, thread groups a column).
-_STAGED_FORWARD_SHAPES = ((79, 256, 2), (111, 128, 2), (143, 128, 4), (256, 64, 4))
+def _is_staged(op, t, backward=False):
+    """Whether auto's plan of `op` over dim 1 of t is the staged mode (softmax/staged.cuh)."""
+    return "staged" in _plan(fastact.explain(op + ("_backward" if backward else ""), t, 1))["flags"]
 
 
-def _staged_shape(shape, size, forward=False, out_size=None, vector=False):
-    """dispatch.h strided_staged_shape, written again from its comment: the staged tile's (columns, thread
-    groups a column) of an element backward (an inner no 16-byte vector divides, or a pointer off the
-    alignment) of [outer, D, inner] with `size`-byte grad_output, or of an element forward of `size`-byte x
-    and `out_size`-byte y (default: the same), or with `vector` of a backward whose plan takes 16-byte
-    vectors; columns 0 where it does not stage (sm_90 only, D >= 64; backwards of 2- or 4-byte elements,
-    forwards of 16-bit x and y; vector backwards of 2- or 4-byte grad_output and grad_input whose D-rows are
-    not whole 32-byte sectors: in float 64 columns and 2 groups, in 16-bit the table's tile (none at D 129-299),
-    where both arrays and the partial dots fit 113 KB and the inner's largest power of two holds the
-    columns). Element backward: the
-    widest power of two of at most 512 bytes a D-row and at most the inner's largest power of two whose
-    tile (both arrays, a 16-byte chunk of slack a D-row) fits 113 KB, if still >= 256 bytes a D-row; one
-    group; else for 16-bit elements where no 256-byte tile fits shared memory, the first narrow shape whose
-    tile (plus 4 bytes a column and group past one group) fits, if the inner's largest power of two holds
-    it. Forward: the table's D-row bytes and groups up to D = 256, past it the widest of 256, 128, 64
-    bytes a D-row whose tile (plus 8 bytes a column and group past one group) fits 113 KB, 256 / columns
-    groups; no stage if the inner's largest power of two is narrower. Then the inner's tiles of that width
-    evened out, the columns rounded up to a 16-byte chunk's elements; tiles for two CTAs on every SM."""
-    outer, d, inner = shape
-    if d < 64 or torch.cuda.get_device_capability()[0] != 9:
-        return 0, 1
-    if (size != 2 or (out_size or size) != 2) if forward else size > 4:
-        return 0, 1
-    groups = 1
-    if vector:
-        if forward or (out_size or size) != size or inner * size % 32 == 0:
-            return 0, 1
-        if size == 4:
-            w, groups = 64, 2
-        else:
-            tile = next(((b // size, g) for most, b, g in _STAGED_VEC16_BACKWARD_SHAPES if d <= most), None)
-            if tile is None or tile[0] == 0:  # past the table, or its cached-plan row
-                return 0, 1
-            w, groups = tile
-        if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) > 113 * 1024:
-            return 0, 1
-    elif not forward:
-        w = min(512 // size, _pow2_floor(inner))
-        while w * size >= 256 and 2 * d * (w + 16 // size) * size > 113 * 1024:
-            w //= 2
-        if w * size < 256:
-            if size != 2 or 2 * d * (256 // size + 16 // size) * size <= 113 * 1024:
-                return 0, 1  # narrow tiles: 16-bit, where shared memory (not the inner) stops the wide ones
-            for row_bytes, groups in _STAGED_NARROW_BACKWARD_SHAPES:
-                w = row_bytes // size
-                if 2 * d * (w + 16 // size) * size + (4 * groups * w if groups > 1 else 0) <= 113 * 1024:
-                    break
-            else:
-                return 0, 1
-    else:
-        w = 0
-        for most, row_bytes, g in _STAGED_FORWARD_SHAPES:
-            if d <= most:
-                w, groups = row_bytes // size, g
-                break
-        if not w:
-            w = 256 // size
-            while w * size >= 64:
-                groups = 256 // w
-                if d * (w + 16 // size) * size + (8 * groups * w if groups > 1 else 0) <= 113 * 1024:
-                    break
-                w //= 2
-            if w * size < 64:
-                return 0, 1
-    if w > _pow2_floor(inner):  # the wide backward tiles are capped above
-        return 0, 1
-    tiles = -(-inner // w)
-    cols = -(-(-(-inner // tiles)) // (16 // size)) * (16 // size)
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return (cols, groups) if outer * -(-inner // cols) >= 2 * sms else (0, 1)
-
-
-def _assert_staged_plan(explained, want):
-    """explain()'s plan is staged with want = (columns, groups) in CTAs of 256 threads, or (columns 0) not staged."""
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, staged in shared memory, (\d+) thread "
-                  r"group\(s\) a column", explained)
-    if want[0]:
-        assert m and tuple(int(v) for v in m.groups()) == (want[0], 256, want[1]), explained
-    else:
-        assert "staged" not in explained, explained
-
-
-def _staged_columns(shape, size, forward=False, out_size=None):
-    """The staged tile's columns (_staged_shape), 0 where it does not stage."""
-    return _staged_shape(shape, size, forward, out_size)[0]
+def _assert_staged_fits(plan, shape, size, backward, msg):
+    """A staged plan's tile fits the shared memory its kernel asks for (softmax_shapes.h: both arrays' D-rows of
+    `columns` elements and a 16-byte chunk of slack each, or x's, plus the groups' partials; 113 KB) in CTAs of 256
+    threads (softmax/staged.cuh)."""
+    if "staged" not in plan["flags"]:
+        return
+    d, cols, groups = shape[1], plan["columns"], plan["groups"]
+    smem = (2 if backward else 1) * d * (cols + 16 // size) * size + (
+        groups * cols * (4 if backward else 8) if groups > 1 else 0)
+    assert smem <= 113 * 1024 and plan["threads"] == 256 and cols <= shape[2] + 16 // size, msg
 
 
 # (grad_output dtype, grad_input dtype, [outer, D, inner] over dim 1, log_softmax, layouts of (grad_output,
-# output), the staged (columns, groups) on the H100 (columns 0: not staged)).
+# output), a note: the staged tile the H100 took when the case was written, (columns, groups); 0: not staged):
+# around the staged rows' bounds (docs/dispatch.md strided-staged, strided-staged-vec).
 _STAGED_CASES = [
     (torch.float32, torch.float32, (140, 64, 67), False, ("contiguous", "contiguous"), (36, 1)),  # 2 tiles of 64 evened
     (torch.float32, torch.float32, (140, 63, 67), False, ("contiguous", "contiguous"), (0, 1)),  # D below 64
@@ -1276,30 +1103,19 @@ _STAGED_CASES = [
 
 @pytest.mark.parametrize("dtype,in_dtype,shape,log,layouts,h100", _STAGED_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
-    """dispatch.h kStridedStagedThreads / kStridedStagedNarrowBackwardShapes / strided_staged_shape: element
-    backwards at short D take the staged mode (tiles through shared memory in 16-byte chunks) exactly where
-    the rule says, with its columns and thread groups, at its bounds (D 63 / 64, the wide tiles'
-    shared-memory bound at D 212 / 213, then the narrow shapes' at D 400 / 401, 720 / 721 and 723 / 724 in
-    16-bit, none in float; 256 bytes a D-row, an inner narrower than the tile, the device fill, 2- and
-    4-byte elements); so do float backwards of 16-byte vectors whose D-rows are not whole 32-byte sectors
-    (kStridedStagedVecBackwardColumns: D 63 / 64 and 211 / 212, whole lines, whole sectors, a narrow inner;
-    16-bit kStridedStagedVec16BackwardShapes: D 95 / 96, 128 / 129, 299 / 300, 398 / 399, 400 / 401);
-    each plan, staged or not, gives the right result (outputs poisoned first), with grad_output and output
-    off the 16-byte alignment, apart or together."""
-    # explain sees only the output: a float output of a fused 16-bit grad_input plans as float there
-    vector = layouts == ("contiguous", "contiguous") and shape[2] % (16 // dtype.itemsize) == 0
-    want = _staged_shape(shape, dtype.itemsize, vector=vector)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
-        assert want == h100, want  # the rule's Python copy against the H100 figures above
+def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):  # noqa: ARG001 (h100: a note)
+    """Backwards around the staged rows' bounds (element accesses at short D; 128-bit columns whose D-rows start
+    off a 32-byte sector; the narrow 16-bit tiles with thread groups; the device fill; 2- and 4-byte elements): each
+    plan, staged or not, is valid (a staged tile fits its shared memory) and gives the right result (outputs
+    poisoned first), auto and strided forced, with grad_output and output off the 16-byte alignment, apart or
+    together. test_strided_staged_reached: the staged shapes are reached."""
     op = "log_softmax" if log else "softmax"
     x = make_tensor(shape, dtype, "cuda")
     y = make_tensor(shape, dtype, "cuda", layouts[1])
     y.copy_(torch.log_softmax(x, 1) if log else torch.softmax(x, 1))
     g = make_tensor(shape, dtype, "cuda", layouts[0])
-    s = fastact.explain(op + "_backward", y, 1)
-    _assert_staged_plan(s, want)
+    s, plan = _explain_plan(op, y, 1, backward=True)  # explain sees the output (a fused 16-bit dx plans as float)
+    _assert_staged_fits(plan, shape, dtype.itemsize, True, s)
     poison_allocator("cuda", y.numel() * in_dtype.itemsize)
     backward = ops.log_softmax_backward if log else ops.softmax_backward
     assert_close(backward(g, y, 1, in_dtype), softmax_backward_ref(g, y, 1, log),
@@ -1308,8 +1124,8 @@ def test_strided_staged_backward(dtype, in_dtype, shape, log, layouts, h100):
                  in_dtype, torch_actual=softmax_backward_torch(g, y, 1, in_dtype, log), msg=s)
 
 
-# (dtype, [outer, D, inner] over dim 1, log_softmax, layout of x, the staged (columns, groups) on the H100
-# (columns 0: not staged)).
+# (dtype, [outer, D, inner] over dim 1, log_softmax, layout of x, a note: the staged tile the H100 took when the
+# case was written, (columns, groups); 0: not staged): around the staged forward's bounds.
 _STAGED_FORWARD_CASES = [
     (torch.bfloat16, (264, 100, 300), False, "contiguous", (64, 2)),  # 5 tiles of 64 evened out: 60 -> 64
     (torch.bfloat16, (264, 100, 300), True, "offset", (64, 2)),  # x off the 16-byte alignment
@@ -1340,23 +1156,18 @@ _STAGED_FORWARD_CASES = [
 
 @pytest.mark.parametrize("dtype,shape,log,layout,h100", _STAGED_FORWARD_CASES,
                          ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else None)
-def test_strided_staged_forward(dtype, shape, log, layout, h100):
-    """dispatch.h kStridedStagedForwardShapes / strided_staged_shape: 16-bit element forwards at short D
-    take the staged mode exactly where the rule says, with its columns and thread groups: the table's
-    rows at their bounds (D 63 / 64, 79 / 80, 111 / 112, 143 / 144, 256 / 257), the shared-memory bound
-    at each width past the table (D 417 / 418, 789 / 790, 1420 / 1421), an inner narrower than the width,
-    the device fill, vectors against elements, float; each plan, staged or not, gives the right result
-    (outputs poisoned first), x on or off the 16-byte alignment; the fused float output of a 16-bit x
-    does not stage."""
-    elements = layout == "offset" or shape[2] % (16 // dtype.itemsize) != 0
-    want = _staged_shape(shape, dtype.itemsize, forward=True) if elements else (0, 1)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if props.multi_processor_count == 132 and torch.cuda.get_device_capability()[0] == 9:
-        assert want == h100, want  # the rule's Python copy against the H100 figures above
+def test_strided_staged_forward(dtype, shape, log, layout, h100):  # noqa: ARG001 (h100: a note)
+    """Forwards around the staged forward's bounds (its D table's rows, the shared-memory bound at each width past
+    it, an inner narrower than the width, the device fill, vectors against elements, float): each plan, staged or
+    not, is valid (a staged tile fits its shared memory; 128-bit columns are not staged) and gives the right result
+    (outputs poisoned first), auto and strided forced, x on or off the 16-byte alignment; so does the fused float
+    output of a 16-bit x (another plan: a staged one would fail to launch)."""
     op = "log_softmax" if log else "softmax"
     x = make_tensor(shape, dtype, "cuda", layout)
-    s = fastact.explain(op, x, 1)
-    _assert_staged_plan(s, want)
+    s, plan = _explain_plan(op, x, 1)
+    _assert_staged_fits(plan, shape, dtype.itemsize, False, s)
+    if layout != "offset" and shape[2] % (16 // dtype.itemsize) == 0:
+        assert "staged" not in plan["flags"], s
     ref = getattr(torch, op)(x.double(), 1)
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     assert_close(getattr(fastact, op)(x, 1), ref, torch_actual=getattr(torch, op)(x, 1), msg=s)
@@ -1366,11 +1177,28 @@ def test_strided_staged_forward(dtype, shape, log, layout, h100):
                      torch_actual=getattr(torch, op)(x, 1, dtype=torch.float32), msg=s)
 
 
+def test_strided_staged_reached():
+    """On sm_90 the staged mode is what auto runs for some of _STAGED_CASES (one thread group a column and several)
+    and of _STAGED_FORWARD_CASES, so that those tests run its kernels."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the staged mode is planned on sm_90 (where it was measured)")
+    groups = set()
+    for dtype, _, shape, log, layouts, _ in _STAGED_CASES:
+        y = make_tensor(shape, dtype, "cuda", layouts[1])
+        _, plan = _explain_plan("log_softmax" if log else "softmax", y, 1, backward=True)
+        if "staged" in plan["flags"]:
+            groups.add(plan["groups"] > 1)
+    assert groups == {False, True}, groups
+    forward = [_explain_plan("softmax", make_tensor(shape, dtype, "cuda", layout), 1)[1]
+               for dtype, shape, _, layout, _ in _STAGED_FORWARD_CASES]
+    assert any("staged" in p["flags"] for p in forward)
+
+
 _CLUSTER_CAP_SCRIPT = """
 import torch, fastact
 x = torch.randn(4, 262144, device="cuda")
 for op, t in (("softmax", x), ("softmax_backward", torch.softmax(x, -1))):
-    print(fastact.explain(op, t))
+    print(fastact.explain(op, t).splitlines()[-1])
 y = fastact.softmax(x, -1)
 torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-7)
 g = torch.randn_like(x)
@@ -1390,12 +1218,10 @@ def test_max_cluster_environment_cap(cap):
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2, out.stdout
     for line in lines:
-        assert _variant(line) == "long_row", line
-        sizes = [int(n) for n in re.findall(r"(\d+) CTA\(s\)", line)]
-        if cap == "1" or torch.cuda.get_device_capability()[0] < 9:  # no clusters: the grid mode
-            assert "partials through global memory" in line, line
-        else:  # portable clusters, or the grid mode where none caches the row (float backward)
-            assert sizes and sizes[0] <= 8 or "partials through global memory" in line, line
+        plan = _plan(line)
+        assert plan["variant"] == "long_row" and plan["cluster"] <= (1 if cap == "1" else 8), line
+        if plan["cluster"] == 1:  # no cluster: the grid mode (or the split mode past it)
+            assert plan["mode"] in ("grid", "split"), line
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=dtype_id)
@@ -1568,11 +1394,10 @@ def test_cuda_graph_staged_backward():
     """The strided backward's staged mode captured in a CUDA graph and replayed on new values (both ops,
     grad_output off the 16-byte alignment): the same bits as eager."""
     shape = (264, 100, 300)
-    if not _staged_columns(shape, 2):
-        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
     y = make_tensor(shape, torch.bfloat16, "cuda")
     g = make_tensor(shape, torch.bfloat16, "cuda", "offset")
-    assert "staged in shared memory" in fastact.explain("softmax_backward", y, 1)
+    if not _is_staged("softmax", y, backward=True):
+        pytest.skip("auto does not stage this shape here (the staged mode is planned on sm_90)")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -1601,11 +1426,10 @@ def test_strided_staged_special_values(op, dtype, shape):
     at 2, 4 and 8 thread groups a column (their (max, sum) pairs combined): all -inf gives NaN, a +inf or
     a NaN makes the column NaN, a -inf first and last; masked columns (partly -inf) forward and, through
     autograd, the staged backward (or at D = 1000 the streamed one)."""
-    if not _staged_columns(shape, 2, forward=True):
-        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
     ninf, inf, nan = float("-inf"), float("inf"), float("nan")
     x = make_tensor(shape, dtype, "cuda")
-    assert "staged in shared memory" in fastact.explain(op.name, x, 1)
+    if not _is_staged(op.name, x):
+        pytest.skip("auto does not stage this shape here (the staged mode is planned on sm_90)")
     x[:, :, 0] = ninf  # all -inf
     x[:, 50, 2] = inf
     x[:, 33, 3] = nan
@@ -1623,10 +1447,9 @@ def test_cuda_graph_staged_forward():
     """The strided forward's staged mode captured in a CUDA graph and replayed on new values (both ops, x
     off the 16-byte alignment): the same bits as eager."""
     shape = (264, 100, 300)
-    if not _staged_columns(shape, 2, forward=True):
-        pytest.skip("the staged mode: sm_90 with up to 132 SMs")
     x = make_tensor(shape, torch.bfloat16, "cuda", "offset")
-    assert "staged in shared memory" in fastact.explain("softmax", x, 1)
+    if not _is_staged("softmax", x):
+        pytest.skip("auto does not stage this shape here (the staged mode is planned on sm_90)")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -1710,33 +1533,29 @@ def test_second_gpu_forced_variants(variant):
 
 
 
-# Softmax plans that keep per-device state or take a workspace (forward; the backward of each shape runs
-# through check_op): the grid mode (partials in a zeroed workspace), strided tiles cached over clusters
-# (sizes beyond 8 need a per-function attribute), streamed over a cluster, split with a workspace (tiles of
-# a line, and of a whole outer index). What explain must name, where it is the same on every sm_90 device.
-_SECOND_GPU_PLANS = [
-    ((4, 1 << 20), -1, "partials through global memory"),
-    ((16384, 64), 0, ", cached"),
-    ((66, 16384, 33), 1, "streamed twice"),
-    ((1048576, 64), 0, "chunks of D"),
-    ((65536, 33), 0, "variant=strided"),
-]
+# Softmax shapes whose plans keep per-device state or take a workspace where clusters run (forward; the backward of
+# each shape runs through check_op): long rows (the grid mode: partials in a zeroed workspace), dim 0 of tall
+# matrices (tiles cached over clusters, sizes beyond 8 needing a per-function attribute; the split mode), streamed
+# over a cluster, whole outer indices as tiles.
+_SECOND_GPU_SHAPES = [((4, 1 << 20), -1), ((16384, 64), 0), ((66, 16384, 33), 1), ((1048576, 64), 0),
+                      ((65536, 33), 0)]
 
 
-@pytest.mark.parametrize("shape,dim,plan", _SECOND_GPU_PLANS, ids=lambda v: str(v) if isinstance(v, tuple) else None)
+@pytest.mark.parametrize("shape,dim", _SECOND_GPU_SHAPES, ids=lambda v: str(v) if isinstance(v, tuple) else None)
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-def test_second_gpu_plans(op, shape, dim, plan):
-    """Each plan above on cuda:1 while cuda:0 is current, and on cuda:0 while cuda:1 is: the workspace,
-    cluster attributes and device properties of the tensor's device, not the current one's."""
+def test_second_gpu_plans(op, shape, dim):
+    """Each shape above on cuda:1 while cuda:0 is current, and on cuda:0 while cuda:1 is: the plan is the one the
+    tensor's device gets when it is current (its properties, not the current device's), and the workspace and
+    cluster attributes are those of the tensor's device (right results, forward and backward)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    if min(torch.cuda.get_device_capability(i)[0] for i in (0, 1)) < 9 or _clusters_capped():
-        pytest.skip("these plans need sm_90 clusters (and FASTACT_MAX_CLUSTER unset or >= 8)")
     for current, where in ((0, "cuda:1"), (1, "cuda:0")):
+        x = make_tensor(shape, torch.float32, where)
+        with torch.cuda.device(x.device):
+            own = _plan(fastact.explain(op.name, x, dim))
         with torch.cuda.device(current):
-            x = make_tensor(shape, torch.float32, where)
             s = fastact.explain(op.name, x, dim)
-            assert plan in s, s
+            assert _plan(s) == own, s
             y = check_op(op, x, dim=dim, note=f"current cuda:{current}; {s}")
             assert y.device == x.device
 
@@ -1786,14 +1605,10 @@ def test_forward_allocates_only_its_output(name, make):
 
 
 def _grid_workspace_bytes(explanation, x):
-    """What the caching allocator charges for the workspace of a grid plan (dispatch.h
-    softmax_grid_workspace: a 16-byte header, a 4-byte counter per row padded to 16, a 16-byte slot and
-    a 4-byte list entry per row and CTA), 0 for any other plan."""
-    if "partials through global memory" not in explanation:
-        return 0
-    ctas = int(re.search(r"\[(\d+) CTA\(s\)", explanation).group(1))
-    rows = x.numel() // x.shape[-1]
-    n = 16 + -(-rows * 4 // 16) * 16 + rows * ctas * 20
+    """What the caching allocator charges for the workspace of the plan (explain's workspace_bytes: a grid plan's
+    counters and partials, a strided split plan's partials; 0 for any other plan)."""
+    del x
+    n = _plan(explanation)["workspace_bytes"]
     return -(-n // 512) * 512
 
 
@@ -1833,15 +1648,15 @@ for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
                 got = torch.ops.fastact.sigmoid_backward(g, y)
                 want = [torch.ops.aten.sigmoid_backward(g.to(t), y.to(t)) for t in (torch.float64, dtype)]
             assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} {cols} rows backward [{depth}]")
-# Softmax: the 16-bit vec backward one unit a thread on deep devices (dispatch.h softmax_vec_backward_one_unit), rows
+# Softmax: the 16-bit vec backward one unit a thread on deep devices (dispatch.h row vec-one-unit), rows
 # of 896-4096 (two units past 4096; softmax's two passes from 2048; 1028: rows off the vector width, edges).
 for dtype in (torch.float16, torch.bfloat16):
     for op in SOFTMAX_OPS:
         for d in (896, 1024, 1028, 2048, 4096, 4104):
             check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
 # Softmax: the vec plans that keep the whole register cache a thread on deep devices (dispatch.h
-# softmax_vec_full_cache: the float forward, log_softmax's backward) and softmax's 16-bit two passes at two units past
-# 512 threads (softmax_two_pass_units), rows around the halved plan's bounds and past them (f32 1032-8192, 16-bit
+# row vec-full-cache: the float forward, log_softmax's backward) and softmax's 16-bit two passes at two units past
+# 512 threads (row two-pass), rows around the halved plan's bounds and past them (f32 1032-8192, 16-bit
 # 4104-8196; 3074 / 8196: rows off the vector width, edges), forward and backward.
 for dtype, dims in ((torch.float32, (1032, 2048, 3072, 3074, 4096, 6144, 8192)),
                     (torch.bfloat16, (4104, 5120, 6144, 8192, 8196)), (torch.float16, (6144, 8192))):
@@ -1849,13 +1664,13 @@ for dtype, dims in ((torch.float32, (1032, 2048, 3072, 3074, 4096, 6144, 8192)),
         for d in dims:
             check_op(op, make_tensor((19, d), dtype, "cuda", scale=3.0), note=depth)
 # Softmax: the 16-bit forward of aligned rows leaves vec past 320 threads on deep devices (dispatch.h
-# softmax_vec_max_threads: long_row's clusters), rows around that bound and up to vec's 512 threads elsewhere.
+# row vec-deep-fwd16: long_row's clusters), rows around that bound and up to vec's 512 threads elsewhere.
 for dtype in (torch.bfloat16, torch.float16):
     for op in SOFTMAX_OPS:
         for d in (10240, 10248, 12288, 16384):
             check_op(op, make_tensor((11, d), dtype, "cuda", scale=3.0), note=depth)
 # Softmax: the warp forward packs rows whose 128-bit units are not a power of two on deep devices (dispatch.h
-# softmax_warp_packed: four accesses a lane, several rows a warp), every packable padded length of each vector width
+# row warp-packed: four accesses a lane, several rows a warp), every packable padded length of each vector width
 # (4 to 32 units), 37 rows (the last block of rows partial), rows with -inf runs, and the dtype= cast.
 for dtype, dims in ((torch.float32, (12, 20, 24, 40, 48, 96, 100, 124)), (torch.float64, (6, 10, 24, 40, 62)),
                     (torch.bfloat16, (24, 40, 96, 136, 200, 248)), (torch.float16, (24, 96, 248))):
@@ -1870,11 +1685,11 @@ for dtype, dims in ((torch.float32, (12, 20, 24, 40, 48, 96, 100, 124)), (torch.
 for op in SOFTMAX_OPS:
     check_op(op, make_tensor((37, 96), torch.bfloat16, "cuda", scale=3.0), dtype=torch.float32, note=depth)
 # Softmax: the float forward of aligned rows leaves warp for vec from 512 on deep devices (dispatch.h
-# kDeepVecForwardMinFloatDim: one warp a row, the whole register cache), rows around that bound and to 1024.
+# row vec-fwd-deep-f32: one warp a row, the whole register cache), rows around that bound and to 1024.
 for op in SOFTMAX_OPS:
     for d in (504, 512, 516, 768, 1000, 1024):
         check_op(op, make_tensor((37, d), torch.float32, "cuda", scale=3.0), note=depth)
-# Softmax: the strided cached forward of 128-bit accesses on deep devices (dispatch.h strided_deep_forward): float's
+# Softmax: the strided cached forward of 128-bit accesses on deep devices (dispatch.h rows strided-small-ctas, strided-deep-half-lines): float's
 # whole lines in CTAs of up to 256 threads over clusters, 16-bit rows' half lines where a whole one needs a cluster;
 # D around the single-CTA bound (256-300) and the clusters' (520, 1000, 1024, 4096), inner a line or two (64) and with a
 # partial last tile (136), forward and backward, and the bf16 -> float cast.
@@ -1885,12 +1700,18 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 for op in SOFTMAX_OPS:
     check_op(op, make_tensor((2, 1024, 136), torch.bfloat16, "cuda", scale=3.0), dim=1, dtype=torch.float32,
              note=depth)
-# Softmax: long rows (dispatch.h kDeepClusterWideThreads, cluster_backward_yields_to_grid). Deep: 16-bit forwards
+# Softmax: long rows (dispatch.h rows cluster-deep-shapes, grid-over-cluster). Deep: 16-bit forwards
 # past 131072 with a register part as loaded over clusters of the fewest threads, at least 128 (139264: 8 x 160,
 # 262144: 16 x 128), float forwards of the shared-memory kernel over 16 CTAs (16 x 160, 16 x 256), the float
 # backward of 16 x 1024 the grid mode;
 # standard: 8 x 512 shared memory, and the 16-bit rows of an input of at least the L2 size prefetched ahead.
 l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+
+
+def show(explanation):  # a softmax plan line (dispatch.h softmax_plan_fields), for the test to read
+    print("SOFTMAX", explanation.splitlines()[-1])
+
+
 for dtype in (torch.float32, torch.bfloat16):
     for op in SOFTMAX_OPS:
         for d in (139264, 262144):
@@ -1898,46 +1719,46 @@ for dtype in (torch.float32, torch.bfloat16):
 x_l2 = make_tensor((-(-l2 // (262144 * 2)), 262144), torch.bfloat16, "cuda", scale=3.0)
 for op in SOFTMAX_OPS:
     check_op(op, x_l2, backward=False, note=depth)
-print(fastact.explain("softmax", torch.randn(2, 139264, device="cuda", dtype=torch.bfloat16)))
-print(fastact.explain("softmax", x_l2))
+show(fastact.explain("softmax", torch.randn(2, 139264, device="cuda", dtype=torch.bfloat16)))
+show(fastact.explain("softmax", x_l2))
 del x_l2
-# Inputs of at least four times the L2 size (dispatch.h kDeepRawPrefetchL2Multiple): deep, the 16-bit forward with the
+# Inputs of at least four times the L2 size (dispatch.h row long-row-prefetch): deep, the 16-bit forward with the
 # register part prefetches the rows ahead as well (both 16-bit types checked; one row fewer: unprefetched).
 rows_4l2 = -(-4 * l2 // (262144 * 2))
 for dtype in (torch.float16, torch.bfloat16):
     x_4l2 = make_tensor((rows_4l2, 262144), dtype, "cuda", scale=3.0)
     for op in SOFTMAX_OPS:
         check_op(op, x_4l2, backward=False, note=depth)
-print(fastact.explain("softmax", x_4l2))
-print(fastact.explain("log_softmax", x_4l2[:rows_4l2 - 1]))
+show(fastact.explain("softmax", x_4l2))
+show(fastact.explain("log_softmax", x_4l2[:rows_4l2 - 1]))
 del x_4l2
-print(fastact.explain("softmax", torch.randn(2, 262144, device="cuda")))
-print(fastact.explain("softmax_backward", torch.randn(2, 262144, device="cuda")))
+show(fastact.explain("softmax", torch.randn(2, 262144, device="cuda")))
+show(fastact.explain("softmax_backward", torch.randn(2, 262144, device="cuda")))
 for dtype in (torch.float32, torch.bfloat16):
-    print(fastact.explain("softmax", torch.randn(4, 1024, 2048, device="cuda", dtype=dtype), 1))
-print(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
-print(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
-print(fastact.explain("log_softmax", torch.randn(8, 1024, device="cuda"), -1))
+    show(fastact.explain("softmax", torch.randn(4, 1024, 2048, device="cuda", dtype=dtype), 1))
+show(fastact.explain("softmax", torch.randn(8, 96, device="cuda"), -1))
+show(fastact.explain("log_softmax", torch.randn(8, 96, device="cuda", dtype=torch.bfloat16), -1))
+show(fastact.explain("log_softmax", torch.randn(8, 1024, device="cuda"), -1))
 # Softmax: the 16-bit warp forward of rows padded to 1024 in blocks of two warps on deep devices (dispatch.h
-# softmax_warp_small_blocks), 37 rows (the last block of rows partial).
+# row warp-small-blocks), 37 rows (the last block of rows partial).
 for dtype in (torch.bfloat16, torch.float16):
     for op in SOFTMAX_OPS:
         for d in (520, 1000, 1024):
             check_op(op, make_tensor((37, d), dtype, "cuda", scale=3.0), note=depth)
-print(fastact.explain("softmax", torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16), -1))
+show(fastact.explain("softmax", torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16), -1))
 for name, d in (("softmax", 10240), ("softmax", 10248), ("log_softmax", 16384)):
-    print(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
+    show(fastact.explain(name, torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1))
 for op in SOFTMAX_OPS:
     for d in (1024, 4096):
         y = getattr(fastact, op.name)(torch.randn(8, d, device="cuda", dtype=torch.bfloat16), -1)
-        print(fastact.explain(op.name + "_backward", y))
+        show(fastact.explain(op.name + "_backward", y))
 for name in ("log_softmax_backward", "softmax_backward"):
-    print(fastact.explain(name, torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16), -1))
-print(fastact.explain("log_softmax", torch.randn(8, 8192, device="cuda"), -1))
-print(fastact.explain("softmax_backward", torch.randn(8, 3072, device="cuda"), -1))
+    show(fastact.explain(name, torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16), -1))
+show(fastact.explain("log_softmax", torch.randn(8, 8192, device="cuda"), -1))
+show(fastact.explain("softmax_backward", torch.randn(8, 3072, device="cuda"), -1))
 for dtype in (torch.float32, torch.bfloat16):
-    print(fastact.explain("sigmoid", torch.randn(4096, device="cuda", dtype=dtype)))
-    print(fastact.explain("gelu_backward", torch.randn(4096, device="cuda", dtype=dtype)))
+    print("ELEM", fastact.explain("sigmoid", torch.randn(4096, device="cuda", dtype=dtype)))
+    print("ELEM", fastact.explain("gelu_backward", torch.randn(4096, device="cuda", dtype=dtype)))
 """
 
 
@@ -1960,86 +1781,16 @@ def test_elementwise_memory_depth(depth):
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    bf16_fwd139264, bf16_fwd_l2, bf16_fwd_4l2, bf16_log_fwd_under_4l2, f32_fwd262144, f32_bwd262144 = lines[-27:-21]
-    f32_dim1, bf16_dim1 = lines[-21:-19]
-    f32_fwd96, bf16_log_fwd96, f32_log_fwd1024, bf16_fwd1024 = lines[-19:-15]
-    fwd10240, fwd10248, log_fwd16384 = lines[-15:-12]
-    sm1024, sm4096, log1024, log4096, log8192, sm8192, f32_fwd8192, f32_sm_bwd3072 = lines[-12:-4]
-    # softmax at 4096: two passes in both classes; below 2048 and log_softmax's: one unit a thread where deep
-    assert "two passes" in sm4096 and "one unit" not in sm4096, sm4096
-    for s, threads in ((sm1024, 128), (log1024, 128), (log4096, 512)):
-        assert ("one unit a thread" in s) == (depth == "deep"), s
-        if depth == "deep":
-            assert f"[1 CTA(s) x {threads} threads x 8 elements per row" in s, s
-    # The whole register cache on deep devices (log_softmax's 16-bit backward past 4096, the float forward), half of
-    # it on standard ones; softmax's float backward halved in both; softmax's 16-bit two passes at 8192: one unit at
-    # 1024 threads (standard) or two at 512 (deep).
     deep = depth == "deep"
-    for s, full, half in ((log8192, "256 threads x 32", "512 threads x 16"),
-                          (f32_fwd8192, "256 threads x 32", "512 threads x 16")):
-        assert f"[1 CTA(s) x {full if deep else half} elements per row" in s, s
-        assert ("the whole register cache a thread (a deep-memory device)" in s) == deep, s
-    assert "[1 CTA(s) x 384 threads x 8 elements per row" in f32_sm_bwd3072, f32_sm_bwd3072
-    assert "whole register cache" not in f32_sm_bwd3072, f32_sm_bwd3072
-    want = "512 threads x 16 elements per row" if deep else "1024 threads x 8 elements per row"
-    assert want in sm8192 and "two passes" in sm8192, sm8192
-    # The warp forward of rows of 96: one 128-bit access a lane on standard devices (24 of 32 lanes a row for float,
-    # 12 of 16 for bf16), packed on deep ones (four accesses a lane: 8 lanes a row, or 4).
-    for s, standard, packed in ((f32_fwd96, "32 lanes per row, 4 elements", "8 lanes per row, 16 elements"),
-                                (bf16_log_fwd96, "16 lanes per row, 8 elements", "4 lanes per row, 32 elements")):
-        assert _variant(s) == "warp" and f"[{packed if deep else standard} per lane, 128-bit accesses" in s, s
-        assert ("rows packed several a warp (a deep-memory device)" in s) == deep, s
-    # The float forward of rows of 1024: warp on standard devices, vec's one warp a row on deep ones.
-    want = "[1 CTA(s) x 32 threads x 32 elements per row" if deep else "[32 lanes per row, 32 elements per lane"
-    assert _variant(f32_log_fwd1024) == ("vec" if deep else "warp") and want in f32_log_fwd1024, f32_log_fwd1024
-    # The 16-bit forward of rows of 1024: warp in both classes, in blocks of two warps on deep devices.
-    assert _variant(bf16_fwd1024) == "warp" and "[32 lanes per row, 32 elements per lane" in bf16_fwd1024, bf16_fwd1024
-    assert ("blocks of two warps (a deep-memory device)" in bf16_fwd1024) == deep, bf16_fwd1024
-    # The strided forward of [4, 1024, 2048] dim 1: float half lines in one CTA of 512 threads (standard) or whole
-    # lines over clusters of 256-thread CTAs (deep); bf16 whole lines over a cluster of 4 (standard) or half lines
-    # over a cluster of 2 (deep).
-    for s, standard, deep_shape in ((f32_dim1, "4 column(s) x 512 threads per CTA, cluster 1",
-                                     "8 column(s) x 256 threads per CTA, cluster 4"),
-                                    (bf16_dim1, "8 column(s) x 256 threads per CTA, cluster 4",
-                                     "4 column(s) x 256 threads per CTA, cluster 2")):
-        assert _variant(s) == "strided" and f"[{deep_shape if deep else standard}, cached" in s, s
-    # Rows of 262144: the 16-bit forward over 16 x 128 with a register part as loaded, the rows ahead prefetched from
-    # four times the L2 size (deep), or over 8 x 512 in shared memory, prefetched from the L2 size (standard); float's
-    # over 16 x 256 (deep) or 8 x 512; the float backward in the grid mode (deep) or over 16 x 1024. (Not with
-    # FASTACT_MAX_CLUSTER below 16; the standard shapes are those of a device whose 16-CTA clusters leave SMs idle, as
-    # the H100's and the H200's do.)
-    wide = not _clusters_capped(16)
-    # Rows of 139264: the 16-bit forward with the register part over 8 x 160 (deep: not 16 CTAs of 96 threads, which
-    # lost) or 8 x 288 in shared memory alone (standard).
-    if deep and wide:
-        assert "[8 CTA(s) x 160 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd139264, (
-            bf16_fwd139264)
-        assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_l2, (
-            bf16_fwd_l2)
-        assert "prefetched" not in bf16_fwd_l2, bf16_fwd_l2
-        # From four times the L2 size, prefetched as well (dispatch.h kDeepRawPrefetchL2Multiple).
-        assert "[16 CTA(s) x 128 threads x 128 elements per row (the rest kept as loaded, 64 in shared" in bf16_fwd_4l2, (
-            bf16_fwd_4l2)
-        assert "the rows ahead prefetched into L2" in bf16_fwd_4l2, bf16_fwd_4l2
-        assert "the rest kept as loaded" in bf16_log_fwd_under_4l2, bf16_log_fwd_under_4l2
-        assert "prefetched" not in bf16_log_fwd_under_4l2, bf16_log_fwd_under_4l2
-        assert "[16 CTA(s) x 256 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
-        assert "partials through global memory" in f32_bwd262144, f32_bwd262144
-    elif wide:
-        assert "[8 CTA(s) x 288 threads x 64 elements per row (64 in shared memory)" in bf16_fwd139264, bf16_fwd139264
-        assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in bf16_fwd_l2, bf16_fwd_l2
-        assert "the rows ahead prefetched into L2" in bf16_fwd_l2, bf16_fwd_l2
-        for s in (bf16_fwd_4l2, bf16_log_fwd_under_4l2):
-            assert "[8 CTA(s) x 512 threads x 64 elements per row (64 in shared memory)" in s, s
-            assert "the rows ahead prefetched into L2" in s, s
-        assert "[8 CTA(s) x 512 threads x 64 elements per row (32 in shared memory)" in f32_fwd262144, f32_fwd262144
-        assert "[16 CTA(s) x 1024 threads x 16 elements per row" in f32_bwd262144, f32_bwd262144
-    # The 16-bit forward: vec to 320 threads (10240) in both classes; past it long_row on deep devices, vec (up to 512
-    # threads) on standard ones.
-    assert _variant(fwd10240) == "vec" and "[1 CTA(s) x 320 threads x 32 elements per row" in fwd10240, fwd10240
-    for s in (fwd10248, log_fwd16384):
-        assert _variant(s) == ("long_row" if deep else "vec"), s
-        assert ("past 320 threads of one block on a deep-memory device" in s) == deep, s
+    # Softmax: the deep class's kernels (vec's one unit and whole register cache, the warp forward's packed rows and
+    # blocks of two warps) planned for some of the shapes above, which check_op ran, and never in the standard class.
+    plans = [_plan(line[len("SOFTMAX "):]) for line in lines if line.startswith("SOFTMAX ")]
+    assert len(plans) == 23, out.stdout
+    deep_kernels = {"one_unit", "full_cache", "packed"}
+    used = set().union(*(p["flags"] & deep_kernels for p in plans))
+    used |= {"small_blocks"} if any(p["mode"] == "warp" and p["threads"] == 64 for p in plans) else set()
+    assert used == (deep_kernels | {"small_blocks"} if deep else set()), (used, out.stdout)
+    lines = [line[len("ELEM "):] for line in lines if line.startswith("ELEM ")]
     f32_fwd, f32_bwd, bf16_fwd, bf16_bwd = lines[-4:]
     for s in (f32_fwd, f32_bwd, bf16_fwd, bf16_bwd):
         assert f"memory depth {depth} (FASTACT_MEMORY_DEPTH)" in s, s
@@ -2084,6 +1835,15 @@ cases = {
     "softmax f32 rows of 128": lambda: fastact.softmax(xf[:128 * 64].view(64, 128), -1),
     "softmax bf16 rows of 1024": lambda: fastact.softmax(xb[:1024 * 64].view(64, 1024), -1),
 }
+explained = {  # the softmax cases' plans (dispatch.h softmax_plan_fields)
+    "log_softmax_backward bf16": fastact.explain("log_softmax_backward", yb),
+    "log_softmax_backward f32": fastact.explain("log_softmax_backward", yf),
+    "softmax f32 rows of 96": fastact.explain("softmax", xf[:96 * 64].view(64, 96)),
+    "softmax f32 rows of 128": fastact.explain("softmax", xf[:128 * 64].view(64, 128)),
+    "softmax bf16 rows of 1024": fastact.explain("softmax", xb[:1024 * 64].view(64, 1024)),
+}
+for name, s in explained.items():
+    print("PLAN " + name + "\t" + s.splitlines()[-1])
 for name, call in cases.items():
     call()
     torch.cuda.synchronize()
@@ -2097,24 +1857,40 @@ for name, call in cases.items():
 
 def test_memory_depth_kernels():
     """The kernels that run (torch.profiler's names) under each forced class: another instantiation where the class
-    changes the shape (16-bit elementwise, flat and rows; float backwards; the 16-bit softmax vec backward's one unit;
-    the warp forward's packed rows of 96 and its 16-bit rows of 1024 in blocks of two warps), the same one where it does not (float forwards, double, float softmax
-    backward, rows of 128), so the launchers' wiring is checked, not only explain()'s report of the plan."""
-    runs = {}
+    changes the shape (16-bit elementwise, flat and rows; float backwards; softmax plans whose kernel-selecting fields
+    differ between the classes: variant, mode, access width, warp row and block size, the flags but full_cache and
+    prefetch), the same one where it does not (float forwards, double, softmax plans alike), so the launchers'
+    wiring is checked, not only explain()'s report of the plan; some softmax case differs (the deep class's
+    kernels run here)."""
+    runs, plans = {}, {}
     for depth in ("standard", "deep"):
         env = dict(os.environ, FASTACT_MEMORY_DEPTH=depth)
         out = subprocess.run([sys.executable, "-c", _MEMORY_DEPTH_KERNELS_SCRIPT], env=env, capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr[-3000:]
-        runs[depth] = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
+        lines = [line for line in out.stdout.splitlines() if "\t" in line]
+        runs[depth] = dict(line.split("\t", 1) for line in lines if not line.startswith("PLAN "))
+        plans[depth] = {k[len("PLAN "):]: _plan(v) for k, v in (line.split("\t", 1) for line in lines
+                                                               if line.startswith("PLAN "))}
     if not any(runs["standard"].values()):
         pytest.skip("the profiler recorded no CUDA kernels here")
+
+    def kernel_key(p):
+        return (p["variant"], p["mode"], p["vec"], p["warp_log2"], frozenset(p["flags"] - {"full_cache", "prefetch"}),
+                p["threads"] if p["mode"] == "warp" else 0)
+
+    softmax_differs = 0
     for name, standard in runs["standard"].items():
         deep = runs["deep"][name]
         assert standard and deep, (name, standard, deep)
-        differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32", "log_softmax_backward bf16",
-                           "softmax f32 rows of 96", "softmax bf16 rows of 1024")
-        assert (standard != deep) == differs, (name, standard, deep)
+        if name in plans["standard"]:
+            differs = kernel_key(plans["standard"][name]) != kernel_key(plans["deep"][name])
+            softmax_differs += differs
+        else:
+            differs = name in ("sigmoid bf16", "sigmoid bf16 rows", "gelu_backward f32")
+        assert (standard != deep) == differs, (name, standard, deep, plans["standard"].get(name),
+                                               plans["deep"].get(name))
+    assert softmax_differs, plans
 
 
 def test_elementwise_memory_depth_auto():
@@ -2181,9 +1957,8 @@ def test_backward_ops_allocate_only_their_gradients():
     y = torch.softmax(x, -1)
     g = make_tensor((4096, 4096), torch.float32, "cuda")
     # Over dim 0 a device without clusters takes the strided split mode, whose workspace holds one float a
-    # (tile, chunk, column): 4096 columns x chunks x 4 bytes (dispatch.h plan_strided), a small fraction of dx.
-    split = re.search(r"(\d+) chunks of D", fastact.explain("softmax_backward", y, 0))
-    strided_ws = -(-4096 * int(split.group(1)) * 4 // 512) * 512 if split else 0
+    # (tile, chunk, column): 4096 columns x chunks x 4 bytes (dispatch.h: the plan's workspace_bytes), a small fraction of dx.
+    strided_ws = -(-_plan(fastact.explain("softmax_backward", y, 0))["workspace_bytes"] // 512) * 512
     for name, fn, ws in [
         ("softmax_backward", lambda: ops.softmax_backward(g, y, -1, torch.float32), 0),
         ("log_softmax_backward", lambda: ops.log_softmax_backward(g, y, -1, torch.float32), 0),
@@ -2270,17 +2045,16 @@ def _lse_long_row(row):
 @pytest.mark.huge
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 def test_strided_stream_over_cluster(backward):
-    """dispatch.h strided_stream_cluster with 128-bit accesses: [8, 40000, 1024] dim 1 (f32, 1.3 GB) has
-    256 tiles of a D too long to cache; on the H100 each streams over a cluster of 4 (the device is then
-    full, so no split). The result against float64, outputs poisoned first."""
+    """A strided plan of 128-bit accesses for a D too long to cache: [8, 40000, 1024] dim 1 (f32, 1.3 GB), 256
+    tiles, which on the H100 each stream over a cluster (the device is then full, so no split). The plan is valid
+    and the result right against float64, outputs poisoned first."""
     if torch.cuda.get_device_capability()[0] < 9 or _clusters_capped():
         pytest.skip("clusters need sm_90 (and FASTACT_MAX_CLUSTER unset or >= 8)")
     shape = (8, 40000, 1024)
     x = make_tensor(shape, torch.float32, "cuda")
     y = torch.softmax(x, 1)
-    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, 1)
-    m = re.search(r"\[8 column\(s\) x 512 threads per CTA, cluster (\d+), streamed twice, 128-bit", s)
-    assert m and int(m.group(1)) > 1 and "chunks of D" not in s, s
+    s, plan = _explain_plan("softmax", y if backward else x, 1, backward=backward)
+    assert plan["variant"] == "strided" and plan["vec"] > 1, s
     poison_allocator("cuda", x.numel() * 4)
     if not backward:
         got = fastact.softmax(x, 1)
@@ -2298,22 +2072,17 @@ def test_strided_stream_over_cluster(backward):
 @pytest.mark.parametrize("d,inner", ((2, 2056), (3, 2056), (8, 2056), (2, 2055), (3, 2055)))
 @pytest.mark.parametrize("backward", (False, True), ids=("fwd", "bwd"))
 def test_strided_one_group_tiles(dtype, d, inner, backward):
-    """dispatch.h softmax_strided_smem_bytes, common.cuh column_allreduce: at D <= a thread's cached D-rows every
-    column has one D-group (columns == threads, no cluster), which folds nothing across threads and takes no
-    shared-memory scratch, so 16-bit 128-bit forwards widen to 128 columns x 128 threads at D <= 8 (before: 64 x
-    64, the scratch of 128 columns being over 48 KB); 128-bit (inner 2056) and element (inner 2055) tiles, the
-    last of them partial (D = 1 runs as rows: a dim of size 1 has no stride to follow). Results against float64,
-    outputs poisoned first."""
+    """softmax_shapes.h softmax_strided_smem_bytes, common.cuh column_allreduce: at D <= a thread's cached D-rows a
+    column may have one D-group (columns == threads, no cluster), which folds nothing across threads and takes no
+    shared-memory scratch; at D = 2 and 3 the cached plans are such tiles. 128-bit (inner 2056) and element (inner
+    2055) tiles, the last of them partial (D = 1 runs as rows: a dim of size 1 has no stride to follow). Results
+    against float64, outputs poisoned first."""
     shape = (3, d, inner)
     x = make_tensor(shape, dtype, "cuda")
     y = torch.softmax(x, 1)
-    s = fastact.explain("softmax_backward" if backward else "softmax", y if backward else x, 1)
-    m = re.search(r"\[(\d+) column\(s\) x (\d+) threads per CTA, cluster 1, cached", s)
-    vector = inner % (16 // dtype.itemsize) == 0
-    if d <= 3:
-        assert m and m.group(1) == m.group(2), s
-    if dtype.itemsize == 2 and vector and not backward:
-        assert m and (int(m.group(1)), int(m.group(2))) == (128, 128), s
+    s, plan = _explain_plan("softmax", y if backward else x, 1, backward=backward)
+    if d <= 3 and "staged" not in plan["flags"] and "streaming" not in plan["flags"]:
+        assert plan["columns"] == plan["threads"] and plan["cluster"] == 1, s
     poison_allocator("cuda", x.numel() * dtype.itemsize)
     if not backward:
         assert_close(fastact.softmax(x, 1), torch.softmax(x.double(), 1), torch_actual=y, msg=s)
@@ -2392,15 +2161,14 @@ def test_huge_softmax_staged_backward():
     (2^31 + 48,064 elements), checked on the first and last outer indices."""
     _need_huge_gpu()
     shape = (32801, 64, 1023)
-    if not _staged_columns(shape, 2):
-        pytest.skip("the staged mode is sm_90 only")
     y = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    if not _is_staged("softmax", y, backward=True):
+        pytest.skip("auto does not stage this shape here (the staged mode is planned on sm_90)")
     for i in range(0, shape[0], 4096):
         n = min(4096, shape[0] - i)
         y[i : i + n] = torch.softmax(torch.randn(n, *shape[1:], device="cuda"), 1).to(torch.bfloat16)
     g = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
     s = fastact.explain("softmax_backward", y, 1)
-    assert "staged in shared memory" in s, s
     dx = ops.softmax_backward(g, y, 1, torch.bfloat16)
     for o in (0, shape[0] - 1):
         assert_close(dx[o], softmax_backward_ref(g[o], y[o], 0, False),
@@ -2413,11 +2181,10 @@ def test_huge_softmax_staged_forward():
     (2^31 + 48,064 elements), checked on the first and last outer indices."""
     _need_huge_gpu()
     shape = (32801, 64, 1023)
-    if not _staged_columns(shape, 2, forward=True):
-        pytest.skip("the staged mode is sm_90 only")
     x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    if not _is_staged("softmax", x):
+        pytest.skip("auto does not stage this shape here (the staged mode is planned on sm_90)")
     s = fastact.explain("softmax", x, 1)
-    assert "staged in shared memory" in s, s
     y = fastact.softmax(x, 1)
     for o in (0, shape[0] - 1):
         assert_close(y[o], torch.softmax(x[o].double(), 0), torch_actual=torch.softmax(x[o], 0), msg=f"outer {o}: {s}")

@@ -228,7 +228,9 @@ std::string explain_softmax_cuda(const at::Tensor& x, int64_t dim, bool log, boo
       });
     }
   }
-  return softmax_explain(p, choose_softmax(p)) + t.note;
+  const SoftmaxPlan plan = choose_softmax(p);
+  // the prose, then the plan's fields on a line of their own (dispatch.h softmax_plan_fields: what tests read)
+  return softmax_explain(p, plan) + t.note + "\n" + softmax_plan_fields(p, plan);
 }
 
 TORCH_LIBRARY_IMPL(fastact, CUDA, m) {
