@@ -291,6 +291,7 @@ sys.exit(1 if failures else 0)
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 @pytest.mark.parametrize("depth", ["standard", "deep"])
 def test_fused_cast_long_rows(depth):
     """The long rows of 16-bit into float (the dtype= cast) under both memory-depth classes (FASTACT_MEMORY_DEPTH),
@@ -476,6 +477,7 @@ torch.save(out, sys.argv[1])
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 def test_grid_mode_ctas_that_give_up(tmp_path):
     """A CTA that waits for its row longer than dispatch.h kGridWaitNs gives up and the launch's last CTA
     computes its slice (include/fastact/softmax/grid.cuh): FASTACT_GRID_WAIT_US=0 makes every CTA that
@@ -1007,6 +1009,7 @@ torch.save((fastact.softmax(x, 1).cpu(), fastact.softmax(r).cpu(), fastact.log_s
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 def test_forward_prefetch_off(tmp_path):
     """FASTACT_PREFETCH=0 (read once, with the device's properties) turns the L2 prefetches off (the strided
     forward's, the 16-bit long_row forward's): no plan of the three prefetches, where with prefetches on one does;
@@ -1208,6 +1211,7 @@ torch.testing.assert_close(dx, ref, rtol=1e-5, atol=1e-7)
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 @pytest.mark.parametrize("cap", ["1", "8"])
 def test_max_cluster_environment_cap(cap):
     """FASTACT_MAX_CLUSTER=1 turns clusters off (long rows take the grid mode); =8 keeps them
@@ -1762,6 +1766,7 @@ for dtype in (torch.float32, torch.bfloat16):
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 @pytest.mark.parametrize("depth", ["standard", "deep"])
 def test_elementwise_memory_depth(depth):
     """FASTACT_MEMORY_DEPTH forces either memory-depth class (include/fastact/memory_depth.cuh: kStandard, the H100's;
@@ -1855,6 +1860,7 @@ for name, call in cases.items():
 """
 
 
+@pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 def test_memory_depth_kernels():
     """The kernels that run (torch.profiler's names) under each forced class: another instantiation where the class
     changes the shape (16-bit elementwise, flat and rows; float backwards; softmax plans whose kernel-selecting fields
