@@ -171,7 +171,7 @@ _FORK_SCRIPT = """
     def child(depth):
         # Runs in the child: a hang is killed by the alarm (SIGALRM's default action ends the process).
         import signal
-        signal.alarm(60)
+        signal.alarm(30)
         torch.set_num_threads(2)
         before = len(os.listdir("/proc/self/task"))  # the forking thread alone
         # Bits compared in numpy: torch's own parallel ops (GNU OpenMP) hang in a process forked after its forking
@@ -216,35 +216,50 @@ def test_fork_while_another_thread_runs_an_op():
 
 
 _DATALOADER_SCRIPT = """
-    import os, torch, fastact
+    import os, threading, numpy as np, torch, fastact
     from torch.utils.data import DataLoader, Dataset
     torch.set_num_threads(2)
-    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(1))
-    ref = fastact.gelu(x)  # the parent has started its threads
+    g = torch.Generator().manual_seed(1)
+    # The inputs made before any worker forks, and the workers run fastact ops alone: torch's own parallel ops (GNU
+    # OpenMP) can hang in a process forked from a thread that ran one.
+    xs = [torch.randn(1 << 20, generator=g) * (i + 1) for i in range(6)]
+    refs = [fastact.gelu(x) for x in xs]  # the parent has started its threads
+    stop = threading.Event()
+
+    def hammer():  # and another thread of the parent is inside fastact ops as the workers fork
+        while not stop.is_set():
+            fastact.gelu(xs[0])
 
     class Gelus(Dataset):
         def __len__(self):
-            return 6
+            return len(xs)
 
         def __getitem__(self, i):
             before = len(os.listdir("/proc/self/task"))
-            y = fastact.gelu(x * (i + 1))
+            y = fastact.gelu(xs[i])
             return y, before, len(os.listdir("/proc/self/task"))
 
     def init(worker_id):
         torch.set_num_threads(2)  # DataLoader sets 1 in its workers
 
-    loader = DataLoader(Gelus(), batch_size=None, num_workers=2, worker_init_fn=init)
-    for i, (y, before, after) in enumerate(loader):
-        assert torch.equal(y, fastact.gelu(x * (i + 1))), i
-        if i < 2:  # each worker's first item: a thread came up to take part
-            assert after > before, (i, before, after)
+    hammering = threading.Thread(target=hammer, daemon=True)
+    hammering.start()
+    for epoch in range(3):  # new workers each epoch
+        loader = DataLoader(Gelus(), batch_size=None, num_workers=2, worker_init_fn=init, timeout=120)
+        for i, (y, before, after) in enumerate(loader):
+            assert np.array_equal(y.numpy().view(np.int32), refs[i].numpy().view(np.int32)), (epoch, i)
+            if i < 2:  # each worker's first item (items go to the workers in turn): a thread came up to take part
+                assert after > before, (epoch, i, before, after)
+    stop.set()
+    hammering.join()
     print("ok")
 """
 
 
 @needs_two_cpus
 def test_dataloader_workers_after_the_parent_used_fastact():
+    """DataLoader workers (num_workers=2, three epochs) forked after the parent used fastact, while a parent thread
+    runs fastact ops: each worker's op runs on the 2 threads its worker_init_fn asks for, with the parent's bits."""
     r = _run_python(_DATALOADER_SCRIPT, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 

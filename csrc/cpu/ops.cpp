@@ -79,12 +79,10 @@ class ForkedPool {
   void run(int threads, int64_t chunks, int64_t n, const void* ctx, RangeFn fn) {
     Job job{fn, ctx, n, chunks};
     std::lock_guard<std::mutex> one_job(run_mu_);
-    const int workers = std::min<int64_t>(threads, chunks) - 1;
+    const int workers = static_cast<int>(std::min<int64_t>(threads, chunks)) - 1;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (started_ < workers) {
-        std::thread(&ForkedPool::worker, this, started_++, epoch_).detach();
-      }
+      for (; started_ < workers; ++started_) std::thread(&ForkedPool::worker, this, started_, epoch_).detach();
       job_ = &job;
       want_ = workers;
       pending_ = workers;
