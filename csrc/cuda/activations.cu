@@ -234,7 +234,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       << "] " << dtype;
     if (!contiguous) {
       s << (in_place ? " (input rows " + std::to_string(*row_stride) + " elements apart read in place)"
-                     : std::string(" (input not contiguous: copied first)"));
+                     : std::string(" (input not contiguous: copied into the output first, computed there in place)"));
     }
     s << "; ";
     if (vec > 1) {
@@ -287,7 +287,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   };
   const int vec_access = shape_of(esize, arity, true, math).access_bytes / esize;
   const void* p = x.const_data_ptr();
-  // A copy is a fresh (aligned) dense tensor.
+  // A copy is made into the output, a fresh (aligned) dense tensor.
   const bool aligned = !stride ? true
                        : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
                                : is_vec_aligned(p);
@@ -304,7 +304,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       << " elements apart read in place; output contiguous)";
   } else {
     s << (stride ? " (dense input read in place in its memory order)"
-                 : " (input has gaps or overlaps: copied to a dense tensor first)");
+                 : " (input has gaps or overlaps: copied into the output first, computed there in place)");
   }
   s << "; ";
   if (aligned) {
