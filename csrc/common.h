@@ -8,7 +8,11 @@
 // its strides; inputs with gaps or overlaps (slices, expands) are first copied into
 // `empty_like(input)` — except the common "rows with a stride" case (e.g. `x[..., 1:]`, or a chunk
 // of the last dim) of a last-dim softmax and of the elementwise ops, which the kernels read in place
-// through a row stride.
+// through a row stride, and one row repeated (`row.expand(n, cols)`, row stride 0) of the
+// elementwise ops. The elementwise ops make that copy in their output's memory, the kernel then
+// computing it in place, so that they allocate what torch's allocate (the output) and no more.
+// For an input that is not dense, torch's output (TensorIterator's, empty_like's) is contiguous
+// (dims of stride 0 have no order to keep), and so is fastact's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -317,13 +321,29 @@ inline at::Tensor in_layout_of(const at::Tensor& t, const at::Tensor& like) {
   return at::empty_like(like, t.options()).copy_(t);
 }
 
+// Whether every row of t (its last dim, unit-stride) is one and the same row of memory: t is
+// row.expand(..., cols), as broadcasting makes one (a per-feature tensor over a batch). Read in place
+// at row stride 0 (nothing is ever written through an input). t.dim() >= 1.
+inline bool is_repeated_row(const at::Tensor& t) {
+  const int64_t n = t.dim();
+  if (t.size(n - 1) > 1 && t.stride(n - 1) != 1) return false;
+  for (int64_t k = 0; k < n - 1; ++k) {
+    if (t.size(k) != 1 && t.stride(k) != 0) return false;
+  }
+  return true;
+}
+
 // The row stride at which an elementwise kernel reads input t beside its output out (dense): out's row
 // length when t is in out's memory order (t is then read at out's offsets), t's row stride when out is
-// contiguous and t a uniformly strided stack of rows; nullopt when t must be copied first.
+// contiguous and t a uniformly strided stack of rows, 0 when out is contiguous and t one row repeated;
+// nullopt when t must be copied first.
 inline std::optional<int64_t> element_read_stride(const at::Tensor& out, const at::Tensor& t) {
   const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
   if (t.strides() == out.strides() || t.numel() <= 1) return cols;
-  if (out.is_contiguous() && t.dim() > 0) return collapsed_row_stride(t, t.dim() - 1);
+  if (out.is_contiguous() && t.dim() > 0) {
+    if (const auto rs = collapsed_row_stride(t, t.dim() - 1)) return rs;
+    if (is_repeated_row(t)) return 0;
+  }
   return std::nullopt;
 }
 
@@ -340,47 +360,73 @@ inline ElementRead element_read_of(const at::Tensor& x) {
 }
 
 // The row stride at which bias_gelu's forward reads x as [rows, H]: H for a contiguous x, x's row
-// stride for a strided stack of rows (collapsed_row_stride: a chunk of the last dim), read in place;
-// nullopt: x is made contiguous first. x.dim() >= 1.
+// stride for a strided stack of rows (collapsed_row_stride: a chunk of the last dim), 0 for one row
+// repeated (is_repeated_row), read in place; nullopt: x is made contiguous first. x.dim() >= 1.
 inline std::optional<int64_t> bias_gelu_row_stride(const at::Tensor& x) {
   if (x.is_contiguous()) return x.size(-1);
-  return collapsed_row_stride(x, x.dim() - 1);
+  if (const auto rs = collapsed_row_stride(x, x.dim() - 1)) return rs;
+  if (is_repeated_row(x)) return 0;
+  return std::nullopt;
 }
 
 // x as bias_gelu's kernels read it (forward and backward, CPU and CUDA): in place where
-// bias_gelu_row_stride allows, else a contiguous copy; row r at x.data + r * row_stride.
+// bias_gelu_row_stride allows, else a contiguous copy; row r at x.data + r * row_stride. The copy
+// goes into `out` when given (the op's contiguous output, which the kernel then writes in place).
 struct BiasGeluInput {
   at::Tensor x;
   int64_t row_stride;
 };
 
-inline BiasGeluInput bias_gelu_input(const at::Tensor& x) {
+inline BiasGeluInput bias_gelu_input(const at::Tensor& x, const at::Tensor& out = at::Tensor()) {
   if (const std::optional<int64_t> rs = bias_gelu_row_stride(x)) return {x, *rs};
-  return {x.contiguous(), x.size(-1)};
+  return {out.defined() ? out.copy_(x) : x.contiguous(), x.size(-1)};
+}
+
+// bias_gelu_backward's operands as its kernels read them: dy contiguous, x per bias_gelu_input. An
+// operand that must be copied is copied into dx (contiguous, the op's output; the kernels read each
+// element of their inputs before they write that element of dx, on the same thread), the first
+// such, so that the op allocates no more than dx where one operand needs a copy.
+struct BiasGeluBackwardOperands {
+  at::Tensor dy;
+  BiasGeluInput x;
+};
+
+inline BiasGeluBackwardOperands bias_gelu_backward_operands(const at::Tensor& dx, const at::Tensor& dy,
+                                                            const at::Tensor& x) {
+  BiasGeluBackwardOperands ops;
+  ops.dy = dy.is_contiguous() ? dy : dx.copy_(dy);
+  ops.x = bias_gelu_input(x, dy.is_contiguous() ? dx : at::Tensor());
+  return ops;
 }
 
 // The inputs of an elementwise op as its kernels read them (ElementRows), given its output `out`
 // (empty_like of its main input, so dense). An input in out's memory order is read at out's offsets;
 // when out is contiguous, an input that is a uniformly strided stack of rows (collapsed_row_stride:
-// x[..., a:b], a chunk of the last dim) is read in place, row by row; anything else is first copied
-// into out's layout (element_read_stride). out.numel() > 0.
+// x[..., a:b], a chunk of the last dim) or one row repeated (stride 0) is read in place, row by row;
+// anything else is first copied into out's layout (element_read_stride): the first such input into
+// out itself, which the kernel then writes in place (every elementwise kernel reads an element of its
+// inputs before it writes that element of the output, on the same thread), so that the op allocates
+// only its output, as torch's does; a second such input into a tensor of its own. out.numel() > 0.
 struct ElementOperands {
-  at::Tensor in0, in1;  // what the kernel reads (in1 undefined for a unary op)
+  at::Tensor in0, in1;  // what the kernel reads (in1 undefined for a unary op); either may be out
   ElementRows rows;
 };
 
-inline ElementOperands element_operands(const at::Tensor& out, const at::Tensor& in0,
+inline ElementOperands element_operands(at::Tensor& out, const at::Tensor& in0,
                                         const at::Tensor& in1 = at::Tensor()) {
   const int64_t n = out.numel();
   const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
   ElementRows g{n / cols, cols, cols, cols};
+  bool out_taken = false;
   const auto place = [&](const at::Tensor& t, int64_t& stride) {
     if (!t.defined()) return t;
     if (const auto s = element_read_stride(out, t)) {
       stride = *s;
       return t;
     }
-    return in_layout_of(t, out);
+    if (out_taken) return in_layout_of(t, out);
+    out_taken = true;
+    return out.copy_(t);
   };
   ElementOperands ops;
   ops.in0 = place(in0, g.stride0);

@@ -827,46 +827,85 @@ void for_each_row_segment(int64_t begin, int64_t end, int64_t cols, const F& seg
   }
 }
 
-// Over the elements of g in chunks of whole vector pairs (flat operands: the scalar tail only in the
-// last chunk; strided rows: each chunk cut at row ends, a row segment a call of the range loop).
+// Where the elementwise loops may cut a row. The range loops decide from a segment's own start and
+// end which elements the vector body computes and which the single-element code (the streaming
+// prologue, the tail), and the two round differently (the scalar code is math.h's functors, the
+// vector code its own polynomials: an ulp or two apart). So that every element is computed by the
+// same code whatever the chunks (the thread count), a chunk may begin or end only where the loop
+// over the whole row would be between two of its steps: at the row's start, or `peel` (the
+// elements the whole row's loop takes one at a time first) plus a multiple of `unit` (a vector
+// pair; with streaming stores, the pair or the streaming alignment, whichever is wider, so that a
+// segment starting there peels nothing). snap() moves an element index down to such a point; it
+// is monotone and keeps 0 and rows * cols, so snapped chunks still partition the elements.
+template <typename Peel>
+struct RowCuts {
+  int64_t cols;
+  int64_t unit;
+  Peel peel;  // peel(r): the single elements at the start of row r, from 0 to cols
+
+  int64_t snap(int64_t i) const {
+    const int64_t r = i / cols, c = i % cols;
+    if (c == 0) return i;
+    const int64_t p = peel(r);
+    return r * cols + (c < p ? 0 : p + (c - p) / unit * unit);
+  }
+};
+
+template <typename Peel>
+RowCuts<Peel> row_cuts(int64_t cols, int64_t unit, const Peel& peel) {
+  return {cols, unit, peel};
+}
+
+// The elements unary_range / binary_range<kStream> write one at a time before their first vector
+// pair when a segment starts at out: up to the first kStreamAlign boundary (n if none is reached).
+template <typename T>
+int64_t stream_peel(const T* out, int64_t n) {
+  const auto misalign = reinterpret_cast<std::uintptr_t>(out) % kStreamAlign;
+  if (misalign == 0) return 0;
+  if (misalign % sizeof(T) != 0) return n;  // never aligned: every element one at a time
+  return std::min<int64_t>(n, static_cast<int64_t>((kStreamAlign - misalign) / sizeof(T)));
+}
+
+// Runs seg(r, c0, c1) over the row segments of a [rows, cols] output (row r at out + r * cols), in
+// chunks over threads cut only where RowCuts allows, for range loops with streaming stores
+// (kStream) or without.
+template <typename T, typename Seg>
+void parallel_row_segments(const T* out, int64_t rows, int64_t cols, int64_t grain, bool stream, const Seg& seg) {
+  constexpr int64_t kStep = 2 * Io<T>::kV;
+  const auto run = [&](const auto& cuts) {
+    parallel_for(rows * cols, grain, [&](int64_t b, int64_t e) {
+      for_each_row_segment(cuts.snap(b), cuts.snap(e), cols, seg);
+    });
+  };
+  if (stream) {
+    constexpr int64_t kAlignElems = static_cast<int64_t>(kStreamAlign / sizeof(T));
+    run(row_cuts(cols, std::max(kStep, kAlignElems), [&](int64_t r) { return stream_peel(out + r * cols, cols); }));
+  } else {
+    run(row_cuts(cols, kStep, [](int64_t) { return int64_t{0}; }));
+  }
+}
+
+// Over the elements of g (flat operands: one row of n), in chunks cut where RowCuts allows.
 // Outputs of kStreamBytes or more are written with streaming stores.
 template <typename T, typename Op>
 void unary_kernel(const T* x, T* y, const ElementRows& g, int64_t grain, const Op& op) {
-  constexpr int64_t kStep = 2 * Io<T>::kV;
   const int64_t n = g.numel();
   const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
-  if (!g.is_flat()) {
-    parallel_for(n, grain, [&](int64_t b, int64_t e) {
-      for_each_row_segment(b, e, g.cols, [&](int64_t r, int64_t c0, int64_t c1) {
-        if (stream) unary_range<true>(x + r * g.stride0, y + r * g.cols, c0, c1, op);
-        else unary_range<false>(x + r * g.stride0, y + r * g.cols, c0, c1, op);
-      });
-    });
-    return;
-  }
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t b, int64_t e) {
-    if (stream) unary_range<true>(x, y, b * kStep, std::min(e * kStep, n), op);
-    else unary_range<false>(x, y, b * kStep, std::min(e * kStep, n), op);
+  const ElementRows f = g.is_flat() ? ElementRows::flat(n) : g;
+  parallel_row_segments(y, f.rows, f.cols, grain, stream, [&](int64_t r, int64_t c0, int64_t c1) {
+    if (stream) unary_range<true>(x + r * f.stride0, y + r * f.cols, c0, c1, op);
+    else unary_range<false>(x + r * f.stride0, y + r * f.cols, c0, c1, op);
   });
 }
 
 template <typename T, typename Op>
 void binary_kernel(const T* a, const T* b, T* z, const ElementRows& g, int64_t grain, const Op& op) {
-  constexpr int64_t kStep = 2 * Io<T>::kV;
   const int64_t n = g.numel();
   const bool stream = n * int64_t{sizeof(T)} >= kStreamBytes;
-  if (!g.is_flat()) {
-    parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
-      for_each_row_segment(lo, hi, g.cols, [&](int64_t r, int64_t c0, int64_t c1) {
-        if (stream) binary_range<true>(a + r * g.stride0, b + r * g.stride1, z + r * g.cols, c0, c1, op);
-        else binary_range<false>(a + r * g.stride0, b + r * g.stride1, z + r * g.cols, c0, c1, op);
-      });
-    });
-    return;
-  }
-  parallel_for(ceil_div(n, kStep), ceil_div(grain, kStep), [&](int64_t lo, int64_t hi) {
-    if (stream) binary_range<true>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
-    else binary_range<false>(a, b, z, lo * kStep, std::min(hi * kStep, n), op);
+  const ElementRows f = g.is_flat() ? ElementRows::flat(n) : g;
+  parallel_row_segments(z, f.rows, f.cols, grain, stream, [&](int64_t r, int64_t c0, int64_t c1) {
+    if (stream) binary_range<true>(a + r * f.stride0, b + r * f.stride1, z + r * f.cols, c0, c1, op);
+    else binary_range<false>(a + r * f.stride0, b + r * f.stride1, z + r * f.cols, c0, c1, op);
   });
 }
 
@@ -915,10 +954,9 @@ void bias_gelu_segment(const T* x, const T* bias, T* y, int64_t c0, int64_t c1) 
 
 template <typename T, bool kTanh>
 void bias_gelu_fwd_impl(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols) {
-  parallel_for(rows * cols, kGrainHeavy, [&](int64_t begin, int64_t end) {
-    for_each_row_segment(begin, end, cols, [&](int64_t r, int64_t c0, int64_t c1) {
-      bias_gelu_segment<T, kTanh>(x + r * x_stride, bias, y + r * cols, c0, c1);
-    });
+  // Cut only between vector pairs of a row (RowCuts): the same bits at any thread count.
+  parallel_row_segments(y, rows, cols, kGrainHeavy, /*stream=*/false, [&](int64_t r, int64_t c0, int64_t c1) {
+    bias_gelu_segment<T, kTanh>(x + r * x_stride, bias, y + r * cols, c0, c1);
   });
 }
 

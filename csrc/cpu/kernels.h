@@ -11,9 +11,12 @@
 // - "dense [outer, D, inner]" means element (o, d, i) at o * D * inner + d * inner + i;
 // - half and bfloat16 compute in float, float in float, double in double (fastact::acc_t);
 // - kernels parallelise themselves (csrc/cpu/parallel.h) and run small problems on the calling
-//   thread;
+//   thread; their results do not depend on the thread count, to the bit;
 // - outputs never alias inputs (the ops allocate them): the strided softmax's runs write a row's
-//   last vector pair whole, over the start of the next row, before reading that row.
+//   last vector pair whole, over the start of the next row, before reading that row. One exception:
+//   an elementwise kernel (gelu, sigmoid, bias_gelu, forward and backward) may be given its output
+//   as one of its inputs, at the output's own offsets (the ops copy an input they cannot read in
+//   place into the output first); each reads an element of its inputs before it writes that element.
 #pragma once
 
 #include <c10/util/BFloat16.h>

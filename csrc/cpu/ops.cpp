@@ -15,15 +15,21 @@
 #include <torch/library.h>
 
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <tuple>
 
@@ -31,12 +37,135 @@ namespace fastact::cpu {
 
 // ---------------------------------------------------------------------------------------------
 // Threads.
+//
+// fork(). oneTBB supports fork() only while it has no worker threads (its state in the child still
+// counts the parent's workers, which the child does not have, and may hold locks that threads of
+// the parent held at the fork). A child that uses that state runs on its calling thread alone (the
+// "woken" workers do not exist), or hangs in task_arena::execute when another thread of the parent
+// was inside the arena at the fork (its arena slot stays taken in the child). The workers cannot be
+// shut down before the fork either: tbb::finalize (task_scheduler_handle) waits for them only once
+// no other thread holds a reference to the scheduler, and every thread that has ever called into
+// oneTBB (task_arena::execute, enqueue or initialize: each registers its caller) holds one until it
+// exits; a Python thread that ran a fastact op is alive at the fork more often than not (finalize
+// then returns false). Nor can the child fall back on ATen's pool: GNU OpenMP hangs in a child
+// forked after the forking thread ran a parallel region (torch's own ops do too, which is why
+// DataLoader workers run at one thread).
+//
+// So a process forked after this one had started oneTBB never calls into oneTBB again (a
+// pthread_atfork child handler marks it, inherited by its own children): its parallel regions run
+// on ForkedPool below, plain threads of its own started on first use, with the same chunks (the
+// kernels' results do not depend on the chunks, so the bits are the same too). Such a pool is
+// itself dropped, not used, at a further fork, for the same reasons. A process that forks before
+// its first parallel fastact op keeps oneTBB in the child.
 
 namespace {
 
-// The arena for the current at::get_num_threads(), created on first use and replaced when the
-// thread count changes (torch.set_num_threads). Callers hold a reference while they run, so a
-// replaced arena lives until its last user returns.
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::atomic<bool> g_tbb_started{false};  // this process (or its parent) has created an arena
+std::atomic<bool> g_forked{false};       // forked after g_tbb_started: oneTBB is not to be touched
+
+// The parallel region the calling thread is running chunks of (ForkedPool's workers and callers), if
+// any: a parallel_for inside stays on the thread, as inside an ATen parallel region.
+thread_local bool t_in_pool = false;
+
+// Threads of a forked process (see above). run() hands the chunks of one parallel_for to up to
+// threads - 1 workers and the calling thread, which take them in order from a shared counter (so a
+// worker that wakes late takes what is left, as with the arena's stealing). One parallel_for at a
+// time; a second caller waits for the first. Workers are started when first needed, then sleep on
+// a condition variable between jobs; they are never joined (the process exits with them asleep).
+class ForkedPool {
+ public:
+  void run(int threads, int64_t chunks, int64_t n, const void* ctx, RangeFn fn) {
+    Job job{fn, ctx, n, chunks};
+    std::lock_guard<std::mutex> one_job(run_mu_);
+    const int workers = static_cast<int>(std::min<int64_t>(threads, chunks)) - 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (; started_ < workers; ++started_) std::thread(&ForkedPool::worker, this, started_, epoch_).detach();
+      job_ = &job;
+      want_ = workers;
+      pending_ = workers;
+      ++epoch_;
+    }
+    wake_.notify_all();
+    drain(job);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  struct Job {
+    RangeFn fn;
+    const void* ctx;
+    int64_t n, chunks;
+    std::atomic<int64_t> next{0};
+  };
+
+  static void drain(Job& job) {
+    t_in_pool = true;
+    for (int64_t c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) {
+      job.fn(job.ctx, c * job.n / job.chunks, (c + 1) * job.n / job.chunks);
+    }
+    t_in_pool = false;
+  }
+
+  // Worker `index` takes part in a job when index < want_ (jobs of fewer threads leave the rest asleep).
+  void worker(int index, uint64_t seen) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return epoch_ != seen; });
+      seen = epoch_;
+      if (index >= want_) continue;
+      Job* job = job_;
+      lock.unlock();
+      drain(*job);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex run_mu_;  // held by the caller of run() for the whole job
+  std::mutex mu_;      // guards what follows
+  std::condition_variable wake_, done_;
+  Job* job_ = nullptr;
+  uint64_t epoch_ = 0;  // the number of jobs posted
+  int want_ = 0;        // workers [0, want_) take part in job epoch_
+  int pending_ = 0;     // of those, the ones not yet done with it
+  int started_ = 0;     // worker threads started
+};
+
+// The forked process's pool, created on first use. At a further fork it is dropped, not destroyed
+// (its mutexes may be held by threads that do not exist in the child, its workers are gone).
+std::atomic<ForkedPool*> g_forked_pool{nullptr};
+
+ForkedPool& forked_pool() {
+  ForkedPool* pool = g_forked_pool.load(std::memory_order_acquire);
+  if (pool) return *pool;
+  auto* fresh = new ForkedPool;
+  if (g_forked_pool.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread's came first
+  return *pool;
+}
+
+void after_fork_in_child() {
+  if (g_tbb_started.load(std::memory_order_relaxed)) g_forked.store(true, std::memory_order_relaxed);
+  g_forked_pool.store(nullptr, std::memory_order_relaxed);
+}
+
+// oneTBB's cap on the threads an arena runs (global_control::max_allowed_parallelism: the machine's
+// cores, or the process's CPU affinity, unless set lower): an arena of more threads still runs that
+// many. Read once.
+int tbb_thread_limit() {
+  static const int limit = static_cast<int>(
+      std::max<size_t>(1, tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism)));
+  return limit;
+}
+
+// The arena for the current thread count, created on first use and replaced when the thread count
+// changes (torch.set_num_threads). Callers hold a reference while they run, so a replaced arena
+// lives until its last user returns.
 std::shared_ptr<tbb::task_arena> arena_for(int threads) {
   struct Cache {
     std::mutex mu;
@@ -44,6 +173,11 @@ std::shared_ptr<tbb::task_arena> arena_for(int threads) {
     std::shared_ptr<tbb::task_arena> arena;
   };
   static Cache* cache = new Cache;  // never destroyed: no TBB teardown in static destructors
+  static const int registered = [] {
+    g_tbb_started.store(true, std::memory_order_relaxed);
+    return pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+  }();
+  (void)registered;
   std::lock_guard<std::mutex> lock(cache->mu);
   if (cache->threads != threads) {
     cache->arena = std::make_shared<tbb::task_arena>(threads);
@@ -51,8 +185,6 @@ std::shared_ptr<tbb::task_arena> arena_for(int threads) {
   }
   return cache->arena;
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
@@ -63,8 +195,15 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t kChunksPerThread = 8;
 
 // Inside an ATen parallel region (a torch op's at::parallel_for calling us), stay on this thread as
-// ATen itself does.
-int parallel_threads() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+// ATen itself does. Else torch's thread count, as many as really run: oneTBB runs no more than
+// tbb_thread_limit() (torch.set_num_threads(4) on two cores runs two); a forked process's own pool
+// starts as many as asked for, as torch's does.
+int parallel_threads() {
+  if (t_in_pool || at::in_parallel_region()) return 1;
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || g_forked.load(std::memory_order_relaxed)) return threads;
+  return std::min(threads, tbb_thread_limit());
+}
 
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) {
   const int threads = parallel_threads();
@@ -74,6 +213,10 @@ void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) 
     return;
   }
   const int64_t chunks = std::min<int64_t>(max_chunks, threads * kChunksPerThread);
+  if (g_forked.load(std::memory_order_relaxed)) {
+    forked_pool().run(threads, chunks, n, ctx, fn);
+    return;
+  }
   const auto arena = arena_for(threads);
   // Equal chunks, one task each (simple_partitioner splits the index range down to single
   // chunks): the calling thread works through them from the front while workers steal the
@@ -86,6 +229,21 @@ void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn) 
         },
         tbb::simple_partitioner());
   });
+}
+
+// How explain names the threads a parallel_for runs on (parallel_threads()).
+std::string threads_note() {
+  std::ostringstream s;
+  const int threads = parallel_threads(), asked = at::get_num_threads();
+  s << threads << (threads == 1 ? " thread" : " threads");
+  if (g_forked.load(std::memory_order_relaxed)) {
+    s << " (fastact's own: this process was forked after oneTBB had started, which oneTBB does not support";
+  } else {
+    s << " (oneTBB";
+    if (threads < asked) s << "; torch.get_num_threads() is " << asked << ", oneTBB runs at most " << threads << " here";
+  }
+  s << "; small inputs stay on the calling thread)";
+  return s.str();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -189,8 +347,9 @@ at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise ops: the output is empty_like(input) (common.h's layout rule); the inputs are read in
-// place where element_operands allows it (in the output's memory order, or as strided rows beside a
-// contiguous output) and copied into the output's layout otherwise.
+// place where element_operands allows it (in the output's memory order, or as strided or repeated rows
+// beside a contiguous output) and copied into the output's layout otherwise, the first such input into
+// the output itself.
 
 at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
   check_floating(x, "gelu", "input");
@@ -242,14 +401,14 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
   return dx;
 }
 
-// bias_gelu: x read in place when contiguous or a strided stack of rows, else made contiguous first
-// (bias_gelu_input); output contiguous, one pass.
+// bias_gelu: x read in place when contiguous, a strided stack of rows or one row repeated, else copied
+// into y first and computed there in place (bias_gelu_input); output contiguous, one pass.
 at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const bool tanh = parse_tanh(approximate, "bias_gelu");
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const BiasGeluInput xin = bias_gelu_input(x);
+  const BiasGeluInput xin = bias_gelu_input(x, y);
   const at::Tensor bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu", [&] {
@@ -271,11 +430,13 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
     dbias.zero_();
     return {dx, dbias};
   }
-  const BiasGeluInput xin = bias_gelu_input(x);  // x read in place where it can be
-  const at::Tensor gc = grad_output.contiguous(), bc = bias.contiguous();
+  // dy contiguous and x read in place where they can be, else one of them copied into dx first.
+  const BiasGeluBackwardOperands in = bias_gelu_backward_operands(dx, grad_output, x);
+  const BiasGeluInput& xin = in.x;
+  const at::Tensor bc = bias.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
-    kernels().of<scalar_t>().bias_gelu_bwd(gc.const_data_ptr<scalar_t>(), xin.x.const_data_ptr<scalar_t>(),
+    kernels().of<scalar_t>().bias_gelu_bwd(in.dy.const_data_ptr<scalar_t>(), xin.x.const_data_ptr<scalar_t>(),
                                           xin.row_stride, bc.const_data_ptr<scalar_t>(),
                                           dx.mutable_data_ptr<scalar_t>(),
                                           dbias.mutable_data_ptr<scalar_t>(), rows, cols, tanh);
@@ -297,7 +458,6 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
   TORCH_CHECK(softmax_op || elementwise_op, "explain: unknown op '", op, "'; expected one of ", kExplainOps);
 
   const KernelTable& table = kernels();
-  const int threads = at::get_num_threads();
   std::ostringstream s;
   if (softmax_op) {
     const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
@@ -379,12 +539,16 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
     s << "kernel=cpu_elementwise: " << op << " over " << self.numel() << " elements";
     if (converts) s << " (the " << self.scalar_type() << " input converted to " << x.scalar_type() << " first)";
     if (op == "bias_gelu") {
-      s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place" : " (input made contiguous")
+      s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place"
+                                                            : " (input copied into the output first, computed there in place")
         << ", bias added in registers: one pass)";
     } else {
       const auto [stride, cols] = element_read_of(x);
       if (!stride) {
-        s << " (input has gaps or overlaps: copied into a dense tensor first)";
+        s << " (input has gaps or overlaps: copied into the output first, computed there in place)";
+      } else if (*stride == 0 && self.numel() > cols) {
+        s << " (" << self.numel() / cols << " rows of " << cols
+          << ", every one the same input row, read in place; output contiguous)";
       } else if (*stride != cols && self.numel() > cols) {
         s << " (" << self.numel() / cols << " rows of " << cols << ", input rows " << *stride
           << " elements apart read in place; output contiguous)";
@@ -393,8 +557,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
       }
     }
   }
-  s << "; ISA " << table.isa << " (" << table.float_lanes << " float lanes), " << threads
-    << (threads == 1 ? " thread" : " threads") << " (oneTBB; small inputs stay on the calling thread)";
+  s << "; ISA " << table.isa << " (" << table.float_lanes << " float lanes), " << threads_note();
   return s.str();
 }
 

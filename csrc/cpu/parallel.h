@@ -1,5 +1,7 @@
 // The one way the CPU kernels use threads: parallel_for over an index range, on oneTBB workers
-// inside a task_arena sized by at::get_num_threads().
+// inside a task_arena sized by at::get_num_threads() (capped by what oneTBB runs), or, in a process
+// forked after oneTBB had started (which oneTBB does not support), on plain threads of fastact's own
+// (csrc/cpu/ops.cpp says why).
 //
 // The TBB side (the arena, tbb::parallel_for) lives in csrc/cpu/ops.cpp, an ordinary translation
 // unit: the per-ISA builds of kernels.cpp call it through a type-erased function pointer, so no
@@ -21,7 +23,8 @@ using RangeFn = void (*)(const void* ctx, int64_t begin, int64_t end);
 // their own fixed partition and use this only to run its pieces.
 void parallel_for_erased(int64_t n, int64_t grain, const void* ctx, RangeFn fn);
 
-// The threads a parallel_for called from here would run on: 1 inside a parallel region.
+// The threads a parallel_for called from here would run on: torch's thread count, but no more than
+// oneTBB runs (its max_allowed_parallelism: the process's CPUs); 1 inside a parallel region.
 int parallel_threads();
 
 // parallel_for(n, grain, [&](int64_t begin, int64_t end) { ... }). The first test keeps small

@@ -27,7 +27,10 @@ namespace {
 // Layout of the elementwise ops: the output is at::empty_like(t), exactly what the fake kernel
 // returns (a dense t keeps its strides, anything else gets empty_like's dense layout); the operands
 // are read in place where element_operands (common.h) allows it — in that same memory order, or as a
-// strided stack of rows beside a contiguous output — and copied into the output's layout otherwise.
+// strided stack of rows or one row repeated beside a contiguous output — and copied into the output's
+// layout otherwise, the first such operand into the output itself (on the stream, before the kernel,
+// which then computes in place: each thread loads its elements of every input before it stores
+// them), so that the op allocates only its output, as torch's does.
 
 at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
   check_floating(x, "gelu", "input");
@@ -95,16 +98,16 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   return dx;
 }
 
-// bias_gelu: x read in place when contiguous or a strided stack of rows, else made contiguous first
-// (bias_gelu_input); output contiguous, one pass in memory order (the bias read through the cache
-// with each access).
+// bias_gelu: x read in place when contiguous, a strided stack of rows or one row repeated, else copied
+// into y first and computed there in place (bias_gelu_input); output contiguous, one pass in memory
+// order (the bias read through the cache with each access).
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu(x, bias, "bias_gelu");
   const GeluApprox approx = parse_gelu_approx(approximate, "bias_gelu");
   c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (y.numel() == 0) return y;
-  const BiasGeluInput xin = bias_gelu_input(x);
+  const BiasGeluInput xin = bias_gelu_input(x, y);
   const at::Tensor bc = bias.contiguous();
   const int64_t H = x.size(-1), rows = x.numel() / H, xs = xin.row_stride;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -130,8 +133,11 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& gra
   at::Tensor dx = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return {dx, at::zeros(bias.sizes(), bias.options())};
   at::Tensor dbias = at::empty(bias.sizes(), bias.options());
-  const BiasGeluInput xin = bias_gelu_input(x);  // x read in place where it can be
-  const at::Tensor gc = grad_output.contiguous(), bc = bias.contiguous();
+  // dy contiguous and x read in place where they can be, else one of them copied into dx first.
+  const BiasGeluBackwardOperands in = bias_gelu_backward_operands(dx, grad_output, x);
+  const BiasGeluInput& xin = in.x;
+  const at::Tensor& gc = in.dy;
+  const at::Tensor bc = bias.contiguous();
   const int64_t H = x.size(-1), rows = x.numel() / H, xs = xin.row_stride;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
@@ -228,7 +234,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       << "] " << dtype;
     if (!contiguous) {
       s << (in_place ? " (input rows " + std::to_string(*row_stride) + " elements apart read in place)"
-                     : std::string(" (input not contiguous: copied first)"));
+                     : std::string(" (input not contiguous: copied into the output first, computed there in place)"));
     }
     s << "; ";
     if (vec > 1) {
@@ -281,7 +287,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   };
   const int vec_access = shape_of(esize, arity, true, math).access_bytes / esize;
   const void* p = x.const_data_ptr();
-  // A copy is a fresh (aligned) dense tensor.
+  // A copy is made into the output, a fresh (aligned) dense tensor.
   const bool aligned = !stride ? true
                        : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
                                : is_vec_aligned(p);
@@ -298,7 +304,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
       << " elements apart read in place; output contiguous)";
   } else {
     s << (stride ? " (dense input read in place in its memory order)"
-                 : " (input has gaps or overlaps: copied to a dense tensor first)");
+                 : " (input has gaps or overlaps: copied into the output first, computed there in place)");
   }
   s << "; ";
   if (aligned) {
