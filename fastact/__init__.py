@@ -102,3 +102,10 @@ def explain(op, input, dim=-1, *, dtype=None):
 
 
 from . import nn  # noqa: E402
+
+# fastact in an existing model: `with fastact.patch():` (torch's functions) and fastact.apply(model)
+# (activation modules, and the mode around its forward). The names shadow the fastact.patch
+# submodule as an attribute; `from fastact.patch import FastActMode, OpCounter` still reaches it.
+from .patch import apply, patch  # noqa: E402
+
+__all__ += ["patch", "apply"]
