@@ -114,18 +114,23 @@ def sync(device):
 
 def time_steps(steps, device, n, warmup):
     """Alternates the steps in `steps` (name -> callable) n times after `warmup` rounds; returns the
-    seconds of each step by name."""
+    seconds of each step by name, and on CUDA the host's seconds per step too (from the call to its
+    return, the kernels queued but not waited for: a step whose host time reaches its CUDA time is
+    bound by the host's launches, and per-call Python costs show in it one for one)."""
     for _ in range(warmup):
         for f in steps.values():
             f()
     sync(device)
     times = {name: [] for name in steps}
+    host = {name: [] for name in steps}
     for _ in range(n):
         for name, f in steps.items():
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                t0 = time.perf_counter()
                 f()
+                host[name].append(time.perf_counter() - t0)
                 end.record()
                 end.synchronize()
                 times[name].append(start.elapsed_time(end) / 1e3)
@@ -133,7 +138,7 @@ def time_steps(steps, device, n, warmup):
                 t0 = time.perf_counter()
                 f()
                 times[name].append(time.perf_counter() - t0)
-    return times
+    return times, (host if device.type == "cuda" else None)
 
 
 def profile_ops(steps, device, rounds=3):
@@ -212,13 +217,16 @@ def bench(model_name, precision, size, device, *, steps=20, warmup=3, profile=Fa
     inputs = make_inputs(model_name, size, device)
     runs = {"torch": step_fn(base, inputs, precision, device), "fastact": step_fn(fast, inputs, precision, device)}
     counts = fastact_ops_per_step(runs["fastact"])
-    times = time_steps(runs, device, steps, warmup)
+    times, host = time_steps(runs, device, steps, warmup)
     t_ms, f_ms = (statistics.median(times[k]) * 1e3 for k in ("torch", "fastact"))
     row = {"model": model_name, "dtype": precision, "device": device.type, "size": size.text(),
            "torch_ms": t_ms, "fastact_ms": f_ms, "speedup": t_ms / f_ms,
            "torch_spread_ms": [min(times["torch"]) * 1e3, max(times["torch"]) * 1e3],
            "fastact_spread_ms": [min(times["fastact"]) * 1e3, max(times["fastact"]) * 1e3],
            "steps": steps, "replaced": dict(replaced), "fastact_ops_per_step": counts}
+    if host is not None:
+        row.update(torch_host_ms=statistics.median(host["torch"]) * 1e3,
+                   fastact_host_ms=statistics.median(host["fastact"]) * 1e3)
     lines = []
     if profile:
         ops = profile_ops(runs, device)
@@ -231,7 +239,8 @@ def bench(model_name, precision, size, device, *, steps=20, warmup=3, profile=Fa
 
 def run_models(device, *, size="auto", models=MODELS, precisions=PRECISIONS, steps=20, warmup=3, profile=False,
                log=sys.stderr):
-    """Every (model, precision) configuration on `device`: returns (rows, profile lines)."""
+    """Every (model, precision) configuration on `device`: returns (rows, profile lines). `size` is
+    "auto", "full", "small" or a Size for every model."""
     device = torch.device(device)
     if size == "auto":
         size = "full" if device.type == "cuda" else "small"
@@ -239,12 +248,15 @@ def run_models(device, *, size="auto", models=MODELS, precisions=PRECISIONS, ste
     for m in models:
         for p in precisions:
             t0 = time.perf_counter()
-            row, lines = bench(m, p, SIZES[(m, size)], device, steps=steps, warmup=warmup, profile=profile)
+            s = size if isinstance(size, Size) else SIZES[(m, size)]
+            row, lines = bench(m, p, s, device, steps=steps, warmup=warmup, profile=profile)
             rows.append(row)
             prof += lines
+            host = (f" (host {row['torch_host_ms']:.2f} / {row['fastact_host_ms']:.2f} ms)"
+                    if "torch_host_ms" in row else "")
             print(f"[models] {m} {p} {device.type} ({row['size']}): torch {row['torch_ms']:.2f} ms, "
-                  f"fastact {row['fastact_ms']:.2f} ms, {row['speedup']:.2f}x ({time.perf_counter() - t0:.0f} s)",
-                  file=log, flush=True)
+                  f"fastact {row['fastact_ms']:.2f} ms, {row['speedup']:.2f}x{host} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=log, flush=True)
     return rows, prof
 
 

@@ -368,3 +368,30 @@ def test_patch_nested_and_inside_other_modes():
     torch.testing.assert_close(y, x.softmax(-1))
     torch.testing.assert_close(z, F.gelu(x))
     assert isinstance(inner, FastActMode)
+
+
+def test_bench_models_runs():
+    """The model benchmark's machinery on a tiny size: both models step, fastact's ops run in its
+    steps (the softmax and GELU of every layer, forward and backward), the profile sees them."""
+    _transformers()
+    from fastact import bench_models
+
+    size = bench_models.Size(batch=1, seq=16, layers=2, hidden=32, heads=2, vocab=100)
+    rows, prof = [], []
+    for model, precision in (("gpt2", "amp-bf16"), ("bert", "f32")):
+        r, p = bench_models.run_models("cpu", size=size, models=(model,), precisions=(precision,), steps=2, warmup=1,
+                                       profile=True)
+        rows += r
+        prof += p
+    assert [(r["model"], r["dtype"]) for r in rows] == [("gpt2", "amp-bf16"), ("bert", "f32")]
+    for r in rows:
+        assert r["torch_ms"] > 0 and r["fastact_ms"] > 0 and r["speedup"] == r["torch_ms"] / r["fastact_ms"]
+        gelus = 2 if r["model"] == "gpt2" else 3  # BERT's MLM head has a GELU too
+        assert r["fastact_ops_per_step"] == {"softmax": 2, "softmax_backward": 2, "gelu": gelus,
+                                             "gelu_backward": gelus}, r
+    fast_lines = [line for line in prof if line.strip().startswith("fastact ")]
+    assert len(fast_lines) == 2 and all("fastact::softmax " in line and "fastact::gelu " in line for line in fast_lines)
+    torch_lines = [line for line in prof if line.strip().startswith("torch ")]
+    assert len(torch_lines) == 2 and all("aten::_softmax " in line and "fastact" not in line for line in torch_lines)
+    table = bench_models.format_models(rows)
+    assert len(table) == 3 + len(rows) and all(f"{r['speedup']:.2f}x" in line for r, line in zip(rows, table[3:]))
