@@ -141,7 +141,7 @@ def time_steps(steps, device, n, warmup):
     return times, (host if device.type == "cuda" else None)
 
 
-def profile_ops(steps, device, rounds=3):
+def profile_ops(steps, device, rounds=2):
     """Self time per op name per step, ms, and calls per step, for each step in `steps` (name ->
     callable), from one profiler session over `rounds` alternating rounds: a load change on a shared
     machine falls on every step alike. CPU ops are attributed to the step whose record_function
@@ -261,11 +261,14 @@ def run_models(device, *, size="auto", models=MODELS, precisions=PRECISIONS, ste
 
 
 def format_models(rows):
+    """The models table; on CUDA with the host's time per step (torch / fastact) at the end."""
     lines = ["", "models: a training step (forward + backward), median ms; fastact = fastact.apply(model)",
-             f"  {'model':<6} {'dtype':<9} {'device':<6} {'size':<30} {'torch ms':>10} {'fastact ms':>11} {'speed-up':>9}"]
+             f"  {'model':<6} {'dtype':<9} {'device':<6} {'size':<30} {'torch ms':>10} {'fastact ms':>11} {'speed-up':>9}"
+             + ("  host ms (torch / fastact)" if any("torch_host_ms" in r for r in rows) else "")]
     for r in rows:
         lines.append(f"  {r['model']:<6} {r['dtype']:<9} {r['device']:<6} {r['size']:<30} {r['torch_ms']:10.2f} "
-                     f"{r['fastact_ms']:11.2f} {r['speedup']:8.2f}x")
+                     f"{r['fastact_ms']:11.2f} {r['speedup']:8.2f}x"
+                     + (f"  {r['torch_host_ms']:.2f} / {r['fastact_host_ms']:.2f}" if "torch_host_ms" in r else ""))
     return lines
 
 

@@ -26,6 +26,10 @@ taken off the stack, so inside it fastact's functions see no mode (unless anothe
 this one, ``with torch.device(...)`` for one, in which case they take the registered op: same
 results, ~1.5 us more a call).
 
+Under ``torch.compile`` dynamo traces through the mode (and through the hooks that ``apply`` adds):
+the graph holds fastact's ops, with no graph break (``fullgraph=True`` works); ``counts`` then
+counts what was traced, not each compiled call.
+
 Not covered: a forward recomputed during backward by activation checkpointing runs outside the
 mode that ``apply`` enters around ``model``'s forward (wrap the backward in ``fastact.patch()`` too,
 or accept torch's ops there: results agree within tolerance); modules of other classes than those

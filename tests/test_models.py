@@ -395,3 +395,26 @@ def test_bench_models_runs():
     assert len(torch_lines) == 2 and all("aten::_softmax " in line and "fastact" not in line for line in torch_lines)
     table = bench_models.format_models(rows)
     assert len(table) == 3 + len(rows) and all(f"{r['speedup']:.2f}x" in line for r, line in zip(rows, table[3:]))
+
+
+def test_apply_under_torch_compile():
+    """torch.compile traces through the mode that apply enters: the graph holds fastact's ops for the
+    swapped modules and the functional calls alike, with no graph break, and computes what torch does."""
+    torch._dynamo.reset()
+    model = PlainNet()
+    ref = copy.deepcopy(model)
+    model, _ = fastact.apply(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(4, 48)
+    y = torch.compile(model, backend=backend, fullgraph=True)(x)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    acts = sorted(t for t in targets if any(a in t for a in ("softmax", "gelu", "sigmoid")))
+    assert len(graphs) == 1 and acts == ["fastact.gelu.default"] * 3 + ["fastact.log_softmax.default"] + [
+        "fastact.sigmoid.default"] * 2 + ["fastact.softmax.default"] * 2, acts
+    torch.testing.assert_close(y, ref(x))
+    torch._dynamo.reset()
