@@ -272,15 +272,16 @@ def format_models(rows):
     return lines
 
 
-def mode_overhead(device, calls=2000):
+def mode_overhead(device, calls=100, blocks=200):
     """Per-call cost of FastActMode on a torch op it does not route (an add) and on one it routes (a
-    small softmax): microseconds per call with and without the mode."""
+    small softmax): microseconds per call with and without the mode, the best of `blocks` blocks of
+    `calls` calls (short blocks: on a shared machine most escape preemption)."""
     device = torch.device(device)
     x = torch.randn(8, 64, device=device)
 
     def per_call(f):
         best = float("inf")
-        for _ in range(5):
+        for _ in range(blocks):
             sync(device)
             t0 = time.perf_counter()
             for _ in range(calls):
@@ -291,11 +292,13 @@ def mode_overhead(device, calls=2000):
 
     add = lambda: x + x  # noqa: E731
     sm = lambda: torch.nn.functional.softmax(x, -1)  # noqa: E731
-    res = {"add_us": per_call(add), "softmax_us": per_call(sm), "fastact_softmax_us": per_call(
-        lambda: fastact.softmax(x, -1))}
+    gelu = lambda: torch.nn.functional.gelu(x)  # noqa: E731
+    res = {"add_us": per_call(add), "F.softmax_us": per_call(sm), "fastact.softmax_us": per_call(
+        lambda: fastact.softmax(x, -1)), "F.gelu_us": per_call(gelu), "fastact.gelu_us": per_call(lambda: fastact.gelu(x))}
     with fastact.patch():
         res["add_under_mode_us"] = per_call(add)
-        res["softmax_under_mode_us"] = per_call(sm)
+        res["F.softmax_under_mode_us"] = per_call(sm)
+        res["F.gelu_under_mode_us"] = per_call(gelu)
     return res
 
 
