@@ -316,8 +316,12 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="also profile each configuration and print the ops "
                                                           "whose time differs most between torch and fastact")
     p.add_argument("--mode-overhead", action="store_true", help="also time fastact.patch()'s per-call cost")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU: torch.set_num_threads(N) first (fastact's oneTBB arena follows it)")
     p.add_argument("--out", default=None, help="folder for models.json (default: none written)")
     args = p.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
