@@ -293,21 +293,24 @@ _tls = threading.local()
 def _enter(mode):
     def pre_hook(module, args):
         # One mode per thread however deep the nesting (a patched model called inside another, or
-        # inside `with fastact.patch()`): re-entered modes would route each call twice.
-        depth = getattr(_tls, "depth", 0)
-        if depth == 0:
+        # recursively): a mode on top of the same mode would only add its per-call cost.
+        stack = _tls.__dict__.setdefault("modules", [])
+        if not stack:
             mode.__enter__()
-            _tls.active = mode
-        _tls.depth = depth + 1
+            _tls.mode = mode
+        stack.append(module)
 
     return pre_hook
 
 
 def _exit(module, args, output):
-    _tls.depth -= 1
-    if _tls.depth == 0:
-        _tls.active.__exit__(None, None, None)
-        _tls.active = None
+    # always_call hooks run even where an earlier pre-hook raised before ours pushed: pop only our own.
+    stack = _tls.__dict__.get("modules")
+    if stack and stack[-1] is module:
+        stack.pop()
+        if not stack:
+            _tls.mode.__exit__(None, None, None)
+            _tls.mode = None
 
 
 def apply(model, *, functional=True):

@@ -211,19 +211,32 @@ def test_apply_leaves_the_mode_stack_clean_on_error():
         def forward(self, x):
             raise ValueError("boom")
 
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            self.depth = torch._C._len_torch_function_stack()
+            return F.softmax(x, -1)
+
     model, _ = fastact.apply(torch.nn.Sequential(torch.nn.GELU(), Boom()))
     depth = torch._C._len_torch_function_stack()
     with pytest.raises(ValueError, match="boom"):
         model(torch.randn(3))
     assert torch._C._len_torch_function_stack() == depth
+    # A pre-hook that raises before apply's has run: apply's always-called exit hook pops nothing.
+    def refuse(module, args):
+        raise ValueError("refused")
+
+    failing, _ = fastact.apply(torch.nn.Sequential(torch.nn.Softmax(-1)))
+    handle = failing.register_forward_pre_hook(refuse, prepend=True)
+    with pytest.raises(ValueError, match="refused"), fastact.patch():
+        failing(torch.randn(3))
+    assert torch._C._len_torch_function_stack() == depth
+    handle.remove()
+    failing.append(Probe())
+    failing(torch.randn(3))  # and the next call enters the mode as ever
+    assert failing.fastact_mode.counts == {"softmax": 1} and failing[-1].depth == depth + 1
     # Nested: an applied model called inside patch() and inside another applied model runs one mode.
     inner, _ = fastact.apply(torch.nn.Sequential(torch.nn.Linear(3, 3)))
     outer, _ = fastact.apply(torch.nn.Sequential(inner, torch.nn.Softmax(dim=-1)))
-
-    class Probe(torch.nn.Module):
-        def forward(self, x):
-            self.depth = torch._C._len_torch_function_stack()
-            return F.softmax(x, -1)
 
     inner.append(Probe())
     with OpCounter() as count:
