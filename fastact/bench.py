@@ -1117,8 +1117,8 @@ def main(argv=None):
     models = None
     if args.models:
         from . import bench_models
-        models = bench_models.run_models(device)[0]
-        lines += bench_models.format_models(models)
+        models, model_lines = bench_models.report(device)
+        lines += model_lines
     if compiler is not None:
         lines.append(f"\ntorch.compile: {len(compiler.compile_s)} compilations, {compiler.spent_s:.1f} s"
                      + (f"; budget spent, no compile row for {len(compiler.skipped)} case(s): "

@@ -48,8 +48,9 @@ class Size:
 
 
 # CUDA: GPT-2 small and BERT base as published. The CPU sizes keep the attention's [B, H, S, S]
-# softmax and the MLP's [B, S, 4H] GELU at sizes a 2-core machine steps through in well under a
-# second (about 0.2 s float32), so twenty steps of each configuration fit in minutes.
+# softmax and the MLP's [B, S, 4H] GELU (each 2 x 4 x 256 x 256 = 2 x 256 x 1024 elements) at sizes a
+# 2-core machine steps through in 0.1 to 1.3 s (one thread, load average 5), so twenty steps of each
+# configuration fit in minutes.
 SIZES = {
     ("gpt2", "full"): Size(batch=8, seq=512, layers=12, hidden=768, heads=12, vocab=50257),
     ("bert", "full"): Size(batch=8, seq=512, layers=12, hidden=768, heads=12, vocab=30522),
@@ -258,6 +259,18 @@ def run_models(device, *, size="auto", models=MODELS, precisions=PRECISIONS, ste
                   f"fastact {row['fastact_ms']:.2f} ms, {row['speedup']:.2f}x{host} "
                   f"({time.perf_counter() - t0:.0f} s)", file=log, flush=True)
     return rows, prof
+
+
+def report(device):
+    """For ``python -m fastact.bench --models``: (rows, table lines) of every configuration at the
+    device's default sizes; (None, a line saying why) where transformers is not installed, so the
+    rest of the report still comes out."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as e:
+        return None, ["", f"models: skipped, transformers is not installed ({e}); pip install transformers"]
+    rows = run_models(device)[0]
+    return rows, format_models(rows)
 
 
 def format_models(rows):
