@@ -167,3 +167,10 @@ def explain(op, input, dim=-1, *, dtype=None):
 from . import nn  # noqa: E402
 from . import onnx  # noqa: E402,F401  (registers the ops with torch's ONNX exporters when torch imports them)
 from .nn import _implicit_dim  # noqa: E402  (F.softmax's dim=None rule and warning, silent while dynamo traces)
+
+# fastact in an existing model: `with fastact.patch():` (torch's functions) and fastact.apply(model)
+# (activation modules, and the mode around its forward). The names shadow the fastact.patch
+# submodule as an attribute; `from fastact.patch import FastActMode, OpCounter` still reaches it.
+from .patch import apply, patch  # noqa: E402
+
+__all__ += ["patch", "apply"]

@@ -1054,6 +1054,8 @@ def main(argv=None):
     p.add_argument("--default-malloc", action="store_true",
                    help="CPU: leave glibc's malloc as it is, so every large output comes from fresh pages "
                         "(page faults in every call; see keep_cpu_allocations)")
+    p.add_argument("--models", action="store_true", help="also a GPT-2 and a BERT training step with and without "
+                   "fastact (fastact/bench_models.py; needs transformers)")
     p.add_argument("--out", default="bench-out", help="folder for report.json and the PNG (default ./bench-out)")
     args = p.parse_args(argv)
 
@@ -1112,6 +1114,11 @@ def main(argv=None):
     speedups = speedup_summary(results)
     lines += format_speedups(speedups)
     lines += format_overhead(overhead)
+    models = None
+    if args.models:
+        from . import bench_models
+        models, model_lines = bench_models.report(device)
+        lines += model_lines
     if compiler is not None:
         lines.append(f"\ntorch.compile: {len(compiler.compile_s)} compilations, {compiler.spent_s:.1f} s"
                      + (f"; budget spent, no compile row for {len(compiler.skipped)} case(s): "
@@ -1136,6 +1143,7 @@ def main(argv=None):
         "bar": {"fractions": {f"{k}-{d}": v for (k, d), v in BARS.items()} if dev_type == "cuda" else None,
                 "cpu_geomean": CPU_GEOMEAN_BAR if dev_type == "cpu" else None, "overhead": OVERHEAD_BAR},
         "misses": misses,
+        "models": models,
     }
     path = os.path.join(args.out, "report.json")
     with open(path, "w") as f:

@@ -1,0 +1,348 @@
+"""fastact in an existing model, in one line.
+
+Two tools, for the two ways models reach an activation:
+
+* ``with fastact.patch():`` routes torch's *functions* to fastact while the block runs:
+  ``F.softmax``, ``torch.softmax``, ``Tensor.softmax``, ``F.log_softmax``, ``torch.log_softmax``,
+  ``Tensor.log_softmax``, ``F.gelu``, ``torch.sigmoid``, ``Tensor.sigmoid`` and ``F.sigmoid`` (which
+  calls ``Tensor.sigmoid``). Each keeps its torch semantics (``F.softmax``'s implicit dim and
+  ``_stacklevel``, ``dtype=``, ``F.gelu``'s ``approximate``); calls fastact does not take (complex,
+  integer, sparse or nested tensors, tensor subclasses, devices without a fastact kernel, ``out=``,
+  named dims) run torch's own function unchanged. This is what reaches the ``F.softmax`` inside a
+  Hugging Face attention.
+* ``fastact.apply(model)`` swaps, in place, the activation *modules* whose math is exactly a fastact
+  op: ``nn.Softmax``, ``nn.LogSoftmax``, ``nn.GELU``, ``nn.Sigmoid`` and the transformers GELU
+  classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
+  ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
+  ``functional=True`` (the default) it also makes every forward of ``model`` run inside
+  ``fastact.patch()``, so the functional calls route too.
+
+``patch()`` is a ``torch.overrides.TorchFunctionMode``. Its cost: while it is active every torch
+function call (matmul, add, view, ...) passes through its Python ``__torch_function__``, about a
+microsecond each on a CPU core (bench_models's ``--mode-overhead`` measures it), which is noise
+next to a GPU training step of a real model but shows on tiny models bound by launch overhead. It
+does not turn off fastact's own fast entry point: torch runs ``__torch_function__`` with the mode
+taken off the stack, so inside it fastact's functions see no mode (unless another mode sits below
+this one, ``with torch.device(...)`` for one, in which case they take the registered op: same
+results, ~1.5 us more a call).
+
+Under ``torch.compile`` dynamo traces through the mode (and through the hooks that ``apply`` adds):
+the graph holds fastact's ops, with no graph break (``fullgraph=True`` works); ``counts`` then
+counts what was traced, not each compiled call.
+
+Not covered: a forward recomputed during backward by activation checkpointing runs outside the
+mode that ``apply`` enters around ``model``'s forward (wrap the backward in ``fastact.patch()`` too,
+or accept torch's ops there: results agree within tolerance); modules of other classes than those
+above, even when they call a covered function, route only through the mode.
+"""
+
+import collections
+import functools
+import operator
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+import fastact
+from fastact import nn as _fnn
+
+__all__ = ["patch", "apply", "FastActMode", "OpCounter"]
+
+_FLOATING = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+_Tensor, _Parameter, _strided = torch.Tensor, torch.nn.Parameter, torch.strided
+
+
+def _has_kernel(dispatch_key):
+    """Whether fastact registered kernels for this dispatch key (a CPU-only build has no CUDA ones)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fastact::softmax", dispatch_key)
+
+
+_CPU_KERNELS, _CUDA_KERNELS = _has_kernel("CPU"), _has_kernel("CUDA")
+
+
+def _takes(x):
+    """An input fastact computes as torch would: a torch.Tensor or Parameter (a subclass, DTensor or
+    a wrapper tensor, has its own __torch_function__ / __torch_dispatch__ contract and meets torch's
+    op unchanged), strided (not sparse) and not nested, floating, on a device fastact has kernels
+    for. Ordered and written for speed: this runs on every routed call (each check ~0.1 us; a
+    x.device.type alone costs more than all of them)."""
+    t = type(x)
+    return ((t is _Tensor or t is _Parameter) and x.dtype in _FLOATING
+            and ((x.is_cpu and _CPU_KERNELS) or (x.is_cuda and _CUDA_KERNELS))
+            and x.layout is _strided and not x.is_nested)
+
+
+def _as_dim(dim):
+    """An int dim (Python int or anything with __index__, as torch's parser takes), or None where
+    torch means something else by it (a Dimname string, None)."""
+    if dim is None or isinstance(dim, str):
+        return None
+    try:
+        return operator.index(dim)
+    except TypeError:
+        return None
+
+
+# Argument binders: Python signatures of the torch functions, so positional and keyword calls
+# normalise the same way. A call they cannot bind is one torch would refuse: torch then raises its
+# own error.
+def _bind_f_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return input, dim, _stacklevel, dtype
+
+
+def _bind_softmax(input, dim, dtype=None, *, out=None):
+    return input, dim, dtype, out
+
+
+def _bind_gelu(input, approximate="none"):
+    return input, approximate
+
+
+def _bind_sigmoid(input, *, out=None):
+    return input, out
+
+
+# How many frames a _route_* function sits below the caller of F.softmax: F.softmax ->
+# handle_torch_function -> FastActMode.__torch_function__ -> _route_f_softmax. torch's own
+# F.softmax passes its _stacklevel straight to _get_softmax_dim, two frames below the caller.
+_EXTRA_FRAMES = 3
+
+
+def _route_f_softmax(fn, name):
+    def route(args, kwargs):
+        input, dim, stacklevel, dtype = _bind_f_softmax(*args, **kwargs)
+        if not _takes(input) or (dtype is not None and dtype not in _FLOATING):
+            return NotImplemented
+        if dim is None:  # torch's implicit-dim rule, with its deprecation warning at the caller's line
+            dim = F._get_softmax_dim(name, input.dim(), stacklevel + _EXTRA_FRAMES)
+        dim = _as_dim(dim)
+        if dim is None:
+            return NotImplemented
+        return fn(input, dim, dtype=dtype)
+
+    return route
+
+
+def _route_softmax(fn):
+    def route(args, kwargs):
+        input, dim, dtype, out = _bind_softmax(*args, **kwargs)
+        dim = _as_dim(dim)
+        if out is not None or dim is None or not _takes(input) or (dtype is not None and dtype not in _FLOATING):
+            return NotImplemented
+        return fn(input, dim, dtype=dtype)
+
+    return route
+
+
+def _route_gelu(args, kwargs):
+    input, approximate = _bind_gelu(*args, **kwargs)
+    if not _takes(input) or approximate not in ("none", "tanh"):
+        return NotImplemented
+    return fastact.gelu(input, approximate)
+
+
+def _route_sigmoid(args, kwargs):
+    input, out = _bind_sigmoid(*args, **kwargs)
+    if out is not None or not _takes(input):
+        return NotImplemented
+    return fastact.sigmoid(input)
+
+
+# torch function -> (op name, route). Tensor methods arrive as the TensorBase method descriptors
+# (torch.Tensor.softmax is torch._C.TensorBase.softmax); torch.softmax is the _VariableFunctions
+# builtin; F.gelu is torch._C._nn.gelu. F.sigmoid is a plain function calling Tensor.sigmoid.
+_ROUTES = {
+    F.softmax: ("softmax", _route_f_softmax(fastact.softmax, "softmax")),
+    F.log_softmax: ("log_softmax", _route_f_softmax(fastact.log_softmax, "log_softmax")),
+    torch.softmax: ("softmax", _route_softmax(fastact.softmax)),
+    torch.Tensor.softmax: ("softmax", _route_softmax(fastact.softmax)),
+    torch.log_softmax: ("log_softmax", _route_softmax(fastact.log_softmax)),
+    torch.Tensor.log_softmax: ("log_softmax", _route_softmax(fastact.log_softmax)),
+    F.gelu: ("gelu", _route_gelu),
+    torch.sigmoid: ("sigmoid", _route_sigmoid),
+    torch.Tensor.sigmoid: ("sigmoid", _route_sigmoid),
+}
+
+
+class FastActMode(TorchFunctionMode):
+    """The mode behind :func:`patch`. ``counts`` counts the calls that fastact ran, ``fallbacks``
+    those of the covered functions that went to torch, both by op name (softmax, log_softmax, gelu,
+    sigmoid); they accumulate over every time the mode is entered."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+        self.fallbacks = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        hit = _ROUTES.get(func)
+        if hit is not None:
+            name, route = hit
+            try:
+                y = route(args, kwargs)
+            except TypeError:  # arguments torch's signature refuses: torch raises its own error below
+                y = NotImplemented
+            if y is not NotImplemented:
+                self.counts[name] += 1
+                return y
+            self.fallbacks[name] += 1
+        # torch runs this handler with the mode off the stack: func reaches torch (or the next mode)
+        # without coming back here.
+        return func(*args, **kwargs)
+
+
+def patch():
+    """Context manager: inside ``with fastact.patch() as mode:`` the torch softmax, log_softmax,
+    GELU and sigmoid functions run fastact's ops (see this module's docstring for the list and the
+    fallbacks). ``mode.counts`` says how many calls fastact ran, by op."""
+    return FastActMode()
+
+
+# Module swaps: (old module) -> new fastact module, or None to leave it. Exact types only: a
+# subclass may override forward with other math.
+def _swap_softmax(cls):
+    def swap(m):
+        # dim=None is torch's deprecated implicit dim, chosen per call from the input's rank; left to
+        # torch's module.
+        return None if m.dim is None else cls(m.dim)
+
+    return swap
+
+
+_TORCH_SWAPS = {
+    torch.nn.Softmax: _swap_softmax(_fnn.Softmax),
+    torch.nn.LogSoftmax: _swap_softmax(_fnn.LogSoftmax),
+    torch.nn.GELU: lambda m: _fnn.GELU(m.approximate),
+    torch.nn.Sigmoid: lambda m: _fnn.Sigmoid(),
+}
+
+
+def _transformers_swaps():
+    """The transformers activation classes whose forward is exactly a fastact op, read off
+    transformers/activations.py: an empty dict where transformers is not installed."""
+    try:
+        from transformers import activations as act
+    except Exception:  # not installed, or broken in a way that is none of fastact's business
+        return {}
+
+    def gelu_activation(m):
+        # GELUActivation: self.act is F.gelu, or _gelu_python: x * 0.5 * (1 + erf(x / sqrt(2))).
+        f = getattr(m, "act", None)
+        if f is F.gelu or getattr(f, "__func__", None) is getattr(act.GELUActivation, "_gelu_python", object()):
+            return _fnn.GELU("none")
+        return None
+
+    def gelu_tanh(m):
+        # GELUTanh: self.act is partial(F.gelu, approximate="tanh"), or _gelu_tanh_python, the same
+        # formula as NewGELU.
+        f = getattr(m, "act", None)
+        if isinstance(f, functools.partial) and f.func is F.gelu and not f.args and f.keywords == {"approximate": "tanh"}:
+            return _fnn.GELU("tanh")
+        if getattr(f, "__func__", None) is getattr(act.GELUTanh, "_gelu_tanh_python", object()):
+            return _fnn.GELU("tanh")
+        return None
+
+    swaps = {}
+    if hasattr(act, "GELUActivation"):
+        swaps[act.GELUActivation] = gelu_activation
+    for name in ("GELUTanh", "PytorchGELUTanh"):  # PytorchGELUTanh: the older name (an alias now)
+        if isinstance(getattr(act, name, None), type):
+            swaps[getattr(act, name)] = gelu_tanh
+    # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))): tanh GELU, F.gelu(approximate="tanh").
+    # FastGELU writes it x * 0.7978845608 * (1 + 0.044715 * x * x), the same polynomial with
+    # sqrt(2 / pi) rounded at its 11th digit (3.6e-12 relative), far below float32's rounding.
+    for name in ("NewGELUActivation", "AccurateGELUActivation", "FastGELUActivation"):
+        if isinstance(getattr(act, name, None), type):
+            swaps[getattr(act, name)] = lambda m: _fnn.GELU("tanh")
+    # Not swapped: QuickGELU (x * sigmoid(1.702 x)), ClippedGELU (a clamp after), SiLU, Mish, ...:
+    # no fastact op computes them.
+    return swaps
+
+
+# The per-module hook tables a swap carries over, so hooks registered on an activation keep firing
+# (and their handles keep removing them: a handle holds a weak reference to the table itself).
+_HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+                "_backward_pre_hooks")
+
+
+def _swap_modules(model, swaps):
+    replaced = collections.Counter()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            make = swaps.get(type(child))
+            new = make(child) if make is not None else None
+            if new is None:
+                continue
+            new.train(child.training)
+            for table in _HOOK_TABLES:
+                if hasattr(child, table):
+                    setattr(new, table, getattr(child, table))
+            setattr(parent, name, new)
+            replaced[type(child).__name__] += 1
+    return replaced
+
+
+_tls = threading.local()
+
+
+def _enter(mode):
+    def pre_hook(module, args):
+        # One mode per thread however deep the nesting (a patched model called inside another, or
+        # recursively): a mode on top of the same mode would only add its per-call cost.
+        stack = _tls.__dict__.setdefault("modules", [])
+        if not stack:
+            mode.__enter__()
+            _tls.mode = mode
+        stack.append(module)
+
+    return pre_hook
+
+
+def _exit(module, args, output):
+    # always_call hooks run even where an earlier pre-hook raised before ours pushed: pop only our own.
+    stack = _tls.__dict__.get("modules")
+    if stack and stack[-1] is module:
+        stack.pop()
+        if not stack:
+            _tls.mode.__exit__(None, None, None)
+            _tls.mode = None
+
+
+def apply(model, *, functional=True):
+    """Puts fastact into ``model`` in place: returns ``(model, replaced)``.
+
+    Swaps every module whose forward is exactly a fastact op (``nn.Softmax``/``LogSoftmax`` with an
+    int dim, ``nn.GELU``, ``nn.Sigmoid``; transformers' erf and tanh GELU classes) for the
+    ``fastact.nn`` module with the same dim / approximation; ``replaced`` counts the swaps by the
+    old class's name. With ``functional=True`` every ``model(...)`` call also runs inside
+    :func:`patch`, so ``F.softmax`` / ``F.gelu`` / ``torch.sigmoid`` calls in the forward (the
+    softmax of an eager attention) route to fastact; ``model.fastact_mode.counts`` counts them.
+    Applying twice swaps nothing more and adds no second mode."""
+    replaced = _swap_modules(model, {**_TORCH_SWAPS, **_transformers_swaps()})
+    if functional and getattr(model, "fastact_mode", None) is None:
+        mode = FastActMode()
+        model.fastact_mode = mode
+        model.register_forward_pre_hook(_enter(mode))
+        # always_call: the mode leaves the stack even when the forward raises.
+        model.register_forward_hook(_exit, always_call=True)
+    return model, replaced
+
+
+class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ``fastact::`` ops the dispatcher runs (forward and backward), by op name: the
+    proof that fastact's kernels ran, whatever path the call took. For tests and diagnosis (every op
+    passes through Python while it is active: slow)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "fastact":
+            self.counts[func._opname] += 1
+        return func(*args, **(kwargs or {}))
