@@ -51,16 +51,16 @@ def test_version_single_sourced():
 
 
 def test_installed_metadata_version():
-    """The installed distribution's version (an editable install of this checkout) is fastact.__version__."""
-    try:
-        dist = importlib.metadata.distribution("fastact")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("fastact is not installed (run from a checkout on PYTHONPATH)")
-    direct = json.loads(dist.read_text("direct_url.json") or "{}")
-    url = direct.get("url", "")
-    if not url.startswith("file://") or pathlib.Path(url[len("file://"):]).resolve() != ROOT:
-        pytest.skip(f"the installed fastact is not this checkout ({url or 'no direct_url.json'})")
-    assert dist.version == fastact.__version__
+    """The installed distribution of this checkout (an editable install) has fastact.__version__."""
+    # Every fastact distribution on the path: a build's fastact.egg-info in the checkout is one too.
+    urls = {}
+    for dist in importlib.metadata.distributions(name="fastact"):
+        url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+        urls[url] = dist
+        if url.startswith("file://") and pathlib.Path(url[len("file://"):]).resolve() == ROOT:
+            assert dist.version == fastact.__version__
+            return
+    pytest.skip(f"no install of this checkout found (fastact distributions from: {sorted(urls) or 'none'})")
 
 
 def test_license():
