@@ -62,8 +62,9 @@ def missing_message(missing, editable=False):
         lines += [
             "",
             "fastact's extension is compiled against the torch it runs with, so it is built in your",
-            "environment, with the torch you have, not in an isolated one: pip's default build isolation",
-            "hides your torch (and a torch in the build requirements would be a different one).",
+            "environment, with the torch you have, not in an isolated one: build isolation (the default",
+            "of pip and of python -m build) hides your torch, and a torch in the build requirements would",
+            "be a different one.",
         ]
     lines += [
         "",
@@ -72,7 +73,8 @@ def missing_message(missing, editable=False):
         f'    pip install torch ninja "{TBB_DEVEL}" "setuptools>={MIN_SETUPTOOLS}"',
         f"    pip install --no-build-isolation {target}",
         "",
-        "(from an sdist: pip install --no-build-isolation fastact-<version>.tar.gz).",
+        "(from an sdist: pip install --no-build-isolation fastact-<version>.tar.gz;",
+        " to make a wheel: python -m build --wheel --no-isolation).",
     ]
     return "\n".join(lines)
 

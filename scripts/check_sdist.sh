@@ -12,7 +12,8 @@ py=${PYTHON:-python}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-$py -c "import build" 2>/dev/null || $py -m pip install -q build
+# (Asked of the package metadata: `import build` would find the checkout's build/ folder.)
+$py -c "import importlib.metadata as m; m.version('build')" 2>/dev/null || $py -m pip install -q build
 
 # From a clean copy of the sources (tracked, or new and not ignored): an earlier build's
 # fastact.egg-info/SOURCES.txt in the checkout would add its files to the sdist whatever MANIFEST.in says.
