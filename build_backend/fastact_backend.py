@@ -38,8 +38,7 @@ if _major(setuptools.__version__) < MIN_SETUPTOOLS:
         f'    pip install "setuptools>={MIN_SETUPTOOLS}"\n\nthen build again.'
     )
 
-from setuptools import build_meta as _setuptools  # noqa: E402
-from setuptools.build_meta import *  # noqa: E402,F401,F403  (every hook not redefined below)
+from setuptools import build_meta as _setuptools  # noqa: E402  (every PEP 517/660 hook is wrapped below)
 
 
 def missing_build_requirements():

@@ -5,7 +5,6 @@ scripts/check_sdist.sh (CI) builds a wheel from the sdist and smoke-tests it."""
 import ast
 import importlib.metadata
 import json
-import os
 import pathlib
 import subprocess
 import sys
