@@ -7,6 +7,10 @@ built three times (DEFAULT, AVX2, AVX512), each with its own `CPU_CAPABILITY` na
 `-m` flags, and `csrc/cpu/ops.cpp` picks one at run time from `at::native::get_cpu_capability()`.
 So the wheel runs on any x86-64 CPU and still uses 512-bit vectors where they exist; no
 `-march=native` anywhere.
+
+Builds go through the in-tree backend `build_backend/fastact_backend.py` (pyproject.toml), which
+stops with the commands to run when torch or tbb-devel is missing (pip's build isolation hides torch)
+and builds sdists without torch: with FASTACT_SDIST_ONLY=1 this file declares no extension.
 """
 
 import glob
@@ -19,15 +23,22 @@ from pathlib import Path
 
 from setuptools import setup
 
-import torch
-from torch.utils.cpp_extension import (
-    CUDA_HOME,
-    BuildExtension,
-    CppExtension,
-    CUDAExtension,
-)
-
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "build_backend"))
+import fastact_backend  # noqa: E402
+
+# An sdist is the files MANIFEST.in names: no extension, so neither torch nor a compiler is needed.
+SDIST_ONLY = os.environ.get(fastact_backend.SDIST_ENV) == "1"
+if not SDIST_ONLY:
+    # `python setup.py build_ext --inplace` and the like come here without the backend's check.
+    fastact_backend.check_build_requirements()
+    import torch
+    from torch.utils.cpp_extension import (
+        CUDA_HOME,
+        BuildExtension,
+        CppExtension,
+        CUDAExtension,
+    )
 
 # The one source built per instruction set, and the flags each build gets.
 ISA_SOURCE = "csrc/cpu/kernels.cpp"
@@ -104,43 +115,48 @@ def _runtime_libstdcxx():
     return [path]
 
 
-class FastactBuild(BuildExtension):
-    """BuildExtension plus the per-instruction-set objects of the CPU kernels."""
+def _build_ext_class():
+    """build_ext for the extension (a function: BuildExtension is imported only when building)."""
 
-    def build_extension(self, ext):
-        # The host side of .cu files is compiled by nvcc's host compiler, the first gcc on PATH unless
-        # told otherwise (torch passes -ccbin only when CC is set). Use Python's compiler, the one the
-        # .cpp files get, so that every object is built against the same libstdc++ headers.
-        if isinstance(ext.extra_compile_args, dict) and "nvcc" in ext.extra_compile_args and "CC" not in os.environ:
-            ext.extra_compile_args["nvcc"] = ["-ccbin", self.compiler.compiler_so[0]] + ext.extra_compile_args["nvcc"]
-        ext.extra_link_args = _runtime_libstdcxx() + list(ext.extra_link_args or [])
-        if platform.machine() in ("x86_64", "AMD64"):
-            builds = ISA_BUILDS
-        else:  # no x86 flags elsewhere: one portable build
-            builds = {"DEFAULT": []}
-        cxx = ext.extra_compile_args["cxx"] if isinstance(ext.extra_compile_args, dict) else ext.extra_compile_args
-        objects = []
-        for isa, flags in builds.items():
-            objects += self.compiler.compile(
-                [ISA_SOURCE],
-                output_dir=os.path.join(self.build_temp, f"isa_{isa.lower()}"),
-                include_dirs=ext.include_dirs,
-                extra_postargs=list(cxx) + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"],
-                depends=ext.depends,
-            )
-        ext.extra_objects = list(ext.extra_objects or []) + objects
-        ext.define_macros = list(ext.define_macros or []) + [
-            (f"FASTACT_HAVE_{isa}", "1") for isa in builds
-        ]
-        super().build_extension(ext)
-        # Builds before the eager entry points (csrc/eager.cpp) were abi3 libraries, `_C.abi3.so`, which
-        # a Python without a build of its own would still import from an editable checkout (or the
-        # build folder): this build replaces them.
-        built = os.path.abspath(self.get_ext_fullpath(ext.name))
-        for folder in (os.path.dirname(built), str(ROOT / "fastact")):
-            stale = os.path.join(folder, "_C.abi3.so")
-            if os.path.exists(stale) and os.path.abspath(stale) != built:
-                os.remove(stale)
+    class FastactBuild(BuildExtension):
+        """BuildExtension plus the per-instruction-set objects of the CPU kernels."""
+
+        def build_extension(self, ext):
+            # The host side of .cu files is compiled by nvcc's host compiler, the first gcc on PATH unless
+            # told otherwise (torch passes -ccbin only when CC is set). Use Python's compiler, the one the
+            # .cpp files get, so that every object is built against the same libstdc++ headers.
+            if isinstance(ext.extra_compile_args, dict) and "nvcc" in ext.extra_compile_args and "CC" not in os.environ:
+                ext.extra_compile_args["nvcc"] = ["-ccbin", self.compiler.compiler_so[0]] + ext.extra_compile_args["nvcc"]
+            ext.extra_link_args = _runtime_libstdcxx() + list(ext.extra_link_args or [])
+            if platform.machine() in ("x86_64", "AMD64"):
+                builds = ISA_BUILDS
+            else:  # no x86 flags elsewhere: one portable build
+                builds = {"DEFAULT": []}
+            cxx = ext.extra_compile_args["cxx"] if isinstance(ext.extra_compile_args, dict) else ext.extra_compile_args
+            objects = []
+            for isa, flags in builds.items():
+                objects += self.compiler.compile(
+                    [ISA_SOURCE],
+                    output_dir=os.path.join(self.build_temp, f"isa_{isa.lower()}"),
+                    include_dirs=ext.include_dirs,
+                    extra_postargs=list(cxx) + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"],
+                    depends=ext.depends,
+                )
+            ext.extra_objects = list(ext.extra_objects or []) + objects
+            ext.define_macros = list(ext.define_macros or []) + [
+                (f"FASTACT_HAVE_{isa}", "1") for isa in builds
+            ]
+            super().build_extension(ext)
+            # Builds before the eager entry points (csrc/eager.cpp) were abi3 libraries, `_C.abi3.so`, which
+            # a Python without a build of its own would still import from an editable checkout (or the
+            # build folder): this build replaces them.
+            built = os.path.abspath(self.get_ext_fullpath(ext.name))
+            for folder in (os.path.dirname(built), str(ROOT / "fastact")):
+                stale = os.path.join(folder, "_C.abi3.so")
+                if os.path.exists(stale) and os.path.abspath(stale) != built:
+                    os.remove(stale)
+
+    return FastactBuild
 
 
 def extension():
@@ -172,13 +188,15 @@ def extension():
     )
 
 
-if "TORCH_CUDA_ARCH_LIST" not in os.environ:
-    # sm_80 (A100) and sm_90 (H100); PTX for newer chips.
-    os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-
-# Not a limited-API (abi3) extension: csrc/eager.cpp calls torch's Python bindings (libtorch_python)
-# to enter the ops unboxed. The wheel is tied to one torch build (its C++ ABI) either way.
-setup(
-    ext_modules=[extension()],
-    cmdclass={"build_ext": FastactBuild},
-)
+if SDIST_ONLY:
+    setup()
+else:
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        # sm_80 (A100) and sm_90 (H100); PTX for newer chips.
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+    # Not a limited-API (abi3) extension: csrc/eager.cpp calls torch's Python bindings (libtorch_python)
+    # to enter the ops unboxed. The wheel is tied to one torch build (its C++ ABI) either way.
+    setup(
+        ext_modules=[extension()],
+        cmdclass={"build_ext": _build_ext_class()},
+    )

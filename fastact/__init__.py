@@ -15,7 +15,7 @@ from ._ops import _C
 from ._ops import ops as _ops
 
 __all__ = ["softmax", "log_softmax", "gelu", "bias_gelu", "sigmoid", "explain", "nn"]
-__version__ = "0.1.0"
+from ._version import __version__
 
 # Each function first tries _C's eager entry point (csrc/eager.cpp: one unboxed dispatcher call for a
 # plain tensor), which returns NotImplemented for anything else (tensor subclasses, torch function
