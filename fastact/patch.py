@@ -204,18 +204,11 @@ def patch():
 
 # Module swaps: (old module) -> new fastact module, or None to leave it. Exact types only: a
 # subclass may override forward with other math.
-def _swap_softmax(cls):
-    def swap(m):
-        # dim=None is torch's deprecated implicit dim, chosen per call from the input's rank; left to
-        # torch's module.
-        return None if m.dim is None else cls(m.dim)
-
-    return swap
-
-
 _TORCH_SWAPS = {
-    torch.nn.Softmax: _swap_softmax(_fnn.Softmax),
-    torch.nn.LogSoftmax: _swap_softmax(_fnn.LogSoftmax),
+    # dim=None (torch's deprecated implicit dim, chosen per call from the input's rank) included:
+    # fastact.nn's modules apply the same rule, with the same warning.
+    torch.nn.Softmax: lambda m: _fnn.Softmax(m.dim),
+    torch.nn.LogSoftmax: lambda m: _fnn.LogSoftmax(m.dim),
     torch.nn.GELU: lambda m: _fnn.GELU(m.approximate),
     torch.nn.Sigmoid: lambda m: _fnn.Sigmoid(),
 }
@@ -316,8 +309,8 @@ def _exit(module, args, output):
 def apply(model, *, functional=True):
     """Puts fastact into ``model`` in place: returns ``(model, replaced)``.
 
-    Swaps every module whose forward is exactly a fastact op (``nn.Softmax``/``LogSoftmax`` with an
-    int dim, ``nn.GELU``, ``nn.Sigmoid``; transformers' erf and tanh GELU classes) for the
+    Swaps every module whose forward is exactly a fastact op (``nn.Softmax``, ``nn.LogSoftmax``,
+    ``nn.GELU``, ``nn.Sigmoid``; transformers' erf and tanh GELU classes) for the
     ``fastact.nn`` module with the same dim / approximation; ``replaced`` counts the swaps by the
     old class's name. With ``functional=True`` every ``model(...)`` call also runs inside
     :func:`patch`, so ``F.softmax`` / ``F.gelu`` / ``torch.sigmoid`` calls in the forward (the

@@ -193,16 +193,25 @@ def test_apply_keeps_hooks_and_leaves_what_it_cannot_match():
 
     model = torch.nn.Sequential(act, MyGELU(), torch.nn.Softmax(dim=None), torch.nn.ReLU())
     model.eval()
+    ref = torch.nn.Sequential(torch.nn.GELU(), MyGELU(), torch.nn.Softmax(dim=None), torch.nn.ReLU())  # no hook
     model, replaced = fastact.apply(model)
-    assert replaced == {"GELU": 1}
+    assert replaced == {"GELU": 1, "Softmax": 1}
     assert type(model[0]) is fastact.nn.GELU and not model[0].training
-    assert type(model[1]) is MyGELU and type(model[2]) is torch.nn.Softmax
+    assert type(model[1]) is MyGELU and type(model[3]) is torch.nn.ReLU
+    assert type(model[2]) is fastact.nn.Softmax and model[2].dim is None
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        y = model(x)  # the implicit dim (1 for a 2-d input) and its warning, as torch's module
+    assert seen == [torch.Size([2, 3])]
+    with warnings.catch_warnings(record=True) as w_torch:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(y, ref(x))
+    assert [(m.category, m.filename) for m in w] == [(m.category, m.filename) for m in w_torch] != []
+    handle.remove()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nn.Softmax(dim=None)'s implicit dim
-        model(torch.randn(2, 3))
-        assert seen == [torch.Size([2, 3])]
-        handle.remove()
-        model(torch.randn(2, 3))
+        warnings.simplefilter("ignore")
+        model(x)
     assert len(seen) == 1
 
 
