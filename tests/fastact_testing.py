@@ -122,6 +122,8 @@ class OpSpec:
         if bias is not None:
             x = x + bias.to(torch.float64)
         if self.takes_dim:
+            if x.numel() == 0:  # no row to reduce (amax refuses an empty dim): an empty result of the same shape
+                return x.clone()
             if x.dim() == 0:
                 x, dim = x.view(1), 0
                 squeeze = True

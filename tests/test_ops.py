@@ -67,11 +67,15 @@ def test_elementwise_every_rank(device, dtype, op, shape, layout):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
-def test_default_dim_is_last(device, op):
+def test_default_dim_is_torchs(device, op):
+    """No dim: F.softmax's deprecated implicit dim (0 for a 3-d input), as F.softmax picks it (tests/test_api.py has
+    the warning and every rank)."""
     x = make_tensor((4, 6, 5), torch.float32, device)
     f = fastact.softmax if op.name == "softmax" else fastact.log_softmax
-    torch.testing.assert_close(f(x), f(x, -1), rtol=0, atol=0)
-    torch.testing.assert_close(f(x), op.torch(x, dim=-1))
+    with pytest.warns(UserWarning, match="Implicit dimension choice"):
+        y = f(x)
+    torch.testing.assert_close(y, f(x, 0), rtol=0, atol=0)
+    torch.testing.assert_close(y, op.torch(x, dim=0))
 
 
 def test_default_approximate(device):
