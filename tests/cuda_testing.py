@@ -73,7 +73,7 @@ def make_class(cls, d, dtype):
 
 
 def must_accept(variant, cls, d, dtype):
-    """Where a forced variant must take the input (DESIGN.md's table and include/fastact/dispatch.h);
+    """Where a forced variant must take the input (docs/dispatch.md's table of variants and include/fastact/dispatch.h);
     elsewhere it may take it (and must then be right) or refuse with "cannot take"."""
     # a softmax dim of size 1 is a rows problem whatever its stride (csrc/common.h): rows of one element
     inner1 = not cls.startswith("strided_") or d == 1
@@ -102,8 +102,8 @@ def must_refuse(variant, cls, d, dtype, out_dtype=None, backward=True):
 
 
 def _plan(explanation):
-    """explain()'s plan line (dispatch.h softmax_plan_fields) as a dict: every SoftmaxPlan field by name (numbers as
-    ints), "flags" and "rows" (the preference rows that shaped the plan: docs/dispatch.md) as sets."""
+    """explain()'s plan line (dispatch_explain.h softmax_plan_fields) as a dict: every SoftmaxPlan field by name
+    (numbers as ints), "flags" and "rows" (the preference rows that shaped the plan: docs/dispatch.md) as sets."""
     lines = [line for line in explanation.splitlines() if line.startswith("plan: ")]
     assert len(lines) == 1, explanation
     out = {}

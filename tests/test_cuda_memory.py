@@ -129,7 +129,7 @@ for op in SOFTMAX_OPS:
 l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
 
 
-def show(explanation):  # a softmax plan line (dispatch.h softmax_plan_fields), for the test to read
+def show(explanation):  # a softmax plan line (dispatch_explain.h softmax_plan_fields), for the test to read
     print("SOFTMAX", explanation.splitlines()[-1])
 
 
@@ -257,7 +257,7 @@ cases = {
     "softmax f32 rows of 128": lambda: fastact.softmax(xf[:128 * 64].view(64, 128), -1),
     "softmax bf16 rows of 1024": lambda: fastact.softmax(xb[:1024 * 64].view(64, 1024), -1),
 }
-explained = {  # the softmax cases' plans (dispatch.h softmax_plan_fields)
+explained = {  # the softmax cases' plans (dispatch_explain.h softmax_plan_fields)
     "log_softmax_backward bf16": fastact.explain("log_softmax_backward", yb),
     "log_softmax_backward f32": fastact.explain("log_softmax_backward", yf),
     "softmax f32 rows of 96": fastact.explain("softmax", xf[:96 * 64].view(64, 96)),

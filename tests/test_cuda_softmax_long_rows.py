@@ -181,7 +181,7 @@ torch.save(out, sys.argv[1])
 
 @pytest.mark.gpu_memory(8)  # a subprocess of its own: a CUDA context and tensors outside this worker's allocator
 def test_grid_mode_ctas_that_give_up(tmp_path):
-    """A CTA that waits for its row longer than dispatch.h kGridWaitNs gives up and the launch's last CTA
+    """A CTA that waits for its row longer than softmax_shapes.h kGridWaitNs gives up and the launch's last CTA
     computes its slice (include/fastact/softmax/grid.cuh): FASTACT_GRID_WAIT_US=0 makes every CTA that
     would wait give up. Results bitwise equal to those of a run that waits, and right; also the bf16 -> float
     dtype= cast (its forward's warp-paired stores, block.cuh WarpPairedStores)."""
