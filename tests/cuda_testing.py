@@ -95,7 +95,7 @@ def must_accept(variant, cls, d, dtype):
 def must_refuse(variant, cls, d, dtype, out_dtype=None, backward=True):
     # a 128-bit load from a misaligned pointer is wrong: vec must refuse those views, but for the 16-bit
     # forward into an aligned output of the same dtype whose rows the vector width divides, which it
-    # realigns in registers (dispatch.h softmax_rows_shift_vectorizable; test_vec_shifted_rows)
+    # realigns in registers (dispatch.h softmax_rows_shift_vectorizable; test_cuda_softmax.py test_vec_shifted_rows)
     shifted = (not backward and dtype in (torch.float16, torch.bfloat16) and out_dtype in (None, dtype)
                and d % _vec_width(dtype) == 0)
     return variant == "vec" and cls in ("misaligned", "row_strided") and not shifted

@@ -144,7 +144,7 @@ def test_fused_cast_forward_warp_pairs(op, in_dtype):
     row vec-fwd-deep-cast; 2048 to 16384), of a partial last warp (264, 1000, 1016, 4104, 12296), aligned rows
     with a padded stride, and rows off the alignment (4095, 4097: plain stores); vec forced and the dispatcher's
     plan; outputs poisoned, against float64 (fastact_testing.fused_cast_forward_failures). Long rows:
-    test_fused_cast_long_rows."""
+    test_cuda_softmax_long_rows.py test_fused_cast_long_rows."""
     failures = []
     for d in (256, 264, 1000, 1016, 1024, 2048, 4095, 4096, 4097, 4104, 12288, 12296, 16384):
         failures += fused_cast_forward_failures(in_dtype, 37, d, ("vec", "auto"), ops=(op.name,))

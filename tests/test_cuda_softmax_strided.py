@@ -377,7 +377,7 @@ def test_strided_staged_reached():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)
 def test_strided_staged_special_values(op, dtype, shape):
-    """The staged forward with special values down a column (as test_softmax_special_values along rows),
+    """The staged forward with special values down a column (as test_ops.py test_softmax_special_values along rows),
     at 2, 4 and 8 thread groups a column (their (max, sum) pairs combined): all -inf gives NaN, a +inf or
     a NaN makes the column NaN, a -inf first and last; masked columns (partly -inf) forward and, through
     autograd, the staged backward (or at D = 1000 the streamed one)."""
