@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import fastact  # noqa: E402
-from cuda_testing import VARIANTS, _call, _is_staged, must_accept, _plan  # noqa: E402
+from cuda_testing import VARIANTS, _call, _is_staged, _plan, must_accept  # noqa: E402
 from fastact_testing import (  # noqa: E402
     ALL_OPS,
     assert_close,

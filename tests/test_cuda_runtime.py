@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import fastact  # noqa: E402
-from cuda_testing import VARIANTS, _call, _is_staged, make_class, _plan  # noqa: E402
+from cuda_testing import VARIANTS, _call, _is_staged, _plan, make_class  # noqa: E402
 from fastact_testing import (  # noqa: E402
     ALL_OPS,
     SOFTMAX_OPS,

@@ -20,11 +20,11 @@ from cuda_testing import (  # noqa: E402
     VARIANTS,
     _call,
     _explain_plan,
+    _variant,
+    _vec_width,
     make_class,
     must_accept,
     must_refuse,
-    _variant,
-    _vec_width,
 )
 from fastact_testing import (  # noqa: E402
     SOFTMAX_OPS,
