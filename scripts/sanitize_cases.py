@@ -244,16 +244,16 @@ def staged_cases(dtype):
 
 
 def prefetch_cases(dtype, synccheck=False, quick=False):
-    """The cached strided forward that prefetches the tiles ahead into L2 (dispatch.h strided_prefetches:
+    """The cached strided forward that prefetches the tiles ahead into L2 (dispatch.h row strided-prefetch:
     inputs of at least the L2 size, float accumulation, D >= 8): dim 1 of [n, 1024, 2056] just past the L2
     size (the last tiles' counterparts ahead lie past the end and prefetch nothing) and dim 0 of [16384, m]
     (tiles over clusters of 16; not under synccheck, which stops on that forward as on the backward of
     SYNCCHECK_SKIPS, with the prefetch off as well, on the H100). A case whose plan is not cached
     (without clusters) is left out. On a deep-memory device the 16-bit dim-1 case runs in half lines without the
     prefetch (dispatch.h kStridedRawCtaThreads), checked all the same. 16-bit: also the long_row forward of rows of
-    262144 in shared memory (dispatch.h long_row_prefetches; the last rows' counterparts ahead lie past the end; on a
-    deep-memory device with a register part as loaded besides, prefetched from four times the L2 size:
-    kDeepRawPrefetchL2Multiple)."""
+    262144 in shared memory (dispatch.h row long-row-prefetch; the last rows' counterparts ahead lie past the end;
+    on a deep-memory device with a register part as loaded besides, prefetched from four times the L2 size: the same
+    row's deep entry)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     deep = "memory depth deep" in fastact.explain("sigmoid", torch.randn(8, device="cuda"))
     cases = [((-(-l2 // (1024 * 2056 * dtype.itemsize)), 1024, 2056), 1)]
@@ -270,9 +270,9 @@ def prefetch_cases(dtype, synccheck=False, quick=False):
             want = (torch.log_softmax if log else torch.softmax)(x.double(), dim)
             check(f"{'log_' if log else ''}softmax prefetch {shape} {dtype}",
                   (ops.log_softmax if log else ops.softmax)(x, dim, None), want, dtype)
-    if dtype.itemsize == 2:  # the long_row forward of 16-bit rows in shared memory (dispatch.h long_row_prefetches)
+    if dtype.itemsize == 2:  # the long_row forward of 16-bit rows in shared memory (dispatch.h row long-row-prefetch)
         # On a deep-memory device these rows take the shape with a register part as loaded, prefetched from four
-        # times the L2 size (dispatch.h kDeepRawPrefetchL2Multiple): both sizes there, the smaller unprefetched (not
+        # times the L2 size (dispatch.h row long-row-prefetch, deep): both sizes there, the smaller unprefetched (not
         # the larger under --quick, which sanitize.sh gives racecheck alone: the prefetch touches no shared memory,
         # and the smaller runs the same shared-memory code).
         for times in (1, 4) if deep and not quick else (1,):

@@ -3,7 +3,7 @@
 test_golden_plans pins every plan of tests/host/dispatch_golden.txt.gz (docs/dispatch.md says how to change one).
 tests/host/dispatch_plans.cpp, built here with the host compiler, prints softmax_explain for problems given on
 stdin and a device given on its command line: the plans a deep-memory device (the H200) and a standard one (the
-H100) get for the dtype= cast's rows. The GPU tests (test_cuda.py) run whatever plans the real device gets and
+H100) get for the dtype= cast's rows. The GPU tests (test_cuda_*.py) run whatever plans the real device gets and
 check what every plan must satisfy, not where the rows draw their lines.
 """
 

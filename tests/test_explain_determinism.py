@@ -69,7 +69,7 @@ def test_explain_dtype(device):
         fastact.explain("softmaxx", y, dtype=torch.float32)
     # The plan is the kernel's: a cast-first input is a fresh dense tensor (here of a transposed, non-dense x); the
     # fused backward plans by the float dy and y it reads (CPU: the strided runs of float); on CUDA the mixed widths
-    # leave warp from 896, float rows from 512 (dispatch.h softmax_rows_leave_warp).
+    # leave warp from 896, float rows from 512 (dispatch.h rows vec-bwd-aligned, vec-bwd-f32).
     xt = make_tensor((300, 64), torch.float32, device)[::2].t()
     cast = fastact.explain("softmax", xt, 0, dtype=torch.float16)
     plain = fastact.explain("softmax", xt.to(torch.float16), 0)

@@ -10,7 +10,7 @@
 // H100 SXM (HBM3, 2619 MHz x 5120 bits, 132 SMs at 1980 MHz): 12.8; H200 (HBM3e, 3201 MHz x 6144
 // bits, the same SMs): 18.8; A100 80GB: 13.4. At or above kDeepMemoryBytesPerSmCycle a device is
 // kDeep: its elementwise kernels take more bytes a thread (elementwise.cuh elementwise_shape says
-// which) and the 16-bit softmax vec backward one unit a thread (dispatch.h softmax_vec_backward_one_unit),
+// which) and the 16-bit softmax vec backward one unit a thread (dispatch.h row vec-one-unit),
 // from diags on both machines (docs/performance.md, memory depth). Where a CUDA attribute is
 // missing (zero, or an error) the device is kStandard, the class whose shapes were tuned on the H100.
 //

@@ -72,10 +72,10 @@ FASTACT_DEVICE AlignedVector<T, N> load_vector_line(const T* p) {
 }
 
 // Loads of data the same CTA reads twice, close together (block.cuh's two-pass backward): the first read asks L1
-// and L2 to keep the lines (kEvictLast), the second to drop them first (kEvictFirst). ld.global.L1::evict_*.
+// and L2 to keep the lines (Evict::kLast), the second to drop them first (Evict::kFirst). ld.global.L1::evict_*.
 // L2::cache_hint with a createpolicy.fractional.L2::evict_* policy, which is what Triton emits for tl.load's
 // eviction_policy='evict_last' / 'evict_first' on sm_90 (16-byte vectors, sm_80+; others load as load_vector).
-// Why: dispatch.h softmax_rows_two_pass; the same two passes with plain loads ran 2.6-3.7% slower.
+// Why: dispatch.h row two-pass (docs/dispatch.md two-pass); the same two passes with plain loads ran 2.6-3.7% slower.
 enum class Evict { kLast, kFirst };
 template <Evict kPolicy, typename T, int N>
 FASTACT_DEVICE AlignedVector<T, N> load_vector_evict(const T* p) {

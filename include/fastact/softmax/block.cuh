@@ -695,13 +695,13 @@ __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_kern
   }
 }
 
-// The backward of a row in two passes (plan.two_pass; dispatch.h softmax_rows_two_pass says why): pass 1 loads the
+// The backward of a row in two passes (plan.two_pass; dispatch.h row two-pass says where and why): pass 1 loads the
 // thread's units of grad_output and output with an evict_last policy and sums the term (softmax's, which reads both:
 // the only epilogue the rule takes); the row's all-reduce; pass 2 loads grad_output and output again with
 // evict_first (from L1 or L2) and writes grad_input. Nothing loaded is live across the all-reduce. One CTA a row,
 // aligned rows of whole units, the units j * T + t of the resident kernels, summed in their order (at the same
 // threads, bitwise softmax_block_bwd_kernel's result). kVecs: the units a thread moves in each pass
-// (softmax_two_pass_units: 1 or 2), compiled for exactly those (ptxas, sm_90: 24 and 32 registers, two 1024-thread
+// (dispatch.h plan_block: 1 or 2), compiled for exactly those (ptxas, sm_90: 24 and 32 registers, two 1024-thread
 // CTAs an SM).
 template <typename in_t, typename out_t, typename Epi, int kVec, int kVecs>
 __global__ __launch_bounds__(kResidentMaxThreads, 1) void softmax_block_bwd_two_pass_kernel(
@@ -824,7 +824,7 @@ cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t ro
   if (threads <= 0 || threads > kResidentMaxThreads || threads % kWarpSize != 0 || cluster < 1 ||
       cluster > kMaxCluster || int64_t(cluster) * threads * block_bwd_elems<out_t, kVec>() < dim)
     return cudaErrorInvalidConfiguration;
-  if (two_pass) {  // compiled only for the backwards dispatch.h softmax_rows_two_pass takes
+  if (two_pass) {  // compiled only for the backwards of dispatch.h row two-pass
     if constexpr (kVec > 1 && sizeof(in_t) == 2 && sizeof(out_t) == 2 && Epi::kTermUsesOutput) {
       if (cluster != 1 || edges || dim % kVec != 0 || int64_t(threads) * 2 * kVec < dim)
         return cudaErrorInvalidConfiguration;
@@ -836,7 +836,7 @@ cudaError_t block_backward(const out_t* dy, const out_t* y, in_t* dx, int64_t ro
     }
     return cudaErrorInvalidConfiguration;
   }
-  if (one_unit) {  // compiled only for the backwards dispatch.h softmax_vec_backward_one_unit takes
+  if (one_unit) {  // compiled only for the backwards of dispatch.h row vec-one-unit
     if constexpr (kVec > 1 && sizeof(in_t) == 2 && sizeof(out_t) == 2) {
       if (cluster != 1 || edges || dim % kVec != 0 || int64_t(threads) * kVec < dim) return cudaErrorInvalidConfiguration;
       return launch_items<softmax_block_bwd_kernel<in_t, out_t, Epi, kVec, false, 1>>(rows, threads, 0, 1, stream, dy,

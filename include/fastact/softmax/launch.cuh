@@ -90,7 +90,7 @@ inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
 // SoftmaxProblem::bwd_two_cta_threads for block.cuh's backward kernel of 128-bit accesses (no edges) on the
 // current device: the largest block, a multiple of a warp, of which the occupancy query fits two CTAs an SM. The
 // registers the compiler chose decide it, so it is asked, not assumed; once per device. 0 when the query fails
-// (the dispatcher then takes block_backward_two_cta_threads_unprobed).
+// (the dispatcher then takes dispatch.h cluster_backward_two_cta_threads's default).
 template <typename in_t, typename out_t, typename Epi>
 int block_backward_two_cta_threads() {
   constexpr auto kKernel = softmax_block_bwd_kernel<in_t, out_t, Epi, softmax_vec_width(sizeof(in_t), sizeof(out_t))>;

@@ -8,9 +8,9 @@
 // accesses lie inside the row (kVec divides D when kVec > 1); each phase (load, max, sum, stores;
 // backward: load, dot, stores) skips the others. Reductions are xor shuffles within the row's lanes;
 // no shared memory, no barriers. Blocks of 4 warps (2 for the 16-bit forward of rows of 1024 on a
-// deep-memory device: dispatch.h softmax_warp_small_blocks), one block of rows each. On a deep-memory device the
+// deep-memory device: dispatch.h row warp-small-blocks), one block of rows each. On a deep-memory device the
 // forward of rows whose 128-bit units are not a power of two (D = 96: 24 units of floats) is packed
-// (kPacked, dispatch.h softmax_warp_packed): four accesses a lane, so a row spans fewer lanes and a warp
+// (kPacked, dispatch.h row warp-packed): four accesses a lane, so a row spans fewer lanes and a warp
 // takes several whole rows, not one with a quarter of its lanes idle. The forward of 16-bit rows whose
 // lanes read several vectors (rows of 512 and 1024, and packed rows) keeps them as loaded
 // (softmax_warp_raw), the others converted to the accumulation type.
@@ -35,8 +35,8 @@
 namespace fastact::softmax_impl {
 
 // kBackward, kOutBytes: the direction and the output element (backward: grad_output and output), for
-// dispatch.h softmax_warp_elems_per_thread; kPacked: the forward's packed plan (dispatch.h softmax_warp_packed).
-// kThreads: the block (kWarpBlockThreads; the forward's kWarpSmallBlockThreads, dispatch.h softmax_warp_small_blocks).
+// softmax_shapes.h softmax_warp_elems_per_thread; kPacked: the forward's packed plan (dispatch.h row warp-packed).
+// kThreads: the block (kWarpBlockThreads; the forward's kWarpSmallBlockThreads, dispatch.h row warp-small-blocks).
 template <int kLog2, int kVec, bool kBackward, int kOutBytes, bool kPacked = false, int kThreads = kWarpBlockThreads>
 struct WarpShape {
   static_assert(!kPacked || (!kBackward && softmax_warp_packable(kLog2, kVec)), "packed: forward, packable rows");
@@ -55,7 +55,7 @@ struct WarpShape {
   static constexpr bool kLoadL2 = kVecs > 1;
   // Accesses past the row filled, the later phases' guards from fresh copies (see the top of the file).
   static constexpr bool kFill = kVecs >= 16;
-  // The forward keeps 16-bit rows as loaded (dispatch.h softmax_warp_raw).
+  // The forward keeps 16-bit rows as loaded (softmax_shapes.h softmax_warp_raw).
   template <typename in_t, typename A>
   static constexpr bool kRaw = softmax_warp_raw(kVecs, kVec, sizeof(in_t), sizeof(A));
 };
