@@ -40,8 +40,8 @@ if not SDIST_ONLY:
         CUDAExtension,
     )
 
-# The one source built per instruction set, and the flags each build gets.
-ISA_SOURCE = "csrc/cpu/kernels.cpp"
+# The sources built once per instruction set (the CPU kernels and their table), and the flags each build gets.
+ISA_SOURCES = ["csrc/cpu/softmax_kernels.cpp", "csrc/cpu/elementwise_kernels.cpp", "csrc/cpu/kernels.cpp"]
 ISA_BUILDS = {
     "DEFAULT": [],
     "AVX2": ["-mavx2", "-mfma", "-mf16c"],
@@ -136,7 +136,7 @@ def _build_ext_class():
             objects = []
             for isa, flags in builds.items():
                 objects += self.compiler.compile(
-                    [ISA_SOURCE],
+                    ISA_SOURCES,
                     output_dir=os.path.join(self.build_temp, f"isa_{isa.lower()}"),
                     include_dirs=ext.include_dirs,
                     extra_postargs=list(cxx) + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"],
@@ -162,7 +162,7 @@ def _build_ext_class():
 def extension():
     tbb_include, tbb_lib = _tbb_paths()
     with_cuda = _want_cuda()
-    sources = sorted(glob.glob("csrc/*.cpp")) + [s for s in sorted(glob.glob("csrc/cpu/*.cpp")) if s != ISA_SOURCE]
+    sources = sorted(glob.glob("csrc/*.cpp")) + [s for s in sorted(glob.glob("csrc/cpu/*.cpp")) if s not in ISA_SOURCES]
     cxx = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas"]
     kwargs = dict(
         name="fastact._C",

@@ -1,10 +1,11 @@
 // The CPU kernels as csrc/cpu/ops.cpp sees them: one table of plain function pointers per
-// instruction set. csrc/cpu/kernels.cpp is compiled once per ISA (setup.py: DEFAULT, AVX2,
+// instruction set. The kernel files (setup.py ISA_SOURCES: softmax_kernels.cpp,
+// elementwise_kernels.cpp and the table's kernels.cpp) are compiled once per ISA (DEFAULT, AVX2,
 // AVX512, each inside its own `namespace CPU_CAPABILITY`) and each build defines its
 // `kernel_table()`; ops.cpp picks one at run time from torch's CPU capability.
 //
-// Torch-free on purpose (c10 scalar types only): kernels.cpp must not see ATen/torch headers whose
-// inline code would be compiled once per ISA (see the ODR note in kernels.cpp).
+// Torch-free on purpose (c10 scalar types only): the kernel files must not see ATen/torch headers whose
+// inline code would be compiled once per ISA (see the ODR note in csrc/cpu/vec_io.h).
 //
 // Conventions for every kernel below:
 // - element counts and sizes are int64_t; nothing is called with an empty problem;
@@ -93,6 +94,39 @@ struct KernelTable {
     else return bf16;
   }
 };
+
+#if defined(CPU_CAPABILITY)
+// Inside one ISA build: the entry points that softmax_kernels.cpp and elementwise_kernels.cpp define
+// (instantiated for the four element types; the fused casts for half and bfloat16 only) and kernels.cpp
+// gathers into that build's table. Each is the TypedKernels<T> member of its name.
+namespace CPU_CAPABILITY {
+template <typename T>
+void softmax_fwd(const T* x, T* y, const SoftmaxShape& shape, bool log);
+template <typename T>
+void softmax_fwd_to_float(const T* x, float* y, const SoftmaxShape& shape, bool log);
+template <typename T>
+void softmax_bwd(const T* dy, const T* y, T* dx, const SoftmaxShape& shape, bool log);
+template <typename T>
+void softmax_bwd_from_float(const float* dy, const float* y, T* dx, const SoftmaxShape& shape, bool log);
+template <typename T>
+int64_t softmax_strided_columns(const SoftmaxShape& shape, bool backward);
+template <typename T>
+int64_t softmax_strided_lane_group(const SoftmaxShape& shape, bool backward);
+template <typename T>
+void gelu_fwd(const T* x, T* y, const ElementRows& g, bool tanh_approx);
+template <typename T>
+void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx);
+template <typename T>
+void sigmoid_fwd(const T* x, T* y, const ElementRows& g);
+template <typename T>
+void sigmoid_bwd(const T* dy, const T* y, T* dx, const ElementRows& g);
+template <typename T>
+void bias_gelu_fwd(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx);
+template <typename T>
+void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* dx, T* dbias, int64_t rows,
+                   int64_t cols, bool tanh_approx);
+}  // namespace CPU_CAPABILITY
+#endif
 
 // One table per ISA build; only those of the builds that exist are defined (ops.cpp sees
 // FASTACT_HAVE_<ISA>).

@@ -513,7 +513,7 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
           << (columns >= g.inner ? ": whole slabs" : "") << "), the columns' state in buffers, each row a run";
       } else if (body > 0) {
         // Float backwards of slabs wider than a vector keep the columns past their last vector pair in their own
-        // tasks, in padded lanes (kernels.cpp turned_group_width).
+        // tasks, in padded lanes (softmax_kernels.cpp turned_group_width).
         const int64_t padded = group == 0 && g.inner % lanes != 0 ? g.inner % (2 * lanes) : 0;
         if (padded == g.inner) {
           s << "tasks of (outer index, " << g.inner << " columns: whole slabs) in padded lanes";

@@ -4,7 +4,7 @@
 // (csrc/cpu/ops.cpp says why).
 //
 // The TBB side (the arena, tbb::parallel_for) lives in csrc/cpu/ops.cpp, an ordinary translation
-// unit: the per-ISA builds of kernels.cpp call it through a type-erased function pointer, so no
+// unit: the per-ISA builds of the kernel files call it through a type-erased function pointer, so no
 // TBB or std template that the AVX2/AVX512 objects would instantiate (and that the linker could
 // then pick for the whole library) is compiled with wide-vector flags.
 #pragma once
