@@ -27,8 +27,8 @@ using Epilogue = std::conditional_t<kLog, math::LogSoftmaxEpilogue, math::Softma
 // Rows shorter than a vector pair (D < 2 kV; which of them: softmax_rows_turned): kV rows at a time, turned through a
 // buffer [D][kV] so that a lane holds a row. The max, the exps, the sum and the outputs are then lane-wise vector ops
 // over D (a row of 10 floats costs a tenth of a vector exp, not 10 scalar exps and two horizontal reductions).
-// Why (this 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
-// 9.7 (4.7) with a padded vector pair a row; bench/NOTES.md thirtieth session has the figures after.
+// Why (a 2-core AVX2 VM, 8 MB f32, ms, torch in brackets): rows of 10 21.1 (6.0) with scalar tails,
+// 9.7 (4.7) with a padded vector pair a row, both slower than turning the rows.
 
 // The blocks of kV rows of those kernels: f(r0, nr) for rows [r0, r0 + nr), split over threads.
 template <typename F>
@@ -229,9 +229,8 @@ void softmax_lastdim_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
 // dependent steps (horizontal max, exp, horizontal sum, logf, output) longer than the row's own work, and the
 // out-of-order window holds little more than one row's instructions, so the rows hardly overlap; within a pass the
 // block's rows are independent. log(sum) is taken kV rows at a time, vectorised; a row with a non-finite max gets a
-// NaN max, so its outputs x - m - c are NaN (torch's NaN rows) without a branch. Why (this 2-core Zen 4 VM, 8 MB f32,
-// two threads, ms, three interleaved rounds, row loop or turned -> blocked, torch; bench/NOTES.md forty-fourth
-// session): rows of 24 1.21 -> 1.02 (1.19), 31 1.13 -> 0.81 (0.94), 32 0.99 -> 0.69 (0.84), 48 0.84 -> 0.59 (0.75),
+// NaN max, so its outputs x - m - c are NaN (torch's NaN rows) without a branch. Why (a 2-core Zen 4 VM, AVX512,
+// 8 MB f32, two threads, ms, three interleaved rounds, row loop or turned -> blocked, torch): rows of 24 1.21 -> 1.02 (1.19), 31 1.13 -> 0.81 (0.94), 32 0.99 -> 0.69 (0.84), 48 0.84 -> 0.59 (0.75),
 // 64 0.70 -> 0.52 (0.71), 128 0.51 -> 0.43 (0.67); 256 level (not taken). One thread: at 256 and 1000 blocks lost
 // (0.87 -> 0.96, 0.76 -> 0.96: long rows overlap by themselves); under 24 level with the turned path; blocks of
 // 128 rows 5-10% slower than ~8 KB.
@@ -345,7 +344,7 @@ struct Lanes {
 // the vector pairs).
 // 2-core Zen 4 VM (AVX512, 1 MB L2, 32 MB L3), 64 MB, ms, medians of four or five rounds alternating the builds,
 // ranges over three such A/Bs, previous rule (backward: chunks only within 256 KB, f32 rows a page apart, 16-bit rows
-// 16 KB apart; forward: vector pairs) -> this one (bench/NOTES.md thirty-eighth session), dim 1 of f32 [8, 1024,
+// 16 KB apart; forward: vector pairs) -> this one, dim 1 of f32 [8, 1024,
 // 2048]: forward log 12.8 -> 8.8, softmax 12.7-14.0 -> 9.1-12.3 (torch.compile 12.5 / 14.7), backward log 15.3-17.7
 // -> 8.8-9.5, softmax 17.9-19.2 -> 10.4-11.3 (11.4 / 14.7); bf16 the same shape backward log 13.0 -> 5.5-6.2; dim 0
 // of f32 [512, 32768] backward log 21.8-27.2 -> 11.9-13.7.
@@ -552,13 +551,13 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
 // lane-wise vector ops over D (sums cascaded every kSumRows rows, as softmax_cols_fwd's and softmax_cols_bwd's). A
 // column's arithmetic is the same whichever lane or task it falls in, so the results do not depend on the thread
 // count. The elements move through the buffers in their own type and are converted a vector at a time.
-// Why (this 2-core Zen 4 VM, AVX512: kV = 16 in float, bfloat16 too; ranges of medians over five rounds alternating
-// the builds, ms, scalar columns -> lanes, torch in brackets; bench/NOTES.md thirty-ninth session): dim 1 of f32
+// Why (a 2-core Zen 4 VM, AVX512: kV = 16 in float, bfloat16 too; ranges of medians over five rounds alternating
+// the builds, ms, scalar columns -> lanes, torch in brackets): dim 1 of f32
 // [37449, 8, 7] softmax 9.4-14.1 -> 1.5-1.8 (4.6-6.8), log_softmax 7.0-11.5 -> 1.8-2.1 (4.5-5.3); of bf16 softmax
 // 10.4-11.0 -> 1.4-2.5 (5.4-8.7); of f32 [8192, 16, 20] (a vector and four columns a slab) softmax 2.6-2.7 -> 1.0-1.1
 // (2.0-2.1). The copies then a segment at a time down the rows (turn_cols_in): f32 [37449, 8, 7] softmax 1.5-2.0 ->
-// 1.0-1.3 (4.6-6.3). The backward (its scalar columns had no exps but log_softmax's, one an element), the same
-// session, dim 1 of f32 [37449, 8, 7] softmax 1.3-2.5 -> 0.9-1.6 (1.8-3.1), log_softmax 3.4-4.5 -> 1.0-1.7
+// 1.0-1.3 (4.6-6.3). The backward (its scalar columns had no exps but log_softmax's, one an element), measured the
+// same way, dim 1 of f32 [37449, 8, 7] softmax 1.3-2.5 -> 0.9-1.6 (1.8-3.1), log_softmax 3.4-4.5 -> 1.0-1.7
 // (3.3-5.8); of f32 [2, 131072, 7] softmax 2.2-3.4 -> 1.1-1.5 (1.5-2.2), log_softmax 3.4-5.7 -> 1.5-2.8 (2.9-5.2); of
 // bf16 [4096, 64, 7] log_softmax 4.0-5.8 -> 0.9-1.2 (3.7-6.4); of f32 [4096, 8, 33] (one column a slab in lanes)
 // softmax 0.17-0.22 -> 0.22-0.25 (0.33-0.48), the one shape a little behind the scalar columns.
@@ -571,7 +570,7 @@ void softmax_strided_block_fwd(const In* x, Out* y, int64_t D, int64_t inner, in
 // the runs' padded lanes (softmax_cols_bwd_wide): in lanes across slabs each such column re-read its rows' last lines
 // after the slabs' vector tasks had moved them out of L2, and one leftover column doubled the time of the vector
 // columns (dim 1 of [N, 1000, inner], 8 MB, us: inner 48 652-852, 49 1107-1572, torch 1043-1963). Measured (three
-// interleaved rounds, ms, lanes across slabs -> padded lanes (torch); bench/NOTES.md, fortieth session): f32 softmax
+// interleaved rounds, ms, lanes across slabs -> padded lanes (torch); a 2-core Zen 4 VM, AVX512): f32 softmax
 // backward inner 49 1.27 -> 0.95 (1.20), 33 1.39 -> 1.14 (1.26), 20 1.34 -> 0.93 (1.12); log_softmax 49 1.48 -> 0.88
 // (1.24), 33 1.23 -> 1.30 (1.33). The forwards lost (f32 softmax inner 33 0.76 -> 1.23, bf16 1.13 -> 2.78 against
 // torch's 2.43) and so did the bf16 log_softmax backward (33: 1.58 -> 2.69), so only float backwards leave.
@@ -819,8 +818,7 @@ void softmax_strided_fwd(const In* x, Out* y, const SoftmaxShape& shape) {
 // under kBwdRowLoopMinDimAvx512 (float log_softmax's forward rows of kLogBlockedMinDim and more go to
 // log_softmax_blocked_fwd before this rule); the row loop runs the longer ones as two padded vectors (mask blends). The AVX2 build (kV = 8) turns every row under 16: its
 // row loop ran them 1.5-3.6x slower forward (rows of 10-15), its 16-bit backward 1.8-2.9x (rows of 9-15).
-// Why (this 2-core Zen 4 VM, 8 MB, ms, interleaved rounds, turned -> row loop, torch in brackets; bench/NOTES.md
-// forty-third session). Forward: rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16
+// Why (a 2-core Zen 4 VM, AVX512, 8 MB, ms, interleaved rounds, turned -> row loop, torch in brackets). Forward: rows of 27 / 31 softmax f32 1.174 -> 1.118 / 1.110 -> 0.975 (1.41 / 1.32), bf16
 // 3.560 -> 2.821 / 3.631 -> 2.465, f16 2.671 -> 2.461 / 2.661 -> 2.154; log_softmax bf16 3.632 -> 3.164 / 3.624 ->
 // 2.792, f16 2.765 -> 2.783 / 2.720 -> 2.467, f32 1.192 -> 1.226 / 1.134 -> 1.077 (1.10 / 1.05); at 24 turned still
 // led (softmax f32 1.182 against 1.226, f16 2.689 against 2.798), and at 18-21 by 10-50%. Backward, 1.4-3.9x from 10
@@ -894,14 +892,14 @@ void softmax_short_rows_bwd(const In* dy, const In* y, Out* dx, const SoftmaxSha
 // scratch row of acc_t (a task's, from the heap: at most kLogBwdExpFirstMaxDim elements, 4 MB of float); the second
 // pass reads dy again and that row from cache: dx = dy - e s. Before, the summing pass read dy alone and the second
 // read y too, converted it and took its exp, which left the load-convert-exp chain in the pass that writes.
-// Measured (this 2-core VM, two threads, AVX512, separate processes alternating, fastact / torch ratios of the
+// Measured (a 2-core VM, two threads, AVX512, separate processes alternating, fastact / torch ratios of the
 // medians, before -> after; the VM's absolute times drifted 30% between runs): bf16 [32768, 1024] 1.06 / 1.12 ->
 // 1.45 / 1.42; f16 [16384, 2048] 1.07 / 1.06 -> 1.28 / 1.37; bf16 [8192, 4096] 1.13 / 1.18 -> 1.51 / 1.31, f16
 // 1.08 / 1.03 -> 1.29 / 1.27; bf16 [1024, 16384] 1.16 / 1.19 -> 1.39 / 1.33; bf16 [512, 65536] 1.17 / 1.22 ->
 // 1.31 / 1.34; bf16 [131072, 256] 1.19 / 1.26 -> 1.32 / 1.28; f16 [524288, 64] 1.01 / 1.10 -> 1.11 / 1.08. Float
 // rows lost (f32 [4096, 4096] 1.27 / 1.23 -> 1.19 / 1.21, [1024, 16384] 1.24 / 1.33 -> 1.13 / 1.11; [256, 65536]
 // level, 1.08-1.33 -> 1.10-1.15): there y needs no conversion, and the scratch row's store and load cost more than
-// the exp they move. bench/NOTES.md, forty-fifth session.
+// the exp they move.
 constexpr int64_t kLogBwdExpFirstMaxDim = int64_t{1} << 20;
 // Vector pairs of a backward row held in registers (softmax_bwd_row_in_registers): 4 (float and 16-bit; 16 vectors of
 // dy and y), 2 for double (not measured at 4).
@@ -916,17 +914,17 @@ bool log_softmax_bwd_exp_first(int64_t D) {
 // A backward row of at most kBwdRegisterPairs vector pairs (float and 16-bit: 4, D <= 8 kV) held in
 // registers: dy and y loaded (and converted) once, padded past D (the padding's terms are 0 and its outputs dropped),
 // summed, mapped and stored; the row loop below loads every element twice and pays its loop and tail logic a row.
-// Why (2-core VMs, AVX512, 8 MB, fastact / torch; bench/NOTES.md forty-fifth and forty-sixth sessions): f32 softmax
+// Why (2-core VMs, AVX512, 8 MB, fastact / torch): f32 softmax
 // rows of 16 and 24 had fallen to 0.56-0.85 of torch's speed through the row loop (Zen 4); f16 softmax rows of 77-128
 // ran at 0.86-1.04 (Xeon), 1.25-1.65 in registers, bf16 0.95-1.44 -> 1.09-1.70, the 16-bit log_softmax 1.04-1.36 ->
 // 1.19-1.50 (two runs each, alternating builds).
 // Where dx is kStreamBytes or more, the caller passes each row's place in a StreamStager. Rows of 3-4 pairs had
 // taken the row loop instead, for its streaming stores (Xeon, 64 MB, two threads, three alternating runs, fastact /
-// torch; bench/NOTES.md forty-seventh session): f16 rows of 100 softmax / log_softmax 0.59-0.73 / 0.54-0.61 ->
+// torch): f16 rows of 100 softmax / log_softmax 0.59-0.73 / 0.54-0.61 ->
 // 1.07-1.25 / 1.25-1.47 (the row loop's heads and tails of single elements) with the row's aligned pairs streamed,
 // bf16 rows of 128 1.05-1.16 / 1.21-1.46 -> 1.23-1.42 / 1.54-1.86; rows of two pairs too: f32 rows of 64 0.90-1.05 /
 // 0.70-1.17 -> 1.14-1.31 / 1.19-2.51, bf16 1.09-2.18 / 1.00-1.22 -> 1.17-1.50 / 1.31-1.62. Float rows of 3-4 pairs
-// (before, 2 for float) and every row streamed through the stager: bench/NOTES.md, forty-eighth session.
+// (before, 2 for float) and every row streamed through the stager (StreamStager says why).
 template <bool kLog, typename In, typename Out>
 C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr, Out* dxr, int64_t D) {
   using IO = Io<In>;
@@ -965,7 +963,7 @@ C10_ALWAYS_INLINE void softmax_bwd_row_in_registers(const In* dyr, const In* yr,
 
 // Rows of dx of at most this many bytes that the row loop streams through a StreamStager (not a head of plain stores
 // up to the alignment, then vector pairs). Measured (Xeon, 64 MB, two threads, three alternating runs, ms against the
-// head; bench/NOTES.md forty-eighth session): f32 log_softmax rows of 197 13.2-15.3 -> 12.4-12.7, f16 rows of 257
+// head): f32 log_softmax rows of 197 13.2-15.3 -> 12.4-12.7, f16 rows of 257
 // 17.1-19.0 -> 15.0-16.6, f32 softmax rows of 197 8.3-9.7 -> 7.9-8.7, bf16 rows of 197 level; longer rows lost (the
 // buffer's copy costs more than their few shared lines save): f32 softmax rows of 577 8.2-9.2 -> 8.8-9.5, f16
 // log_softmax rows of 577 16.1-18.1 -> 19.3-20.1, bf16 softmax rows of 1000 11.2 -> 11.9-12.3.
@@ -977,8 +975,8 @@ static_assert(kStagedBwdRowBytes <= StreamStager<double>::kMaxPiece * int64_t{si
 // (log_softmax_bwd_exp_first) z = exp(y) from the scratch row e (BwdMapExpRow). The pointers, the sum and the flags
 // (kExpFirst, kStream) are parameters, not a closure's references: vector stores may alias anything, so a value read
 // through a reference is reloaded after every store, and a lambda that gcc left out of line (the plain stores') held
-// the loop's index in memory. Measured (this 2-core Zen 3 VM, AVX2, one thread, 2 MB in cache; bench/NOTES.md,
-// fifty-ninth session): with the row in one lambda, bf16 softmax rows of 96-192 ran at 0.67-0.75x torch.
+// the loop's index in memory. Measured on a 2-core Zen 3 VM (AVX2, one thread, 2 MB in cache): with the row in one
+// lambda, bf16 softmax rows of 96-192 ran at 0.67-0.75x torch.
 template <bool kLog>
 struct BwdMapOutput {  // z = y: softmax dx = y (dy - s), log_softmax dx = dy - exp(y) s
   template <typename V>
@@ -1050,8 +1048,8 @@ C10_ALWAYS_INLINE typename Io<In>::A softmax_bwd_row_sum(const In* dyr, const In
 // AVX512, 16 on AVX2) while more than kPaddedTailBwd remain, then element by element. Returns end. It takes the row's
 // tail after the vector pairs and, where dx is streamed directly (rows longer than kStagedBwdRowBytes), its head up
 // to the stream alignment. Element by element, a 16-bit head (up to 31 elements, each converted, and log_softmax's an
-// exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs;
-// bench/NOTES.md forty-seventh session): f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows
+// exp) had cost rows that start off the alignment up to 30% (Xeon, 64 MB, two threads, three alternating runs):
+// f16 log_softmax rows of 197 0.71-0.73x torch -> 1.01-1.11x, f16 softmax rows
 // of 577 0.90-1.03x -> 0.98-1.05x, f32 log_softmax rows of 197 0.90-0.94x -> 0.94-1.01x (rows of up to
 // kStagedBwdRowBytes now go through a StreamStager instead).
 template <typename In, typename Z, typename Out, typename Map>

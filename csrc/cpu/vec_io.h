@@ -162,7 +162,9 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
 // so a store in lane order also saves ATen's closing permute. The rounding is ATen's (cvtfp32_bf16: to nearest
 // even, NaN to 0xffff), so a lane-order store writes the bits store2 writes. Lane order is for loops in which every
 // operand of a pair is loaded in it and its results are stored in it (maps from bfloat16 to bfloat16), or in which
-// the order does not matter (sums). Measured: bench/NOTES.md, fifty-ninth session.
+// the order does not matter (sums). Measured on a 2-core Zen 3 VM (AVX2, one thread, 2 MB, ms, element order -> lane
+// order, torch in brackets): the bf16 softmax backward, rows of 128 0.61-0.63 -> 0.38-0.45 (0.57-0.64), of 4096
+// 0.55-0.62 -> 0.28 (0.53-0.67); the bf16 sigmoid backward 0.37-0.41 -> 0.21-0.26 (0.37-0.45).
 template <>
 struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
   C10_ALWAYS_INLINE static void load2_lanes(const c10::BFloat16* p, V& a, V& b) {
@@ -195,7 +197,7 @@ struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
 // One element as the acc type, and back (the scalar tails). c10::Half's own conversions in the AVX512 build go
 // through 512-bit instructions on a vector built from the one value (torch/headeronly/cpu/vec/vec_half.h
 // half2float_scalar / float2half_scalar); F16C's scalar forms are one instruction each, rounding to nearest even.
-// Measured (this 2-core Zen 4 VM, AVX512, 8 MB, three interleaved rounds; bench/NOTES.md, forty-second session):
+// Measured (a 2-core Zen 4 VM, AVX512, 8 MB, three interleaved rounds):
 // float16 rows of 20, turned element by element, softmax forward 3.41 -> 2.66 ms, backward 4.09 -> 2.40; the
 // backward's tail of 4 in rows of 100 0.76 -> 0.66 (torch 0.69), of 36 1.40 -> 1.05 (1.09).
 template <typename T>
@@ -220,8 +222,8 @@ C10_ALWAYS_INLINE c10::Half from_acc(float v) {
 // A row's last n (< 2 kV) elements p[0, n) as two vectors of the acc type, the lanes past n holding
 // `fill`; and n elements stored from two vectors. The last-dim row loops take tails of more than kPaddedTailFwd /
 // kPaddedTailBwd elements through them, shorter ones element by element: there the forward pays one out-of-line libm
-// exp an element, the backward plain arithmetic (log_softmax: one exp). Measured with the moves inlined (this 2-core
-// Zen 4 VM, AVX512, 8 MB rows, three interleaved rounds; bench/NOTES.md, fortieth session): a padded tail of one
+// exp an element, the backward plain arithmetic (log_softmax: one exp). Measured with the moves inlined (a 2-core
+// Zen 4 VM, AVX512, 8 MB rows, three interleaved rounds): a padded tail of one
 // element lost against the element in every op (f32 rows of 33: softmax forward 1.18 against 1.00 ms, backward 0.51
 // against 0.38); tails of four won in the forwards (rows of 36: 1.09 against 1.32 ms; log_softmax 1.20 against
 // 1.56) and were mixed in the backwards (softmax f32 0.53 against 0.39; log_softmax f32 0.72 against 0.79, bf16 2.38
@@ -231,7 +233,7 @@ constexpr int64_t kPaddedTailBwd = 4;
 // v with its lanes from n on replaced by `fill` (0 <= n <= kV). ATen's Vectorized::set does the same through a
 // switch over n that gcc did not inline; a call from the row loops spills every live vector register around it
 // (the System V ABI has no callee-saved vector registers), which cost rows of 33-95 floats 35-40 ns each
-// (bench/NOTES.md, fortieth session). This and the tails below are always inlined for that reason.
+// (a 2-core Zen 4 VM, AVX512). This and the tails below are always inlined for that reason.
 template <typename A>
 C10_ALWAYS_INLINE Vectorized<A> fill_from(const Vectorized<A>& v, int64_t n, A fill) {
   using V = Vectorized<A>;
@@ -369,7 +371,7 @@ C10_ALWAYS_INLINE void stream2_in(T* p, const typename Io<T>::V& a, const typena
 // Usage, over the consecutive pieces of one task: `p = stager.at(e, n)`, write elements [e, e + n) of the output
 // at p (plain stores), `stager.written(e + n)`; at the end `stager.finish()`, then stream_fence(). A piece is at
 // most kMaxPiece elements. Why: rows of dx that hold a vector pair but start off the alignment streamed only
-// their aligned pairs, or none (bench/NOTES.md, forty-eighth session).
+// their aligned pairs, or none (softmax_kernels.cpp has the figures at kStagedBwdRowBytes).
 template <typename Out>
 class StreamStager {
  public:

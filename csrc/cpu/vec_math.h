@@ -69,7 +69,7 @@ inline Vec<double> keep_nan(const Vec<double>& x, const Vec<double>& y) {
 // row tails; NaN) give 0 by a zeroing mask, their arithmetic done on 0: vscalefps underflowing to 0
 // takes a microcode assist on Intel cores (none on Zen 4), and with -inf in every padded tail that cost
 // each row of a length not a multiple of 16 floats ~100 ns (Xeon VM, rows of 66-84: 157-188 ns a row
-// against 44-57 at 64, 65 and 80; bench/NOTES.md, forty-sixth session).
+// against 44-57 at 64, 65 and 80).
 inline Vec<float> exp_nonpos(const Vec<float>& xv) {
   const __mmask16 live = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(-104.f), _CMP_GE_OQ);
   const __m512 x = _mm512_maskz_mov_ps(live, xv);
@@ -91,8 +91,8 @@ inline Vec<float> exp_nonpos(const Vec<float>& xv) {
 // exp of user data). Lanes <= 0 (log_softmax's own outputs) by exp_nonpos, which on AVX512 is the cheaper form above;
 // other lanes by ATen's exp_u20, saturated to +inf above ln(FLT_MAX), NaN kept. A lane's result does not depend on
 // its neighbours (the thread-count invariance of the strided kernels rests on that): where every lane is <= 0 the
-// vector skips exp_u20, else both forms run and each lane takes its own. Why AVX512's form (Zen 4 VM, two threads,
-// bench/NOTES.md fifty-first session): the 16-bit log_softmax backward, an exp an element, bf16 [262144, 128] 8.3-12.0
+// vector skips exp_u20, else both forms run and each lane takes its own. Why AVX512's form (a 2-core Zen 4 VM, two
+// threads): the 16-bit log_softmax backward, an exp an element, bf16 [262144, 128] 8.3-12.0
 // -> 6.4-6.5 ms (torch 10.8-14.1).
 C10_ALWAYS_INLINE Vec<float> exp_any(const Vec<float>& x) {
   using V = Vec<float>;
