@@ -11,6 +11,9 @@ namespace fastact::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
+// ---------------------------------------------------------------------------------------------
+// Vector math of GELU and sigmoid (the primitives they share with softmax are in vec_math.h).
+
 // Standard normal CDF Phi(x) = 0.5 (1 + erf(x / sqrt 2)), and g = exp(-x^2 / 2) (so that the
 // density is g / sqrt(2 pi)). float: the Abramowitz-Stegun 7.1.26 erfc approximation (|error| <
 // 1.5e-7, the one ATen's vectorised erf uses) in its erfc form, 0.5 erfc(|z|) = 0.5 t P(t) e^-z^2,

@@ -74,7 +74,7 @@ constexpr int64_t kGrainHeavy = kGrain / 4;
 constexpr int64_t kSumBlock = 4096;  // elements of a row (a multiple of every vector pair width)
 constexpr int64_t kSumRows = 256;    // rows (strided softmax, bias gradient)
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------------
 // Loads and stores: every element type is read into and written from vectors of its acc_t.
