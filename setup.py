@@ -2,7 +2,8 @@
 
 FASTACT_BUILD=cuda|cpu forces either way (cuda fails loudly when it cannot be built).
 
-CPU kernels are compiled once per x86 instruction set, as ATen does: `csrc/cpu/kernels.cpp` is
+CPU kernels are compiled once per x86 instruction set, as ATen does: the `ISA_SOURCES` (the
+softmax and elementwise kernels and the per-ISA table, `csrc/cpu/*kernels.cpp`) are each
 built three times (DEFAULT, AVX2, AVX512), each with its own `CPU_CAPABILITY` namespace and
 `-m` flags, and `csrc/cpu/ops.cpp` picks one at run time from `at::native::get_cpu_capability()`.
 So the wheel runs on any x86-64 CPU and still uses 512-bit vectors where they exist; no

@@ -149,7 +149,7 @@ def test_cpu_thread_counts(threads):
 )
 def test_cpu_strided_thread_invariant(dtype, shape, dim):
     """The CPU strided kernels' run width follows the thread count (whole slabs, or slabs split so that every thread
-    has a task: csrc/cpu/kernels.cpp strided_run_width); each column's arithmetic is the same in the same order
+    has a task: csrc/cpu/softmax_kernels.cpp strided_run_width); each column's arithmetic is the same in the same order
     whatever the width, so outputs and gradients are bit for bit the same. Dim 0 of [4000, 300]: whole slabs at one
     thread, vector pairs (their last columns in the runs' lanes) at more, forward and backward. Inner 7, 37, 3 and 20
     (D under 16, or inner under 128): the columns past a slab's last vector in lanes across slabs, in groups whose

@@ -172,7 +172,7 @@ def test_softmax_inner_sizes(device, dtype, op, inner):
      ((2, 40, 8236), 1), ((2, 600, 5000), 1), ((2, 9, 3000), 1), ((3, 16, 4097), 1), ((1, 64, 4104), 1)],
 )
 def test_softmax_strided_column_chunks(device, dtype, op, shape, dim):
-    """The CPU strided kernels' column runs (csrc/cpu/kernels.cpp strided_run_width; the widths named are for two
+    """The CPU strided kernels' column runs (csrc/cpu/softmax_kernels.cpp strided_run_width; the widths named are for two
     threads, as on CI): whole slabs, a slab's columns past the last vector pair in padded lanes and run on into the
     next row (1100, 1030, 600, 196, 130; D past the 256 rows each partial sum takes: 700); the backward's slab split
     for the threads, one slab (dim 0 of [520, 2100]: two runs of about 1050; the forward's vector pairs, the columns
@@ -189,7 +189,7 @@ def test_softmax_strided_small_inner(device, dtype, op, inner):
     """The CPU strided forward's columns past a slab's last SIMD vector (every column where inner is under one
     vector: 16 float lanes on AVX512, 8 on AVX2, half that in double) where the runs do not apply (D under 16 or inner
     under 128): a vector's lanes take that many such columns of consecutive slabs at once, forward and backward
-    (csrc/cpu/kernels.cpp softmax_turned_cols_fwd, softmax_turned_cols_bwd). Outer counts of one slab, a partial block
+    (csrc/cpu/softmax_kernels.cpp softmax_turned_cols_fwd, softmax_turned_cols_bwd). Outer counts of one slab, a partial block
     of lanes and several blocks; D of 1, 2, 8 and 300 (past the 256 rows of each partial sum); columns all -inf, with a
     +inf, with a NaN (NaN, as torch, the backward's too, in those columns' lanes only), and masked elements; forward and
     backward against float64, and softmax's dtype=float32 output of float16 and bfloat16 (its backward: float dy and y
@@ -518,7 +518,7 @@ def test_softmax_special_values(device, dtype, op, n, dim):
 def test_softmax_short_rows(device, dtype, op, layout):
     """Every row length from 1 to 65 (the CPU kernels turn rows shorter than two SIMD vectors so that a lane
     holds a row, kV rows at a time: in float D < 16 on AVX2 and < 32 on AVX512 (on AVX512 forwards < 27, but float
-    log_softmax's, which takes rows of 24-128 in blocks, and backwards < 10: csrc/cpu/kernels.cpp
+    log_softmax's, which takes rows of 24-128 in blocks, and backwards < 10: csrc/cpu/softmax_kernels.cpp
     softmax_rows_turned, log_softmax_rows_blocked), in double < 8 and < 16; longer
     rows end in a tail of every length 0 to 2 kV - 1, element by element or through padded vectors), 19 rows (a
     partial block of lanes): an all -inf row, a +inf and a NaN (the row's last element) forward; masked
@@ -542,7 +542,7 @@ def test_softmax_short_rows(device, dtype, op, layout):
 @pytest.mark.parametrize("layout", ["contiguous", "sliced_last"])
 def test_softmax_row_blocks(device, dtype, op, layout):
     """Rows of 24-129 over many rows: the AVX512 float log_softmax forward takes rows of 24-128 in blocks of 16-85
-    rows, a pass over the block at a time (csrc/cpu/kernels.cpp log_softmax_blocked_fwd), so 300 rows give whole
+    rows, a pass over the block at a time (csrc/cpu/softmax_kernels.cpp log_softmax_blocked_fwd), so 300 rows give whole
     blocks, a partial last block and several tasks; all -inf, NaN and +inf rows land in the first, a middle and the
     last block, against float64 (backward too, through masked rows)."""
     ninf = float("-inf")
@@ -606,7 +606,7 @@ def test_scalar_tensor(device, dtype, op):
         assert y.dim() == 0
 
 
-# Outputs of 16 MiB or more take the CPU kernels' streaming-store path (csrc/cpu/kernels.cpp,
+# Outputs of 16 MiB or more take the CPU kernels' streaming-store path (csrc/cpu/vec_io.h and the kernel files,
 # kStreamBytes): elementwise over one long array; softmax backward over rows that start off the 64-byte
 # boundary, through the StreamStager (rows of up to 1 KB) or with a head of plain stores (longer rows).
 _STREAM_BYTES = 16 << 20
@@ -653,7 +653,7 @@ def _pytest_under_isa(isa, k):
     assert " passed" in out.stdout, out.stdout[-2000:]
 
 
-# bfloat16 vector pairs in lane order (csrc/cpu/kernels.cpp, Io<c10::BFloat16>::load2_lanes on AVX2: elements 0-3 and
+# bfloat16 vector pairs in lane order (csrc/cpu/vec_io.h, Io<c10::BFloat16>::load2_lanes on AVX2: elements 0-3 and
 # 8-11 in one float vector, 4-7 and 12-15 in the other), which every loop that uses them must load and store alike:
 # the elementwise maps, the softmax family's row max, sums and writing passes (rows held in registers, the row loop,
 # padded and element-by-element tails), bias_gelu's forward. Rows of less than a pair, of whole pairs, and of pairs
