@@ -85,14 +85,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
         y = _C.softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
-    if dim is None:
-        dim = _implicit_dim("softmax", input.dim(), _stacklevel)
-    else:
-        dim = _int_arg("softmax", "dim", 2, dim)
-    _check_dtype_arg("softmax", dtype)
-    if not _dynamo_tracing() and _functorch.active():
-        return _functorch.softmax(input, dim, dtype, False)
-    return _softmax(input, dim, dtype)
+    return _softmax_slow(False, input, dim, _stacklevel + 1, dtype)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -102,14 +95,22 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
         y = _C.log_softmax(input, dim, dtype)
         if y is not NotImplemented:
             return y
+    return _softmax_slow(True, input, dim, _stacklevel + 1, dtype)
+
+
+def _softmax_slow(log, input, dim, stacklevel, dtype):
+    """The calls _C's entry point leaves to Python (any dim but a plain int, tensor subclasses, modes, transforms,
+    dynamo tracing): torch's argument rules, then the functorch Function or the OpOverload. `stacklevel` counts
+    from here, as the public function's `_stacklevel` counts from it."""
+    name = "log_softmax" if log else "softmax"
     if dim is None:
-        dim = _implicit_dim("log_softmax", input.dim(), _stacklevel)
+        dim = _implicit_dim(name, input.dim(), stacklevel)
     else:
-        dim = _int_arg("log_softmax", "dim", 2, dim)
-    _check_dtype_arg("log_softmax", dtype)
+        dim = _int_arg(name, "dim", 2, dim)
+    _check_dtype_arg(name, dtype)
     if not _dynamo_tracing() and _functorch.active():
-        return _functorch.softmax(input, dim, dtype, True)
-    return _log_softmax(input, dim, dtype)
+        return _functorch.softmax(input, dim, dtype, log)
+    return (_log_softmax if log else _softmax)(input, dim, dtype)
 
 
 def gelu(input, approximate="none"):

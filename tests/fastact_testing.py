@@ -20,6 +20,9 @@ and, where the compute dtype is float32 or float64, end to end against the exact
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -531,3 +534,13 @@ def softmax_backward_torch(grad, out, dim, input_dtype, log):
     """torch's own backward in the output's dtype, cast to input_dtype (what autograd gives)."""
     f = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     return f(grad, out, dim, out.dtype).to(input_dtype)
+
+
+def pytest_under_isa(test_file, isa, k):
+    """The tests of `test_file` that `k` selects, in a subprocess whose CPU kernels (torch's and fastact's) are the
+    `isa` build (ATEN_CPU_CAPABILITY); they must pass, and some must run."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
+    out = subprocess.run([sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-x", "-k", k],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout, out.stdout[-2000:]

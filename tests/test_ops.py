@@ -3,9 +3,6 @@ dtype: every dim of tensors of rank 0 to 4 in every layout, the boundary sizes o
 empty tensors, softmax's `dtype=`, and the layout rule of the outputs."""
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,6 +24,7 @@ from fastact_testing import (
     is_dense,
     layout_applies,
     make_tensor,
+    pytest_under_isa,
     row_view,
     strided_tensor,
 )
@@ -640,17 +638,8 @@ def test_large_output_softmax_other_isas(isa):
     registers), 197 (the row loop through a StreamStager) and 1003 (a head, then streamed), each ~3 s a case."""
     if not torch.backends.cpu.get_cpu_capability().lower().startswith("avx"):
         pytest.skip("a CPU without AVX2: the kernels already run the narrowest build")
-    _pytest_under_isa(isa, "cpu and (f16 or bf16) and large_output_softmax and not other_isas and (77 or 197 or 1003)")
+    pytest_under_isa(__file__, isa, "cpu and (f16 or bf16) and large_output_softmax and not other_isas and (77 or 197 or 1003)")
 
-
-def _pytest_under_isa(isa, k):
-    """This file's tests that `k` selects, in a subprocess whose CPU kernels are the `isa` build (ATEN_CPU_CAPABILITY);
-    they must pass, and some must run."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
-    out = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x", "-k", k],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout, out.stdout[-2000:]
 
 
 # bfloat16 vector pairs in lane order (csrc/cpu/vec_io.h, Io<c10::BFloat16>::load2_lanes on AVX2: elements 0-3 and
@@ -704,7 +693,7 @@ def test_bf16_pairs_other_isas():
     cap = torch.backends.cpu.get_cpu_capability().lower()
     if not cap.startswith("avx512"):
         pytest.skip(f"the CPU's own build is {cap}: test_bf16_pairs already runs it")
-    _pytest_under_isa("avx2", "cpu and ((bf16_pairs and not other_isas) or (large_output_elementwise and bf16))")
+    pytest_under_isa(__file__, "avx2", "cpu and ((bf16_pairs and not other_isas) or (large_output_elementwise and bf16))")
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS, ids=str)

@@ -7,15 +7,11 @@ bfloat16 on AVX512 machines, +inf elsewhere), and fastact's must not. The specia
 several positions of rows long enough to cover the kernels' vector bodies, their tails and (on the
 CPU) the 16-bit lane-order pairs."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import fastact
-from fastact_testing import ELEMENTWISE_OPS, SOFTMAX_OPS, assert_close, bias_for, make_tensor
+from fastact_testing import ELEMENTWISE_OPS, SOFTMAX_OPS, assert_close, bias_for, make_tensor, pytest_under_isa
 
 INF, NAN = float("inf"), float("nan")
 LENGTHS = (13, 77, 1000)  # under one vector pair, a body and a tail, several blocks
@@ -180,8 +176,4 @@ def test_special_values_other_isas(isa):
     cap = torch.backends.cpu.get_cpu_capability().lower()
     if cap not in order or order.index(cap) <= order.index(isa):
         pytest.skip(f"the CPU's own build is {cap}: the plain run covers {isa}")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
-    out = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "cpu"],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout, out.stdout[-2000:]
+    pytest_under_isa(__file__, isa, "cpu")
