@@ -202,8 +202,10 @@ def test_trace_model(device):
         for a, b in zip(traced(tokens), model(tokens)):
             if device == "cuda":
                 # TorchScript's executor fuses the traced graph's CUDA elementwise ops (the masked_fill, adds,
-                # scaling), which rounds differently from the eager ops: equal to float32 rounding, not to the bit.
-                torch.testing.assert_close(a, b)
+                # scaling), which rounds differently from the eager ops: equal to float32 rounding, not to the bit;
+                # float32's tolerance for every output, the float64 log_softmax of float32 logits too (on the H100,
+                # torch 2.11: one element of 182 3.1e-7 apart there).
+                torch.testing.assert_close(a, b, rtol=1.3e-6, atol=1e-5)
             else:
                 assert torch.equal(a, b)
 
