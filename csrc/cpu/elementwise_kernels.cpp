@@ -217,6 +217,21 @@ struct VecForm<math::Sigmoid> {
   }
 };
 
+// F.silu = x sigmoid(x), f' = s (1 + x (1 - s)) (math::Silu), on the vector sigmoid above.
+template <>
+struct VecForm<math::Silu> {
+  static constexpr bool kDefined = true;
+  template <bool kNarrow, typename A>
+  static Vec<A> forward(const Vec<A>& x) {
+    return x * sigmoid<kNarrow>(x);
+  }
+  template <bool kNarrow, typename A>
+  static Vec<A> derivative(const Vec<A>& x) {
+    const Vec<A> s = sigmoid<kNarrow>(x);
+    return s * at::vec::fmadd(x, Vec<A>(A(1)) - s, Vec<A>(A(1)));
+  }
+};
+
 // f applied to each lane of v: the vector form of a functor without one.
 template <typename A, typename Fn>
 Vec<A> by_lanes(const Fn& f, const Vec<A>& v) {

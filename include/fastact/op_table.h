@@ -37,7 +37,8 @@
   POINTWISE(gelu, kInput, kRefuse, "approximate", "none", ::fastact::math::GeluErf, "tanh", ::fastact::math::GeluTanh) \
   BIAS(bias_gelu, "approximate", "tanh")                                                                             \
   POINTWISE(sigmoid, kOutput, kToDefaultFloat, nullptr, nullptr, ::fastact::math::Sigmoid, nullptr,                  \
-            ::fastact::math::Sigmoid)
+            ::fastact::math::Sigmoid)                                                                                \
+  POINTWISE(silu, kInput, kRefuse, nullptr, nullptr, ::fastact::math::Silu, nullptr, ::fastact::math::Silu)
 
 #define FASTACT_OP_SKIP(...)
 
