@@ -119,7 +119,7 @@ bool as_optional_dtype(PyObject* obj, std::optional<at::ScalarType>& out) {
 // softmax(input, dim) or softmax(input, dim, dtype).
 template <bool kLog>
 PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2, 3)) return nullptr;
+  if (!arity(optable::softmax_row_name(kLog), nargs, 2, 3)) return nullptr;
   int64_t dim = 0;
   std::optional<at::ScalarType> dtype;
   if (!plain_tensor(args[0]) || !as_int(args[1], dim) || (nargs == 3 && !as_optional_dtype(args[2], dtype)))
@@ -170,7 +170,7 @@ PyMethodDef* build_methods() {
     std::string doc;
     switch (row.kind) {
       case optable::Kind::kSoftmax:
-        fn = name == "log_softmax" ? fastcall(&softmax<true>) : fastcall(&softmax<false>);
+        fn = name == optable::softmax_row_name(true) ? fastcall(&softmax<true>) : fastcall(&softmax<false>);
         doc = name + "($module, input, dim, dtype=None, /)\n--\n\nfastact::" + name +
               "(input, dim, dtype); NotImplemented if not a plain tensor.";
         break;

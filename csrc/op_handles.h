@@ -26,26 +26,31 @@ using SoftmaxBwdSig = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, 
 using BiasGeluBwdSig =
     std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view);
 
+// "fastact::<name><suffix>", the qualified name of an op of the table.
+inline std::string qualified(const char* name, const char* suffix = "") {
+  return std::string("fastact::") + name + suffix;
+}
+
 template <bool kLog>
 const c10::TypedOperatorHandle<SoftmaxFwdSig>& softmax_op() {
-  static const auto handle = op_handle<SoftmaxFwdSig>(kLog ? "fastact::log_softmax" : "fastact::softmax");
+  static const auto handle = op_handle<SoftmaxFwdSig>(qualified(optable::softmax_row_name(kLog)).c_str());
   return handle;
 }
 
 inline const c10::TypedOperatorHandle<BiasGeluFwdSig>& bias_gelu_op() {
-  static const auto handle = op_handle<BiasGeluFwdSig>("fastact::bias_gelu");
+  static const auto handle = op_handle<BiasGeluFwdSig>(qualified(optable::kBiasRowName).c_str());
   return handle;
 }
 
 template <bool kLog>
 const c10::TypedOperatorHandle<SoftmaxBwdSig>& softmax_backward_op() {
   static const auto handle =
-      op_handle<SoftmaxBwdSig>(kLog ? "fastact::log_softmax_backward" : "fastact::softmax_backward");
+      op_handle<SoftmaxBwdSig>(qualified(optable::softmax_row_name(kLog), "_backward").c_str());
   return handle;
 }
 
 inline const c10::TypedOperatorHandle<BiasGeluBwdSig>& bias_gelu_backward_op() {
-  static const auto handle = op_handle<BiasGeluBwdSig>("fastact::bias_gelu_backward");
+  static const auto handle = op_handle<BiasGeluBwdSig>(qualified(optable::kBiasRowName, "_backward").c_str());
   return handle;
 }
 
@@ -63,16 +68,16 @@ struct PointwiseHandles {
                                      at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>;
 
   static at::Tensor forward(const at::Tensor& x, c10::string_view param) {
-    static const auto handle = op_handle<FwdSig>((std::string("fastact::") + Row::kName).c_str());
+    static const auto handle = op_handle<FwdSig>(qualified(Row::kName).c_str());
     if constexpr (kParam) return handle.call(x, param);
     else return handle.call(x);
   }
   static at::Tensor backward(const at::Tensor& dy, const at::Tensor& s, c10::string_view param) {
-    static const auto handle = op_handle<BinSig>((std::string("fastact::") + Row::kBackwardName).c_str());
+    static const auto handle = op_handle<BinSig>(qualified(Row::kBackwardName).c_str());
     return call(handle, dy, s, param);
   }
   static at::Tensor backward_grad(const at::Tensor& a, const at::Tensor& s, c10::string_view param, int64_t order) {
-    static const auto handle = op_handle<GradSig>((std::string("fastact::") + Row::kGradName).c_str());
+    static const auto handle = op_handle<GradSig>(qualified(Row::kGradName).c_str());
     if constexpr (kParam) return handle.call(a, s, param, order);
     else return handle.call(a, s, order);
   }

@@ -70,6 +70,18 @@ inline constexpr OpRow kOps[] = {FASTACT_OP_TABLE(FASTACT_OPROW_SOFTMAX, FASTACT
 #undef FASTACT_OPROW_BIAS
 inline constexpr int kNumOps = static_cast<int>(sizeof(kOps) / sizeof(kOps[0]));
 
+// The name of the softmax-kind row with (log) or without the log_softmax epilogue, and of the bias row.
+constexpr const char* softmax_row_name(bool log) {
+#define FASTACT_SOFTMAX_NAME(name, is_log) \
+  if (log == is_log) return #name;
+  FASTACT_OP_TABLE(FASTACT_SOFTMAX_NAME, FASTACT_OP_SKIP, FASTACT_OP_SKIP)
+#undef FASTACT_SOFTMAX_NAME
+  return nullptr;
+}
+#define FASTACT_BIAS_NAME(name, ...) #name
+inline constexpr const char* kBiasRowName = FASTACT_OP_TABLE(FASTACT_OP_SKIP, FASTACT_OP_SKIP, FASTACT_BIAS_NAME);
+#undef FASTACT_BIAS_NAME
+
 // A pointwise row as a type (optable::gelu, optable::sigmoid, ...), for the code templated on the op.
 template <Saves kSaves_, Integral kIntegral_, typename F0, typename F1>
 struct PointwiseRow {
