@@ -81,26 +81,31 @@ Tensor softmax_autograd(const Tensor& x, int64_t dim, std::optional<at::ScalarTy
   return SoftmaxFunction<kLog>::apply(x, dim, dtype, variant);
 }
 
-struct GeluFunction : torch::autograd::Function<GeluFunction> {
-  static Tensor call(const Tensor& x, c10::string_view approximate) {
+// A pointwise op of the table (fastact/op_table.h): saves its input or its output, as the row says, and its
+// param (as a string; empty for rows without one).
+template <typename Row>
+struct PointwiseFunction : torch::autograd::Function<PointwiseFunction<Row>> {
+  static Tensor call(const Tensor& x, c10::string_view param) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return gelu_op().call(x, approximate);
+    return PointwiseHandles<Row>::forward(x, param);
   }
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::string_view approximate) {
-    ctx->save_for_backward({x});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    return call(x, approximate);
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::string_view param) {
+    Tensor y = call(x, param);
+    ctx->save_for_backward({Row::kFromOutput ? y : x});
+    ctx->saved_data["param"] = std::string(param);
+    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const Tensor x = ctx->get_saved_variables()[0];
-    return {gelu_backward_op().call(grads[0], x, ctx->saved_data["approximate"].toStringRef()), Tensor()};
+    const Tensor s = ctx->get_saved_variables()[0];
+    return {PointwiseHandles<Row>::backward(grads[0], s, ctx->saved_data["param"].toStringRef()), Tensor()};
   }
 };
 
-Tensor gelu_autograd(const Tensor& x, c10::string_view approximate) {
-  if (plain(x)) return GeluFunction::call(x, approximate);
-  check_no_transform("gelu");
-  return GeluFunction::apply(x, approximate);
+template <typename Row>
+Tensor pointwise_autograd(const Tensor& x, c10::string_view param) {
+  if (plain(x)) return PointwiseFunction<Row>::call(x, param);
+  check_no_transform(Row::kName);
+  return PointwiseFunction<Row>::apply(x, param);
 }
 
 struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
@@ -126,27 +131,6 @@ Tensor bias_gelu_autograd(const Tensor& x, const Tensor& bias, c10::string_view 
   return BiasGeluFunction::apply(x, bias, approximate);
 }
 
-struct SigmoidFunction : torch::autograd::Function<SigmoidFunction> {
-  static Tensor call(const Tensor& x) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return sigmoid_op().call(x);
-  }
-  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
-    Tensor y = call(x);
-    ctx->save_for_backward({y});
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {sigmoid_backward_op().call(grads[0], ctx->get_saved_variables()[0])};
-  }
-};
-
-Tensor sigmoid_autograd(const Tensor& x) {
-  if (plain(x)) return SigmoidFunction::call(x);
-  check_no_transform("sigmoid");
-  return SigmoidFunction::apply(x);
-}
-
 // ------------------------------------------------------------------------------------------------
 // The backward ops' own derivatives (double backward). Each formula is in torch ops on the saved
 // inputs and the incoming gradient g of the backward op's output, in float for 16-bit tensors (as
@@ -167,26 +151,6 @@ bool record(std::initializer_list<Tensor> ts) {
 
 // float for half and bfloat16 (the kernels' accumulation type); float and double as they are.
 Tensor opmath(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t; }
-
-// d2/dx2 gelu(x). erf: gelu = x Phi(x), gelu' = Phi + x phi, gelu'' = phi(x) (2 - x^2). tanh: gelu =
-// x (1 + t) / 2, t = tanh(u), u = k (x + c x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
-// u' = k (1 + 3 c x^2), u'' = 6 k c x (k = sqrt(2 / pi), c = 0.044715: math.h's GeluConstants). 1 - t^2
-// as 1 / cosh(u)^2: the difference loses every digit as t nears 1 (in float, 0.14% off at |x| = 4,
-// and 0 instead of 4e-6 at |x| = 5).
-Tensor gelu_second_derivative(const Tensor& x, c10::string_view approximate) {
-  using K = math::GeluConstants<double>;
-  if (approximate == "tanh") {
-    const double k = K::kBeta, c = K::kKappa;
-    const Tensor x2 = x * x;
-    const Tensor u = k * (x + c * x2 * x);
-    const Tensor t = at::tanh(u);
-    const Tensor sech2 = at::cosh(u).pow(-2);
-    const Tensor du = k * (1 + 3 * c * x2);
-    return sech2 * (du + 0.5 * x * (6 * k * c * x - 2 * t * du * du));
-  }
-  const Tensor x2 = x * x;
-  return K::kInvSqrt2Pi * at::exp(-0.5 * x2) * (2 - x2);
-}
 
 // softmax: dx = y (dy - sum(dy y)), so d/d dy = y (g - sum(g y)) (softmax_backward itself) and
 // d/dy = g (dy - sum(dy y)) - dy sum(g y). log_softmax: dx = dy - exp(y) sum(dy), so d/d dy =
@@ -233,33 +197,78 @@ Tensor softmax_backward_autograd(const Tensor& dy, const Tensor& y, int64_t dim,
   return SoftmaxBackwardFunction<kLog>::apply(dy, y, dim, input_dtype, variant);
 }
 
-// dx = dy gelu'(x): d/d dy = g gelu'(x) (gelu_backward itself), d/dx = g dy gelu''(x).
-struct GeluBackwardFunction : torch::autograd::Function<GeluBackwardFunction> {
-  static Tensor call(const Tensor& dy, const Tensor& x, c10::string_view approximate) {
+// A pointwise op's backward, dx = dy f'(s) (s its input or its output): d/d dy = g f'(s) (the backward op
+// itself), d/ds = g dy f''(s) (the row's `_backward_grad` op, math.h's second derivative, in float for 16-bit
+// tensors as the kernels compute, cast back to s's dtype).
+template <typename Row>
+struct PointwiseBackwardFunction : torch::autograd::Function<PointwiseBackwardFunction<Row>> {
+  static Tensor call(const Tensor& dy, const Tensor& s, c10::string_view param) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return gelu_backward_op().call(dy, x, approximate);
+    return PointwiseHandles<Row>::backward(dy, s, param);
   }
-  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& x, c10::string_view approximate) {
-    ctx->save_for_backward({dy, x});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    return call(dy, x, approximate);
+  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& s, c10::string_view param) {
+    ctx->save_for_backward({dy, s});
+    ctx->saved_data["param"] = std::string(param);
+    return call(dy, s, param);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &dy = saved[0], &x = saved[1];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    Tensor grad_dy, grad_x;
-    if (ctx->needs_input_grad(0)) grad_dy = gelu_backward_op().call(grads[0], x, approximate);
-    if (ctx->needs_input_grad(1))
-      grad_x = (opmath(grads[0]) * opmath(dy) * gelu_second_derivative(opmath(x), approximate)).to(x.scalar_type());
-    return {grad_dy, grad_x, Tensor()};
+    const Tensor &dy = saved[0], &s = saved[1];
+    const std::string param = ctx->saved_data["param"].toStringRef();
+    Tensor grad_dy, grad_s;
+    if (ctx->needs_input_grad(0)) grad_dy = PointwiseHandles<Row>::backward(grads[0], s, param);
+    if (ctx->needs_input_grad(1)) {
+      grad_s = PointwiseHandles<Row>::backward_grad(opmath(grads[0]) * opmath(dy), opmath(s), param, 2)
+                   .to(s.scalar_type());
+    }
+    return {grad_dy, grad_s, Tensor()};
   }
 };
 
-Tensor gelu_backward_autograd(const Tensor& dy, const Tensor& x, c10::string_view approximate) {
-  if (!record({dy, x})) return GeluBackwardFunction::call(dy, x, approximate);
-  check_no_transform("gelu_backward");
-  return GeluBackwardFunction::apply(dy, x, approximate);
+template <typename Row>
+Tensor pointwise_backward_autograd(const Tensor& dy, const Tensor& s, c10::string_view param) {
+  if (!record({dy, s})) return PointwiseBackwardFunction<Row>::call(dy, s, param);
+  check_no_transform(Row::kBackwardName);
+  return PointwiseBackwardFunction<Row>::apply(dy, s, param);
+}
+
+// The double-backward op, out = a f''(s) (order 2): d/da = g f''(s) (itself), d/ds = g a f'''(s) (itself at
+// order 3), so that the backward ops are differentiable twice (triple backward) from the functor alone (math.h
+// Dual). At order 3 the chain ends: a fourth derivative raises rather than coming out silently wrong.
+template <typename Row>
+struct PointwiseBackwardGradFunction : torch::autograd::Function<PointwiseBackwardGradFunction<Row>> {
+  static Tensor call(const Tensor& a, const Tensor& s, c10::string_view param, int64_t order) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return PointwiseHandles<Row>::backward_grad(a, s, param, order);
+  }
+  static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& s, c10::string_view param,
+                        int64_t order) {
+    ctx->save_for_backward({a, s});
+    ctx->saved_data["param"] = std::string(param);
+    ctx->saved_data["order"] = order;
+    return call(a, s, param, order);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &a = saved[0], &s = saved[1];
+    const std::string param = ctx->saved_data["param"].toStringRef();
+    const int64_t order = ctx->saved_data["order"].toInt();
+    Tensor grad_a, grad_s;
+    if (ctx->needs_input_grad(0)) grad_a = PointwiseHandles<Row>::backward_grad(grads[0], s, param, order);
+    if (ctx->needs_input_grad(1)) {
+      TORCH_CHECK(order < 3, "fastact::", Row::kName, ": derivatives of the fourth order and beyond are not implemented");
+      grad_s = PointwiseHandles<Row>::backward_grad(opmath(grads[0]) * opmath(a), opmath(s), param, order + 1)
+                   .to(s.scalar_type());
+    }
+    return {grad_a, grad_s, Tensor(), Tensor()};
+  }
+};
+
+template <typename Row>
+Tensor pointwise_backward_grad_autograd(const Tensor& a, const Tensor& s, c10::string_view param, int64_t order) {
+  if (!record({a, s})) return PointwiseBackwardGradFunction<Row>::call(a, s, param, order);
+  check_no_transform(Row::kGradName);
+  return PointwiseBackwardGradFunction<Row>::apply(a, s, param, order);
 }
 
 // (dx, dbias) = (dy gelu'(z), dx summed over all but the last dim), z = x + bias. With g and gb the
@@ -285,9 +294,10 @@ struct BiasGeluBackwardFunction : torch::autograd::Function<BiasGeluBackwardFunc
     const Tensor G = opmath(grads[0]) + opmath(grads[1]);
     const Tensor z = opmath(x) + opmath(bias);
     Tensor grad_dy, grad_x, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_dy = gelu_backward_op().call(G, z, approximate).to(dy.scalar_type());
+    using Gelu = PointwiseHandles<optable::gelu>;
+    if (ctx->needs_input_grad(0)) grad_dy = Gelu::backward(G, z, approximate).to(dy.scalar_type());
     if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
-      const Tensor h = G * opmath(dy) * gelu_second_derivative(z, approximate);
+      const Tensor h = Gelu::backward_grad(G * opmath(dy), z, approximate, 2);
       if (ctx->needs_input_grad(1)) grad_x = h.to(x.scalar_type());
       if (ctx->needs_input_grad(2)) {
         std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(x.dim() - 1, 0)));
@@ -307,45 +317,30 @@ std::tuple<Tensor, Tensor> bias_gelu_backward_autograd(const Tensor& dy, const T
   return {out[0], out[1]};
 }
 
-// dx = dy y (1 - y): d/d dy = g y (1 - y) (sigmoid_backward itself), d/dy = g dy (1 - 2 y).
-struct SigmoidBackwardFunction : torch::autograd::Function<SigmoidBackwardFunction> {
-  static Tensor call(const Tensor& dy, const Tensor& y) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return sigmoid_backward_op().call(dy, y);
-  }
-  static Tensor forward(AutogradContext* ctx, const Tensor& dy, const Tensor& y) {
-    ctx->save_for_backward({dy, y});
-    return call(dy, y);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const Tensor &dy = saved[0], &y = saved[1];
-    Tensor grad_dy, grad_y;
-    if (ctx->needs_input_grad(0)) grad_dy = sigmoid_backward_op().call(grads[0], y);
-    if (ctx->needs_input_grad(1)) grad_y = (opmath(grads[0]) * opmath(dy) * (1 - 2 * opmath(y))).to(y.scalar_type());
-    return {grad_dy, grad_y};
-  }
-};
-
-Tensor sigmoid_backward_autograd(const Tensor& dy, const Tensor& y) {
-  if (!record({dy, y})) return SigmoidBackwardFunction::call(dy, y);
-  check_no_transform("sigmoid_backward");
-  return SigmoidBackwardFunction::apply(dy, y);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fastact, Autograd, m) {
   m.impl("softmax", &softmax_autograd<false>);
   m.impl("log_softmax", &softmax_autograd<true>);
-  m.impl("gelu", &gelu_autograd);
   m.impl("bias_gelu", &bias_gelu_autograd);
-  m.impl("sigmoid", &sigmoid_autograd);
   m.impl("softmax_backward", &softmax_backward_autograd<false>);
   m.impl("log_softmax_backward", &softmax_backward_autograd<true>);
-  m.impl("gelu_backward", &gelu_backward_autograd);
   m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
-  m.impl("sigmoid_backward", &sigmoid_backward_autograd);
+  optable::for_each_pointwise([&](auto* row) {
+    using Row = std::remove_pointer_t<decltype(row)>;
+    if constexpr (optable::has_param<Row>()) {
+      m.impl(Row::kName, &pointwise_autograd<Row>);
+      m.impl(Row::kBackwardName, &pointwise_backward_autograd<Row>);
+      m.impl(Row::kGradName, &pointwise_backward_grad_autograd<Row>);
+    } else {
+      m.impl(Row::kName, [](const Tensor& x) { return pointwise_autograd<Row>(x, ""); });
+      m.impl(Row::kBackwardName,
+             [](const Tensor& dy, const Tensor& s) { return pointwise_backward_autograd<Row>(dy, s, ""); });
+      m.impl(Row::kGradName, [](const Tensor& a, const Tensor& s, int64_t order) {
+        return pointwise_backward_grad_autograd<Row>(a, s, "", order);
+      });
+    }
+  });
 }
 
 }  // namespace fastact

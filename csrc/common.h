@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fastact/element_rows.h"
+#include "fastact/op_table.h"
 
 namespace fastact {
 
@@ -93,6 +94,79 @@ inline GeluApprox parse_gelu_approx(std::string_view s, const char* op) {
   if (s == "none") return GeluApprox::kNone;
   if (s == "tanh") return GeluApprox::kTanh;
   TORCH_CHECK(false, op, ": approximate argument must be either none or tanh, got '", std::string(s), "'");
+}
+
+// ---- the pointwise ops of fastact/op_table.h: the argument handling CPU and CUDA share -----------------
+
+// The input a pointwise op computes on: an integer or bool input converted to the default dtype where the row
+// says so (torch.sigmoid's rule), then checked for a supported floating type.
+template <typename Row>
+at::Tensor pointwise_input(const at::Tensor& input) {
+  const at::Tensor x =
+      Row::kIntegral == optable::Integral::kToDefaultFloat ? integral_to_default_float(input) : input;
+  check_floating(x, Row::kName, "input");
+  return x;
+}
+
+// The functor choice of a param value (optable::choice_of), with torch's message for a bad one (F.gelu's:
+// "approximate argument must be either none or tanh").
+template <typename Row>
+int pointwise_choice(std::string_view value, const char* op) {
+  const int choice = optable::choice_of<Row>(value);
+  if constexpr (optable::has_param<Row>()) {
+    TORCH_CHECK(choice >= 0, op, ": ", Row::kParam, " argument must be either ", Row::kChoices[0], " or ",
+                Row::kChoices[1], ", got '", std::string(value), "'");
+  }
+  return choice;
+}
+
+// The order of a `<name>_backward_grad` op: 2 (a f''(s)) or 3 (a f'''(s)).
+inline void check_grad_order(int64_t order, const char* op) {
+  TORCH_CHECK(order == 2 || order == 3, op, ": order must be 2 or 3, got ", order);
+}
+
+// ---- explain's op names, from the op table ----------------------------------------------------------------
+
+// An op name explain may be asked about: a row's forward, or its backward (name + "_backward").
+struct ExplainOp {
+  bool known = false;
+  optable::Kind kind = optable::Kind::kPointwise;
+  bool backward = false;
+};
+
+inline ExplainOp explain_op(std::string_view op) {
+  constexpr std::string_view kSuffix = "_backward";
+  const bool backward = op.size() > kSuffix.size() && op.substr(op.size() - kSuffix.size()) == kSuffix;
+  const std::string_view base = backward ? op.substr(0, op.size() - kSuffix.size()) : op;
+  for (const optable::OpRow& row : optable::kOps) {
+    if (base == row.name) return {true, row.kind, backward};
+  }
+  return {};
+}
+
+// The ops the CPU explain takes, as its error lists them: the softmax family's forwards, then their backwards,
+// then every other op's forward ("softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, ...").
+inline std::string explain_op_list() {
+  std::string s;
+  const auto add = [&s](const std::string& name) { s += (s.empty() ? "" : ", ") + name; };
+  for (const optable::OpRow& row : optable::kOps)
+    if (row.kind == optable::Kind::kSoftmax) add(row.name);
+  for (const optable::OpRow& row : optable::kOps)
+    if (row.kind == optable::Kind::kSoftmax) add(std::string(row.name) + "_backward");
+  for (const optable::OpRow& row : optable::kOps)
+    if (row.kind != optable::Kind::kSoftmax) add(row.name);
+  return s;
+}
+
+// The elementwise ops (every op but the softmax family's), each forward then its backward: the CUDA explain's
+// list for them.
+inline std::string explain_elementwise_op_list() {
+  std::string s;
+  for (const optable::OpRow& row : optable::kOps) {
+    if (row.kind == optable::Kind::kSoftmax) continue;
+    s += (s.empty() ? "" : ", ") + std::string(row.name) + ", " + row.name + "_backward";
+  }
+  return s;
 }
 
 // The softmax family fuses exactly these dtype conversions into its kernels; anything else is cast

@@ -25,7 +25,10 @@
 
 #include <exception>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 namespace fastact {
 namespace {
@@ -116,7 +119,7 @@ bool as_optional_dtype(PyObject* obj, std::optional<at::ScalarType>& out) {
 // softmax(input, dim) or softmax(input, dim, dtype).
 template <bool kLog>
 PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity(kLog ? "log_softmax" : "softmax", nargs, 2, 3)) return nullptr;
+  if (!arity(optable::softmax_row_name(kLog), nargs, 2, 3)) return nullptr;
   int64_t dim = 0;
   std::optional<at::ScalarType> dtype;
   if (!plain_tensor(args[0]) || !as_int(args[1], dim) || (nargs == 3 && !as_optional_dtype(args[2], dtype)))
@@ -125,12 +128,15 @@ PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run([&] { return softmax_op<kLog>().call(x, dim, dtype, "auto"); });
 }
 
-PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity("gelu", nargs, 2)) return nullptr;
-  std::string_view approximate;
-  if (!plain_tensor(args[0]) || !as_string(args[1], approximate)) return not_implemented();
+// A pointwise op of the table: name(input) or name(input, param).
+template <typename Row>
+PyObject* pointwise(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr bool kParam = optable::has_param<Row>();
+  if (!arity(Row::kName, nargs, kParam ? 2 : 1)) return nullptr;
+  std::string_view param;
+  if (!plain_tensor(args[0]) || (kParam && !as_string(args[1], param))) return not_implemented();
   const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return gelu_op().call(x, approximate); });
+  return run([&] { return PointwiseHandles<Row>::forward(x, param); });
 }
 
 PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -143,38 +149,61 @@ PyObject* bias_gelu(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run([&] { return bias_gelu_op().call(x, bias, approximate); });
 }
 
-PyObject* sigmoid(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity("sigmoid", nargs, 1)) return nullptr;
-  if (!plain_tensor(args[0])) return not_implemented();
-  const Tensor& x = THPVariable_Unpack(args[0]);
-  return run([&] { return sigmoid_op().call(x); });
-}
-
 // The names the softmax family's `variant` argument takes (the fake kernels check it as the real ones do).
 PyObject* softmax_variant_names(PyObject*, PyObject*) { return PyUnicode_FromString(fastact::softmax_variant_names()); }
 
-// The text signatures (before "--") give inspect.signature its answer.
-PyMethodDef methods[] = {
-    {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<false>)), METH_FASTCALL,
-     "softmax($module, input, dim, dtype=None, /)\n--\n\nfastact::softmax(input, dim, dtype); NotImplemented if not a "
-     "plain tensor."},
-    {"log_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax<true>)), METH_FASTCALL,
-     "log_softmax($module, input, dim, dtype=None, /)\n--\n\nfastact::log_softmax(input, dim, dtype); NotImplemented "
-     "if not a plain tensor."},
-    {"gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gelu)), METH_FASTCALL,
-     "gelu($module, input, approximate, /)\n--\n\nfastact::gelu; NotImplemented if not a plain tensor."},
-    {"bias_gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&bias_gelu)), METH_FASTCALL,
-     "bias_gelu($module, input, bias, approximate, /)\n--\n\nfastact::bias_gelu; NotImplemented if not plain "
-     "tensors."},
-    {"sigmoid", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&sigmoid)), METH_FASTCALL,
-     "sigmoid($module, input, /)\n--\n\nfastact::sigmoid; NotImplemented if not a plain tensor."},
-    {"softmax_variant_names", &softmax_variant_names, METH_NOARGS,
-     "softmax_variant_names($module, /)\n--\n\nThe softmax family's variant names, comma-separated."},
-    {nullptr, nullptr, 0, nullptr},
-};
+template <typename F>
+PyCFunction fastcall(F* f) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
+}
+
+// The method table: one entry per op of the table (fastact/op_table.h), in its order, then the helpers. The
+// text signatures (before "--") give inspect.signature its answer. Built once, on the module's creation; the
+// strings live as long as the process.
+PyMethodDef* build_methods() {
+  static std::vector<std::string> docs;  // stable: reserved before any pointer into it is taken
+  static std::vector<PyMethodDef> table;
+  docs.reserve(optable::kNumOps);
+  for (const optable::OpRow& row : optable::kOps) {
+    const std::string name = row.name;
+    PyCFunction fn = nullptr;
+    std::string doc;
+    switch (row.kind) {
+      case optable::Kind::kSoftmax:
+        fn = name == optable::softmax_row_name(true) ? fastcall(&softmax<true>) : fastcall(&softmax<false>);
+        doc = name + "($module, input, dim, dtype=None, /)\n--\n\nfastact::" + name +
+              "(input, dim, dtype); NotImplemented if not a plain tensor.";
+        break;
+      case optable::Kind::kBias:
+        fn = fastcall(&bias_gelu);
+        doc = name + "($module, input, bias, approximate, /)\n--\n\nfastact::" + name +
+              "; NotImplemented if not plain tensors.";
+        break;
+      case optable::Kind::kPointwise:
+        optable::for_each_pointwise([&](auto* r) {
+          using Row = std::remove_pointer_t<decltype(r)>;
+          if (name != Row::kName) return;
+          fn = fastcall(&pointwise<Row>);
+          const std::string param = optable::has_param<Row>() ? std::string(", ") + Row::kParam : std::string();
+          doc = name + "($module, input" + param + ", /)\n--\n\nfastact::" + name +
+                "; NotImplemented if not a plain tensor.";
+        });
+        break;
+    }
+    docs.push_back(std::move(doc));
+    table.push_back({row.name, fn, METH_FASTCALL, docs.back().c_str()});
+  }
+  table.push_back({"softmax_variant_names", &softmax_variant_names, METH_NOARGS,
+                   "softmax_variant_names($module, /)\n--\n\nThe softmax family's variant names, comma-separated."});
+  table.push_back({nullptr, nullptr, 0, nullptr});
+  return table.data();
+}
 
 }  // namespace
 
-PyMethodDef* eager_methods() { return methods; }
+PyMethodDef* eager_methods() {
+  static PyMethodDef* methods = build_methods();
+  return methods;
+}
 
 }  // namespace fastact

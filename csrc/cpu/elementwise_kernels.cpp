@@ -1,5 +1,5 @@
-// The CPU kernels of the elementwise ops: GELU (erf, tanh), bias + GELU, sigmoid, forward and
-// backward. Compiled once per instruction set, inside `namespace CPU_CAPABILITY` (csrc/cpu/vec_io.h
+// The CPU kernels of the elementwise ops: the pointwise ops of fastact/op_table.h (GELU erf and tanh,
+// sigmoid, ...: forward, backward and the backward's own derivative) and bias + GELU. Compiled once per instruction set, inside `namespace CPU_CAPABILITY` (csrc/cpu/vec_io.h
 // has the scheme and its ODR rules); kernels.cpp puts the entry points at the end in the table.
 
 #include "cpu/kernels.h"
@@ -167,59 +167,142 @@ Vec<A> sigmoid(const Vec<A>& x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Elementwise ops: a vector form and a scalar form (the math.h functor) of the same function.
+// Pointwise ops: a vector form and a scalar form (the math.h functor) of the same function.
 
-// kNarrow: results rounded to 16 bits (kNarrowOut<T>; the tanh form's reciprocal_for).
-template <bool kTanh, bool kNarrow = false>
-struct GeluOp {
-  template <typename A>
-  Vectorized<A> operator()(const Vectorized<A>& x) const {
-    if constexpr (kTanh) return gelu_tanh<kNarrow>(x);
-    else return gelu_erf(x);
+// The SIMD form of a math.h functor F of a pointwise op (fastact/op_table.h): forward(x) and the derivative its
+// backward takes, derivative(x) or derivative_from_output(y), over Vec<A>; kNarrow: results rounded to 16 bits
+// (kNarrowOut<T>; reciprocal_for). kDefined false: none written, the ops below evaluate the functor lane by lane
+// (correct, not fast). Its double-backward op (second derivative) is always taken lane by lane.
+template <typename F>
+struct VecForm {
+  static constexpr bool kDefined = false;
+};
+
+template <>
+struct VecForm<math::GeluErf> {
+  static constexpr bool kDefined = true;
+  template <bool kNarrow, typename A>
+  static Vec<A> forward(const Vec<A>& x) {
+    return gelu_erf(x);
   }
-  template <typename A>
-  A operator()(A x) const {
-    if constexpr (kTanh) return math::GeluTanh{}.forward(x);
-    else return math::GeluErf{}.forward(x);
+  template <bool kNarrow, typename A>
+  static Vec<A> derivative(const Vec<A>& x) {
+    return gelu_erf_derivative(x);
   }
 };
 
-template <bool kTanh, bool kNarrow = false>
-struct GeluBackwardOp {  // (dy, x) -> dy * gelu'(x); kNarrow as GeluOp's
-  template <typename A>
-  Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& x) const {
-    if constexpr (kTanh) return dy * gelu_tanh_derivative<kNarrow>(x);
-    else return dy * gelu_erf_derivative(x);
+template <>
+struct VecForm<math::GeluTanh> {
+  static constexpr bool kDefined = true;
+  template <bool kNarrow, typename A>
+  static Vec<A> forward(const Vec<A>& x) {
+    return gelu_tanh<kNarrow>(x);
   }
-  template <typename A>
-  A operator()(A dy, A x) const {
-    if constexpr (kTanh) return dy * math::GeluTanh{}.derivative(x);
-    else return dy * math::GeluErf{}.derivative(x);
+  template <bool kNarrow, typename A>
+  static Vec<A> derivative(const Vec<A>& x) {
+    return gelu_tanh_derivative<kNarrow>(x);
   }
 };
 
-template <bool kNarrow>  // as GeluOp's
-struct SigmoidOp {
-  template <typename A>
-  Vectorized<A> operator()(const Vectorized<A>& x) const {
+template <>
+struct VecForm<math::Sigmoid> {
+  static constexpr bool kDefined = true;
+  template <bool kNarrow, typename A>
+  static Vec<A> forward(const Vec<A>& x) {
     return sigmoid<kNarrow>(x);
   }
-  template <typename A>
-  A operator()(A x) const {
-    return math::Sigmoid{}.forward(x);
+  template <bool kNarrow, typename A>
+  static Vec<A> derivative_from_output(const Vec<A>& y) {
+    return y * (Vec<A>(A(1)) - y);
   }
 };
 
-struct SigmoidBackwardOp {  // (dy, y) -> dy * y * (1 - y)
-  template <typename A>
-  Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& y) const {
-    return dy * (y * (Vectorized<A>(A(1)) - y));
+// F.silu = x sigmoid(x), f' = s (1 + x (1 - s)) (math::Silu), on the vector sigmoid above.
+template <>
+struct VecForm<math::Silu> {
+  static constexpr bool kDefined = true;
+  template <bool kNarrow, typename A>
+  static Vec<A> forward(const Vec<A>& x) {
+    return x * sigmoid<kNarrow>(x);
   }
-  template <typename A>
-  A operator()(A dy, A y) const {
-    return dy * math::Sigmoid{}.derivative_from_output(y);
+  template <bool kNarrow, typename A>
+  static Vec<A> derivative(const Vec<A>& x) {
+    const Vec<A> s = sigmoid<kNarrow>(x);
+    return s * at::vec::fmadd(x, Vec<A>(A(1)) - s, Vec<A>(A(1)));
   }
 };
+
+// f applied to each lane of v: the vector form of a functor without one.
+template <typename A, typename Fn>
+Vec<A> by_lanes(const Fn& f, const Vec<A>& v) {
+  alignas(64) A lanes[Vec<A>::size()];
+  v.store(lanes);
+  for (int j = 0; j < static_cast<int>(Vec<A>::size()); ++j) lanes[j] = f(lanes[j]);
+  return Vec<A>::loadu(lanes);
+}
+template <typename A, typename Fn>
+Vec<A> by_lanes(const Fn& f, const Vec<A>& a, const Vec<A>& b) {
+  alignas(64) A la[Vec<A>::size()], lb[Vec<A>::size()];
+  a.store(la);
+  b.store(lb);
+  for (int j = 0; j < static_cast<int>(Vec<A>::size()); ++j) la[j] = f(la[j], lb[j]);
+  return Vec<A>::loadu(la);
+}
+
+// y = f(x).
+template <typename F, bool kNarrow = false>
+struct ForwardOp {
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& x) const {
+    if constexpr (VecForm<F>::kDefined) return VecForm<F>::template forward<kNarrow>(x);
+    else return by_lanes([](A v) { return F{}.forward(v); }, x);
+  }
+  template <typename A>
+  A operator()(A x) const {
+    return F{}.forward(x);
+  }
+};
+
+// dx = dy f'(s), s the input or (kFromOutput) the output.
+template <typename F, bool kFromOutput, bool kNarrow = false>
+struct BackwardOp {
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& dy, const Vectorized<A>& s) const {
+    if constexpr (!VecForm<F>::kDefined) {
+      return by_lanes([](A d, A v) { return math::Backward<F, kFromOutput>{}(d, v); }, dy, s);
+    } else if constexpr (kFromOutput) {
+      return dy * VecForm<F>::template derivative_from_output<kNarrow>(s);
+    } else {
+      return dy * VecForm<F>::template derivative<kNarrow>(s);
+    }
+  }
+  template <typename A>
+  A operator()(A dy, A s) const {
+    return math::Backward<F, kFromOutput>{}(dy, s);
+  }
+};
+
+// a f''(s): the backward's derivative with respect to s (double backward), or with kOrder 3 a f'''(s) (triple
+// backward), lane by lane.
+template <typename F, bool kFromOutput, int kOrder>
+struct BackwardGradOp {
+  template <typename A>
+  Vectorized<A> operator()(const Vectorized<A>& a, const Vectorized<A>& s) const {
+    return by_lanes([](A u, A v) { return math::BackwardGrad<F, kFromOutput, kOrder>{}(u, v); }, a, s);
+  }
+  template <typename A>
+  A operator()(A a, A s) const {
+    return math::BackwardGrad<F, kFromOutput, kOrder>{}(a, s);
+  }
+};
+
+// bias_gelu's GELU.
+template <bool kTanh>
+using GeluFunctor = std::conditional_t<kTanh, math::GeluTanh, math::GeluErf>;
+template <bool kTanh, bool kNarrow = false>
+using GeluOp = ForwardOp<GeluFunctor<kTanh>, kNarrow>;
+template <bool kTanh, bool kNarrow = false>
+using GeluBackwardOp = BackwardOp<GeluFunctor<kTanh>, /*kFromOutput=*/false, kNarrow>;
 
 // A note on the loops below: each runs in a function whose pointers are parameters (locals), not
 // in a lambda that captured them by reference. A vector store may alias anything (the intrinsics'
@@ -493,26 +576,33 @@ void bias_gelu_bwd_impl(const T* dy, const T* x, int64_t x_stride, const T* bias
 // ---------------------------------------------------------------------------------------------
 // The entry points (csrc/cpu/kernels.h: TypedKernels).
 
-template <typename T>
-void gelu_fwd(const T* x, T* y, const ElementRows& g, bool tanh_approx) {
-  if (tanh_approx) unary_kernel(x, y, g, kGrainHeavy, GeluOp<true, kNarrowOut<T>>{});
-  else unary_kernel(x, y, g, kGrainHeavy, GeluOp<false>{});
+// The threading grain of a pointwise op: the GELUs' erf and tanh are several times a sigmoid's work.
+template <typename F>
+constexpr int64_t kPointwiseGrain = F::kCost == EltMath::kSigmoid ? kGrain : kGrainHeavy;
+
+template <typename T, typename Row>
+void pointwise_fwd(const T* x, T* y, const ElementRows& g, int choice) {
+  optable::with_functor<Row>(choice, [&](auto f) {
+    using F = decltype(f);
+    unary_kernel(x, y, g, kPointwiseGrain<F>, ForwardOp<F, kNarrowOut<T>>{});
+  });
 }
 
-template <typename T>
-void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx) {
-  if (tanh_approx) binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<true, kNarrowOut<T>>{});
-  else binary_kernel(dy, x, dx, g, kGrainHeavy, GeluBackwardOp<false>{});
+template <typename T, typename Row>
+void pointwise_bwd(const T* dy, const T* s, T* dx, const ElementRows& g, int choice) {
+  optable::with_functor<Row>(choice, [&](auto f) {
+    using F = decltype(f);
+    binary_kernel(dy, s, dx, g, kPointwiseGrain<F>, BackwardOp<F, Row::kFromOutput, kNarrowOut<T>>{});
+  });
 }
 
-template <typename T>
-void sigmoid_fwd(const T* x, T* y, const ElementRows& g) {
-  unary_kernel(x, y, g, kGrain, SigmoidOp<kNarrowOut<T>>{});
-}
-
-template <typename T>
-void sigmoid_bwd(const T* dy, const T* y, T* dx, const ElementRows& g) {
-  binary_kernel(dy, y, dx, g, kGrain, SigmoidBackwardOp{});
+template <typename T, typename Row>
+void pointwise_bwd_grad(const T* a, const T* s, T* out, const ElementRows& g, int choice, int order) {
+  optable::with_functor<Row>(choice, [&](auto f) {
+    using F = decltype(f);
+    if (order == 3) binary_kernel(a, s, out, g, kGrainHeavy, BackwardGradOp<F, Row::kFromOutput, 3>{});
+    else binary_kernel(a, s, out, g, kGrainHeavy, BackwardGradOp<F, Row::kFromOutput, 2>{});
+  });
 }
 
 template <typename T>
@@ -529,11 +619,19 @@ void bias_gelu_bwd(const T* dy, const T* x, int64_t x_stride, const T* bias, T* 
 }
 
 // The entry points of the kernel table (csrc/cpu/kernels.h), for every element type.
+template <typename T>
+void fill_pointwise_kernels(TypedKernels<T>& k) {
+  optable::for_each_pointwise([&](auto* row) {
+    using Row = std::remove_pointer_t<decltype(row)>;
+    constexpr int i = optable::index<Row>();
+    k.pointwise_fwd[i] = &pointwise_fwd<T, Row>;
+    k.pointwise_bwd[i] = &pointwise_bwd<T, Row>;
+    k.pointwise_bwd_grad[i] = &pointwise_bwd_grad<T, Row>;
+  });
+}
+
 #define FASTACT_ELEMENTWISE_ENTRIES(T)                                                                        \
-  template void gelu_fwd<T>(const T*, T*, const ElementRows&, bool);                                          \
-  template void gelu_bwd<T>(const T*, const T*, T*, const ElementRows&, bool);                                \
-  template void sigmoid_fwd<T>(const T*, T*, const ElementRows&);                                             \
-  template void sigmoid_bwd<T>(const T*, const T*, T*, const ElementRows&);                                   \
+  template void fill_pointwise_kernels<T>(TypedKernels<T>&);                                                  \
   template void bias_gelu_fwd<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, bool);                    \
   template void bias_gelu_bwd<T>(const T*, const T*, int64_t, const T*, T*, T*, int64_t, int64_t, bool);
 FASTACT_ELEMENTWISE_ENTRIES(float)

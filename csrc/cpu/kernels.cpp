@@ -21,7 +21,7 @@ bool g_avx512_bf16 = false;  // vec_io.h
 namespace {
 
 template <typename T>
-constexpr TypedKernels<T> make_kernels() {
+TypedKernels<T> make_kernels() {
   constexpr bool kReduced = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
   TypedKernels<T> k{};
   k.softmax_fwd = &softmax_fwd<T>;
@@ -32,20 +32,21 @@ constexpr TypedKernels<T> make_kernels() {
     k.softmax_fwd_to_float = &softmax_fwd_to_float<T>;
     k.softmax_bwd_from_float = &softmax_bwd_from_float<T>;
   }
-  k.gelu_fwd = &gelu_fwd<T>;
-  k.gelu_bwd = &gelu_bwd<T>;
-  k.sigmoid_fwd = &sigmoid_fwd<T>;
-  k.sigmoid_bwd = &sigmoid_bwd<T>;
+  fill_pointwise_kernels(k);
   k.bias_gelu_fwd = &bias_gelu_fwd<T>;
   k.bias_gelu_bwd = &bias_gelu_bwd<T>;
   return k;
 }
 
-constexpr KernelTable kTable{
-    FASTACT_STRINGIFY(CPU_CAPABILITY), static_cast<int>(Vectorized<float>::size()),
-    make_kernels<float>(),             make_kernels<double>(),
-    make_kernels<c10::Half>(),         make_kernels<c10::BFloat16>(),
-};
+// Built on first use (fill_pointwise_kernels is in another file, so not at compile time).
+const KernelTable& table() {
+  static const KernelTable t{
+      FASTACT_STRINGIFY(CPU_CAPABILITY), static_cast<int>(Vectorized<float>::size()),
+      make_kernels<float>(),             make_kernels<double>(),
+      make_kernels<c10::Half>(),         make_kernels<c10::BFloat16>(),
+  };
+  return t;
+}
 
 }  // namespace
 
@@ -60,7 +61,7 @@ const KernelTable& kernel_table() {
   }();
   (void)detected;
 #endif
-  return kTable;
+  return table();
 }
 
 }  // namespace CPU_CAPABILITY

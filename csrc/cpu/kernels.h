@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "fastact/element_rows.h"
+#include "fastact/op_table.h"
 
 namespace fastact::cpu {
 
@@ -63,10 +64,13 @@ struct TypedKernels {
 
   // Elementwise, the operands laid out as g (fastact/element_rows.h: ElementRows::flat(n) for n
   // consecutive elements of any dense memory order; else inputs as strided rows, the output dense).
-  void (*gelu_fwd)(const T* x, T* y, const ElementRows& g, bool tanh_approx);
-  void (*gelu_bwd)(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx);
-  void (*sigmoid_fwd)(const T* x, T* y, const ElementRows& g);
-  void (*sigmoid_bwd)(const T* dy, const T* y, T* dx, const ElementRows& g);  // dx = dy * y * (1 - y)
+  // The pointwise ops (fastact/op_table.h), indexed by optable::index<Row>(); choice: the functor the op's
+  // param picks (optable::choice_of). y = f(x); dx = dy * f'(s), s the input x or the output y, as the row
+  // saves; out = a * f''(s) (the backward's derivative with respect to s; order 3: a * f'''(s)).
+  void (*pointwise_fwd[optable::kNumPointwise])(const T* x, T* y, const ElementRows& g, int choice);
+  void (*pointwise_bwd[optable::kNumPointwise])(const T* dy, const T* s, T* dx, const ElementRows& g, int choice);
+  void (*pointwise_bwd_grad[optable::kNumPointwise])(const T* a, const T* s, T* out, const ElementRows& g,
+                                                     int choice, int order);
 
   // y = gelu(x + bias), x [rows, cols] with row r at x + r * x_stride, y contiguous, bias [cols].
   void (*bias_gelu_fwd)(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols,
@@ -98,7 +102,8 @@ struct KernelTable {
 #if defined(CPU_CAPABILITY)
 // Inside one ISA build: the entry points that softmax_kernels.cpp and elementwise_kernels.cpp define
 // (instantiated for the four element types; the fused casts for half and bfloat16 only) and kernels.cpp
-// gathers into that build's table. Each is the TypedKernels<T> member of its name.
+// gathers into that build's table. Each is the TypedKernels<T> member of its name; the pointwise ops'
+// come through fill_pointwise_kernels.
 namespace CPU_CAPABILITY {
 template <typename T>
 void softmax_fwd(const T* x, T* y, const SoftmaxShape& shape, bool log);
@@ -112,14 +117,9 @@ template <typename T>
 int64_t softmax_strided_columns(const SoftmaxShape& shape, bool backward);
 template <typename T>
 int64_t softmax_strided_lane_group(const SoftmaxShape& shape, bool backward);
+// Sets the pointwise_* members of k (elementwise_kernels.cpp).
 template <typename T>
-void gelu_fwd(const T* x, T* y, const ElementRows& g, bool tanh_approx);
-template <typename T>
-void gelu_bwd(const T* dy, const T* x, T* dx, const ElementRows& g, bool tanh_approx);
-template <typename T>
-void sigmoid_fwd(const T* x, T* y, const ElementRows& g);
-template <typename T>
-void sigmoid_bwd(const T* dy, const T* y, T* dx, const ElementRows& g);
+void fill_pointwise_kernels(TypedKernels<T>& k);
 template <typename T>
 void bias_gelu_fwd(const T* x, int64_t x_stride, const T* bias, T* y, int64_t rows, int64_t cols, bool tanh_approx);
 template <typename T>

@@ -351,55 +351,68 @@ at::Tensor softmax_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
 // beside a contiguous output) and copied into the output's layout otherwise, the first such input into
 // the output itself.
 
-at::Tensor gelu_cpu(const at::Tensor& x, c10::string_view approximate) {
-  check_floating(x, "gelu", "input");
-  const bool tanh = parse_tanh(approximate, "gelu");
-  at::Tensor y = at::empty_like(x);
-  if (y.numel() == 0) return y;
-  const ElementOperands in = element_operands(y, x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
-    kernels().of<scalar_t>().gelu_fwd(in.in0.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), in.rows,
-                                     tanh);
-  });
-  return y;
-}
+// The pointwise ops of fastact/op_table.h: forward, backward (dx = dy f'(s), s the input or the output) and
+// the backward's derivative with respect to s (a f''(s), for double backward), one template per row.
+template <typename Row>
+struct PointwiseCpu {
+  static int index() { return optable::index<Row>(); }
 
-at::Tensor gelu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& x, c10::string_view approximate) {
-  check_grad(grad_output, x, "gelu_backward", "input");
-  const bool tanh = parse_tanh(approximate, "gelu_backward");
-  at::Tensor dx = at::empty_like(x);
-  if (dx.numel() == 0) return dx;
-  const ElementOperands in = element_operands(dx, grad_output, x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward", [&] {
-    kernels().of<scalar_t>().gelu_bwd(in.in0.const_data_ptr<scalar_t>(), in.in1.const_data_ptr<scalar_t>(),
-                                     dx.mutable_data_ptr<scalar_t>(), in.rows, tanh);
-  });
-  return dx;
-}
+  static at::Tensor forward(const at::Tensor& input, int choice) {
+    const at::Tensor x = pointwise_input<Row>(input);
+    return run_forward(x, choice);
+  }
+  static at::Tensor run_forward(const at::Tensor& x, int choice) {
+    at::Tensor y = at::empty_like(x);
+    if (y.numel() == 0) return y;
+    const ElementOperands in = element_operands(y, x);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), Row::kName, [&] {
+      kernels().of<scalar_t>().pointwise_fwd[index()](in.in0.const_data_ptr<scalar_t>(),
+                                                      y.mutable_data_ptr<scalar_t>(), in.rows, choice);
+    });
+    return y;
+  }
+  // backward (kGrad false) or its derivative (kGrad true): a binary op of (grad, s) in s's layout.
+  template <bool kGrad>
+  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, int choice, int order) {
+    at::Tensor out = at::empty_like(s);
+    if (out.numel() == 0) return out;
+    const ElementOperands in = element_operands(out, grad, s);
+    constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), op, [&] {
+      const TypedKernels<scalar_t>& k = kernels().of<scalar_t>();
+      const scalar_t* a = in.in0.const_data_ptr<scalar_t>();
+      const scalar_t* b = in.in1.const_data_ptr<scalar_t>();
+      if (kGrad) k.pointwise_bwd_grad[index()](a, b, out.mutable_data_ptr<scalar_t>(), in.rows, choice, order);
+      else k.pointwise_bwd[index()](a, b, out.mutable_data_ptr<scalar_t>(), in.rows, choice);
+    });
+    return out;
+  }
+  template <bool kGrad>
+  static at::Tensor checked_binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param,
+                                   int64_t order = 2) {
+    constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
+    check_grad(grad, s, op, Row::kSavedWhat);
+    check_grad_order(order, op);
+    return binary<kGrad>(grad, s, pointwise_choice<Row>(sv(param), op), static_cast<int>(order));
+  }
 
-at::Tensor sigmoid_cpu(const at::Tensor& input) {
-  const at::Tensor x = integral_to_default_float(input);
-  check_floating(x, "sigmoid", "input");
-  at::Tensor y = at::empty_like(x);
-  if (y.numel() == 0) return y;
-  const ElementOperands in = element_operands(y, x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
-    kernels().of<scalar_t>().sigmoid_fwd(in.in0.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), in.rows);
-  });
-  return y;
-}
-
-at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_output, const at::Tensor& output) {
-  check_grad(grad_output, output, "sigmoid_backward", "output");
-  at::Tensor dx = at::empty_like(output);
-  if (dx.numel() == 0) return dx;
-  const ElementOperands in = element_operands(dx, grad_output, output);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
-    kernels().of<scalar_t>().sigmoid_bwd(in.in0.const_data_ptr<scalar_t>(), in.in1.const_data_ptr<scalar_t>(),
-                                        dx.mutable_data_ptr<scalar_t>(), in.rows);
-  });
-  return dx;
-}
+  // The kernels as registered: with the row's param or without one.
+  static at::Tensor fwd_p(const at::Tensor& x, c10::string_view param) {
+    const at::Tensor xf = pointwise_input<Row>(x);
+    return run_forward(xf, pointwise_choice<Row>(sv(param), Row::kName));
+  }
+  static at::Tensor fwd(const at::Tensor& x) { return run_forward(pointwise_input<Row>(x), 0); }
+  static at::Tensor bwd_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p) {
+    return checked_binary<false>(g, s, p);
+  }
+  static at::Tensor bwd(const at::Tensor& g, const at::Tensor& s) { return checked_binary<false>(g, s, ""); }
+  static at::Tensor grad_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p, int64_t order) {
+    return checked_binary<true>(g, s, p, order);
+  }
+  static at::Tensor grad(const at::Tensor& g, const at::Tensor& s, int64_t order) {
+    return checked_binary<true>(g, s, "", order);
+  }
+};
 
 // bias_gelu: x read in place when contiguous, a strided stack of rows or one row repeated, else copied
 // into y first and computed there in place (bias_gelu_input); output contiguous, one pass.
@@ -447,15 +460,13 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
 // ---------------------------------------------------------------------------------------------
 // explain: the CPU path the op takes on this input, and why.
 
-constexpr const char* kExplainOps = "softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu, sigmoid";
-
 std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_t dim,
                         std::optional<at::ScalarType> dtype) {
   const std::string op(sv(op_name));
-  const bool softmax_op =
-      op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward";
-  const bool elementwise_op = op == "gelu" || op == "bias_gelu" || op == "sigmoid";
-  TORCH_CHECK(softmax_op || elementwise_op, "explain: unknown op '", op, "'; expected one of ", kExplainOps);
+  const ExplainOp which = explain_op(op);
+  const bool softmax_op = which.kind == optable::Kind::kSoftmax;
+  TORCH_CHECK(which.known && (softmax_op || !which.backward), "explain: unknown op '", op, "'; expected one of ",
+              explain_op_list());
 
   const KernelTable& table = kernels();
   std::ostringstream s;
@@ -533,12 +544,14 @@ std::string explain_cpu(const at::Tensor& self, c10::string_view op_name, int64_
     s << types.note;
   } else {
     check_explain_dtype(op, dtype);
-    // sigmoid computes an integer input in the default dtype: what it reads is that copy.
-    const bool converts = op == "sigmoid" && at::isIntegralType(self.scalar_type(), /*includeBool=*/true);
+    // An op that computes an integer input in the default dtype (sigmoid) reads that copy.
+    const optable::PointwiseInfo* row = optable::find_pointwise(op);
+    const bool converts = row && row->integral == optable::Integral::kToDefaultFloat &&
+                          at::isIntegralType(self.scalar_type(), /*includeBool=*/true);
     const at::Tensor x = converts ? integral_to_default_float_meta(self) : self;
     s << "kernel=cpu_elementwise: " << op << " over " << self.numel() << " elements";
     if (converts) s << " (the " << self.scalar_type() << " input converted to " << x.scalar_type() << " first)";
-    if (op == "bias_gelu") {
+    if (which.kind == optable::Kind::kBias) {
       s << (self.dim() >= 1 && bias_gelu_row_stride(self) ? " (input read in place"
                                                             : " (input copied into the output first, computed there in place")
         << ", bias added in registers: one pass)";
@@ -570,11 +583,20 @@ TORCH_LIBRARY_IMPL(fastact, CPU, m) {
   m.impl("log_softmax", &softmax_cpu<true>);
   m.impl("softmax_backward", &softmax_backward_cpu<false>);
   m.impl("log_softmax_backward", &softmax_backward_cpu<true>);
-  m.impl("gelu", &gelu_cpu);
-  m.impl("gelu_backward", &gelu_backward_cpu);
+  fastact::optable::for_each_pointwise([&](auto* row) {
+    using Row = std::remove_pointer_t<decltype(row)>;
+    using K = PointwiseCpu<Row>;
+    if constexpr (fastact::optable::has_param<Row>()) {
+      m.impl(Row::kName, &K::fwd_p);
+      m.impl(Row::kBackwardName, &K::bwd_p);
+      m.impl(Row::kGradName, &K::grad_p);
+    } else {
+      m.impl(Row::kName, &K::fwd);
+      m.impl(Row::kBackwardName, &K::bwd);
+      m.impl(Row::kGradName, &K::grad);
+    }
+  });
   m.impl("bias_gelu", &bias_gelu_cpu);
   m.impl("bias_gelu_backward", &bias_gelu_backward_cpu);
-  m.impl("sigmoid", &sigmoid_cpu);
-  m.impl("sigmoid_backward", &sigmoid_backward_cpu);
   m.impl("explain", &explain_cpu);
 }

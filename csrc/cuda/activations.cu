@@ -1,4 +1,4 @@
-// CUDA kernels of gelu, bias_gelu and sigmoid, forward and backward: the torch side. Checks (the
+// CUDA kernels of the pointwise ops (fastact/op_table.h) and bias_gelu, forward and backward: the torch side. Checks (the
 // errors torch raises), layouts (outputs as the fake kernels in fastact/_ops.py state), the device
 // guard, the current stream, dtype dispatch, the launch check; the kernels are in
 // include/fastact/elementwise.cuh, instantiated per dtype in activations_{float,half,bfloat16}.cu.
@@ -15,7 +15,9 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include "common.h"
 #include "cuda/activations.h"
@@ -32,71 +34,66 @@ namespace {
 // which then computes in place: each thread loads its elements of every input before it stores
 // them), so that the op allocates only its output, as torch's does.
 
-at::Tensor gelu_cuda(const at::Tensor& x, c10::string_view approximate) {
-  check_floating(x, "gelu", "input");
-  const GeluApprox approx = parse_gelu_approx(approximate, "gelu");
-  c10::cuda::OptionalCUDAGuard guard(x.device());
-  at::Tensor y = at::empty_like(x);
-  if (y.numel() == 0) return y;
-  const ElementOperands in = element_operands(y, x);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu", [&] {
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::gelu(in_ptr<scalar_t>(in.in0), out_ptr<scalar_t>(y),
-                                                                        in.rows, approx, stream),
-                         "gelu");
-  });
-  return y;
-}
+std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
 
-at::Tensor gelu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& x, c10::string_view approximate) {
-  check_grad(grad_output, x, "gelu_backward", "input");
-  const GeluApprox approx = parse_gelu_approx(approximate, "gelu_backward");
-  c10::cuda::OptionalCUDAGuard guard(x.device());
-  at::Tensor dx = at::empty_like(x);
-  if (dx.numel() == 0) return dx;
-  const ElementOperands in = element_operands(dx, grad_output, x);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward", [&] {
-    FASTACT_CHECK_LAUNCH(
-        ActivationLaunchers<cuda_type<scalar_t>>::gelu_backward(in_ptr<scalar_t>(in.in0), in_ptr<scalar_t>(in.in1),
-                                                                out_ptr<scalar_t>(dx), in.rows, approx, stream),
-        "gelu_backward");
-  });
-  return dx;
-}
+// The pointwise ops of fastact/op_table.h: forward, backward (dx = dy f'(s), s the input or the output) and the
+// backward's derivative with respect to s (a f''(s), for double backward), one template per row.
+template <typename Row>
+struct PointwiseCuda {
+  static at::Tensor run_forward(const at::Tensor& x, int choice) {
+    at::Tensor y = at::empty_like(x);
+    if (y.numel() == 0) return y;
+    const ElementOperands in = element_operands(y, x);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), Row::kName, [&] {
+      FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::pointwise(
+                               optable::index<Row>(), choice, PointwiseDirection::kForward, in_ptr<scalar_t>(in.in0),
+                               nullptr, out_ptr<scalar_t>(y), in.rows, stream),
+                           Row::kName);
+    });
+    return y;
+  }
+  static at::Tensor forward(const at::Tensor& input, c10::string_view param) {
+    c10::cuda::OptionalCUDAGuard guard(input.device());
+    const at::Tensor x = pointwise_input<Row>(input);
+    return run_forward(x, pointwise_choice<Row>(sv(param), Row::kName));
+  }
+  // The backward (kGrad false) or its derivative (kGrad true); the output is empty_like(s), as the fake kernel's.
+  template <bool kGrad>
+  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param, int64_t order = 2) {
+    constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
+    check_grad(grad, s, op, Row::kSavedWhat);
+    check_grad_order(order, op);
+    const int choice = pointwise_choice<Row>(sv(param), op);
+    c10::cuda::OptionalCUDAGuard guard(s.device());
+    at::Tensor out = at::empty_like(s);
+    if (out.numel() == 0) return out;
+    const ElementOperands in = element_operands(out, grad, s);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    const PointwiseDirection dir = !kGrad     ? PointwiseDirection::kBackward
+                                   : order == 3 ? PointwiseDirection::kBackwardGrad3
+                                                : PointwiseDirection::kBackwardGrad;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), op, [&] {
+      FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::pointwise(
+                               optable::index<Row>(), choice, dir, in_ptr<scalar_t>(in.in0), in_ptr<scalar_t>(in.in1),
+                               out_ptr<scalar_t>(out), in.rows, stream),
+                           op);
+    });
+    return out;
+  }
 
-at::Tensor sigmoid_cuda(const at::Tensor& input) {
-  c10::cuda::OptionalCUDAGuard guard(input.device());
-  const at::Tensor x = integral_to_default_float(input);
-  check_floating(x, "sigmoid", "input");
-  at::Tensor y = at::empty_like(x);
-  if (y.numel() == 0) return y;
-  const ElementOperands in = element_operands(y, x);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "sigmoid", [&] {
-    FASTACT_CHECK_LAUNCH(ActivationLaunchers<cuda_type<scalar_t>>::sigmoid(in_ptr<scalar_t>(in.in0),
-                                                                           out_ptr<scalar_t>(y), in.rows, stream),
-                         "sigmoid");
-  });
-  return y;
-}
-
-// The fake kernel's output is empty_like(output).
-at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output) {
-  check_grad(grad_output, output, "sigmoid_backward", "output");
-  c10::cuda::OptionalCUDAGuard guard(output.device());
-  at::Tensor dx = at::empty_like(output);
-  if (dx.numel() == 0) return dx;
-  const ElementOperands in = element_operands(dx, grad_output, output);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(), "sigmoid_backward", [&] {
-    FASTACT_CHECK_LAUNCH(
-        ActivationLaunchers<cuda_type<scalar_t>>::sigmoid_backward(in_ptr<scalar_t>(in.in0), in_ptr<scalar_t>(in.in1),
-                                                                   out_ptr<scalar_t>(dx), in.rows, stream),
-        "sigmoid_backward");
-  });
-  return dx;
-}
+  // The kernels as registered: with the row's param or without one.
+  static at::Tensor fwd_p(const at::Tensor& x, c10::string_view p) { return forward(x, p); }
+  static at::Tensor fwd(const at::Tensor& x) { return forward(x, ""); }
+  static at::Tensor bwd_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p) { return binary<false>(g, s, p); }
+  static at::Tensor bwd(const at::Tensor& g, const at::Tensor& s) { return binary<false>(g, s, ""); }
+  static at::Tensor grad_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p, int64_t order) {
+    return binary<true>(g, s, p, order);
+  }
+  static at::Tensor grad(const at::Tensor& g, const at::Tensor& s, int64_t order) {
+    return binary<true>(g, s, "", order);
+  }
+};
 
 // bias_gelu: x read in place when contiguous, a strided stack of rows or one row repeated, else copied
 // into y first and computed there in place (bias_gelu_input); output contiguous, one pass in memory
@@ -175,10 +172,10 @@ std::string dtype_name(at::ScalarType t) {
 }  // namespace
 
 std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op) {
-  const bool bias = op == "bias_gelu" || op == "bias_gelu_backward";
-  const bool known = bias || op == "gelu" || op == "gelu_backward" || op == "sigmoid" || op == "sigmoid_backward";
-  TORCH_CHECK(known, "explain: unknown elementwise op '", op,
-              "'; expected one of gelu, gelu_backward, bias_gelu, bias_gelu_backward, sigmoid, sigmoid_backward");
+  const ExplainOp which = explain_op(op);
+  TORCH_CHECK(which.known && which.kind != optable::Kind::kSoftmax, "explain: unknown elementwise op '", op,
+              "'; expected one of ", explain_elementwise_op_list());
+  const bool bias = which.kind == optable::Kind::kBias;
   const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
   const int arity = backward ? 2 : 1;
   const int esize = static_cast<int>(x.element_size());
@@ -276,11 +273,12 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   ElementRows g = ElementRows::flat(n);
   if (stride && *stride != cols) g = {n / cols, cols, backward ? cols : *stride, backward ? *stride : cols};
   const bool rows = !g.is_flat();
-  // gelu's shape depends on `approximate`, which explain() does not take: report the erf one, and the
-  // tanh one where it differs.
+  // The shape depends on the functor, which a row's param picks (gelu's `approximate`) and explain() does not
+  // take: report the first choice's, and the second's where it differs.
   using elementwise::EltMath;
-  const bool gelu = op == "gelu" || op == "gelu_backward";
-  const EltMath math = gelu ? EltMath::kErf : EltMath::kSigmoid;
+  const optable::PointwiseInfo& row = *optable::find_pointwise(std::string_view(op).substr(0, op.size() - (backward ? 9 : 0)));
+  const bool two_choices = row.param != nullptr && row.choices[1] != nullptr;
+  const EltMath math = row.cost[0];
   const auto shape_of = [&](int eb, int ar, bool v, EltMath m) {
     return rows ? elementwise::elementwise_rows_shape(eb, ar, v, m, false, memory.depth)
                 : elementwise::elementwise_shape(eb, ar, v, m, memory.depth);
@@ -292,7 +290,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
                        : rows  ? elementwise::element_rows_vec(g, vec_access, p, backward ? p : nullptr, p)
                                : is_vec_aligned(p);
   const elementwise::EltShape shape = shape_of(esize, arity, aligned, math);
-  const elementwise::EltShape tanh_shape = shape_of(esize, arity, aligned, EltMath::kTanh);
+  const elementwise::EltShape other_shape = shape_of(esize, arity, aligned, two_choices ? row.cost[1] : math);
   const int vec = aligned ? shape.access_bytes / esize : 1;
   const int unroll = shape.unroll;
   const int64_t grid = rows ? elementwise::ceil_div(n / vec, int64_t{shape.threads} * unroll)
@@ -310,15 +308,22 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
   if (aligned) {
     s << vec << " x " << dtype << " per " << shape.access_bytes * 8 << "-bit access, " << unroll << " access"
       << (unroll == 1 ? "" : "es") << " per thread and operand, " << shape.threads << " threads a block";
-    if (gelu && (tanh_shape.unroll != unroll || tanh_shape.access_bytes != shape.access_bytes ||
-                tanh_shape.threads != shape.threads)) {
-      s << " (approximate='none'; 'tanh': " << tanh_shape.access_bytes * 8 << "-bit, " << tanh_shape.unroll
-        << " access" << (tanh_shape.unroll == 1 ? "" : "es") << ", " << tanh_shape.threads << " threads)";
+    if (two_choices && (other_shape.unroll != unroll || other_shape.access_bytes != shape.access_bytes ||
+                        other_shape.threads != shape.threads)) {
+      s << " (" << row.param << "='" << row.choices[0] << "'; '" << row.choices[1] << "': "
+        << other_shape.access_bytes * 8 << "-bit, " << other_shape.unroll << " access"
+        << (other_shape.unroll == 1 ? "" : "es") << ", " << other_shape.threads << " threads)";
     }
     s << ", all loads issued before the arithmetic, " << depth_note();
-    if (esize == 2 && op != "sigmoid_backward") {
-      s << ", 16-bit math form (math.h " << (gelu ? "GeluErf16, approximate='none'" : "Sigmoid16")
-        << ": float math to under 1e-5, for results rounded to 16 bits)";
+    // The 16-bit math form (math.h functor's Narrow) of the first choice that has one in this direction.
+    for (int c = 0; c < (two_choices ? 2 : 1); ++c) {
+      if (esize != 2 || row.narrow_forward[c] == nullptr || (backward && !row.narrow_backward[c])) continue;
+      const bool every_choice = !two_choices || (row.narrow_forward[1 - c] != nullptr &&
+                                                 (!backward || row.narrow_backward[1 - c]));
+      s << ", 16-bit math form (math.h " << row.narrow_forward[c];
+      if (!every_choice) s << ", " << row.param << "='" << row.choices[c] << "'";
+      s << ": float math to under 1e-5, for results rounded to 16 bits)";
+      break;
     }
     if (shape.min_blocks > 0) {
       s << ", at most " << 65536 / (shape.min_blocks * shape.threads) << " registers a thread (full occupancy)";
@@ -347,10 +352,19 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
 
 TORCH_LIBRARY_IMPL(fastact, CUDA, m) {
   using namespace fastact::cuda;
-  m.impl("gelu", &gelu_cuda);
-  m.impl("gelu_backward", &gelu_backward_cuda);
+  fastact::optable::for_each_pointwise([&](auto* row) {
+    using Row = std::remove_pointer_t<decltype(row)>;
+    using K = PointwiseCuda<Row>;
+    if constexpr (fastact::optable::has_param<Row>()) {
+      m.impl(Row::kName, &K::fwd_p);
+      m.impl(Row::kBackwardName, &K::bwd_p);
+      m.impl(Row::kGradName, &K::grad_p);
+    } else {
+      m.impl(Row::kName, &K::fwd);
+      m.impl(Row::kBackwardName, &K::bwd);
+      m.impl(Row::kGradName, &K::grad);
+    }
+  });
   m.impl("bias_gelu", &bias_gelu_cuda);
   m.impl("bias_gelu_backward", &bias_gelu_backward_cuda);
-  m.impl("sigmoid", &sigmoid_cuda);
-  m.impl("sigmoid_backward", &sigmoid_backward_cuda);
 }

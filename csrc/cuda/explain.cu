@@ -15,14 +15,17 @@ namespace {
 std::string explain_cuda(const at::Tensor& x, c10::string_view op_view, int64_t dim,
                          std::optional<at::ScalarType> dtype) {
   const std::string op(op_view);
-  if (op == "softmax" || op == "log_softmax" || op == "softmax_backward" || op == "log_softmax_backward") {
+  const ExplainOp which = explain_op(op);
+  if (which.known && which.kind == optable::Kind::kSoftmax) {
     const bool log = op.rfind("log_", 0) == 0;
-    const bool backward = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;
-    return explain_softmax_cuda(x, dim, log, backward, dtype);
+    return explain_softmax_cuda(x, dim, log, which.backward, dtype);
   }
   std::string s;
-  if (op == "sigmoid" && at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
-    // sigmoid computes an integer input in the default dtype: the kernel reads that (fresh, aligned) copy.
+  const optable::PointwiseInfo* row = optable::find_pointwise(op);
+  if (row && row->integral == optable::Integral::kToDefaultFloat &&
+      at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
+    // An op that computes an integer input in the default dtype (sigmoid): the kernel reads that (fresh,
+    // aligned) copy.
     const at::Tensor converted = integral_to_default_float_meta(x);
     s = explain_elementwise_cuda(converted, op) + "; the " + std::string(c10::toString(x.scalar_type())) +
         " input is first converted to " + c10::toString(converted.scalar_type());

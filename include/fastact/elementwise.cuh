@@ -1,6 +1,6 @@
 // Elementwise kernels of the activations and their plain launchers (torch-free):
 //
-//   elementwise_kernel   y = f(x) (gelu, sigmoid forward) and dx = g(dy, z) (the backward forms:
+//   elementwise_kernel   y = f(x) (the pointwise forwards) and dx = g(dy, z) (the backward forms:
 //                        gelu dx = dy * gelu'(x), sigmoid dx = dy * y (1 - y) from the output y),
 //                        over n elements of dense, identically laid out arrays, in memory order.
 //   bias_gelu_forward_kernel   y = gelu(x + bias) over a contiguous [rows, H] array, bias [H]
@@ -79,9 +79,10 @@ struct EltShape {
 
 // The transcendental an op evaluates per element, which sets its instruction cost and so, near the memory
 // limit, its best launch shape: sigmoid (exp and a division, forward; none backward: y (1 - y)), tanh gelu
-// (tanhf) or erf gelu. On 16-bit elements the erf GELU and the sigmoid forward run their 16-bit math forms
-// (math.h GeluErf16, Sigmoid16: two MUFUs and ~16 / ~6 other instructions); on float and double erff / expf.
-enum class EltMath { kSigmoid, kTanh, kErf };
+// (tanhf) or erf gelu; each math.h functor names its own (kCost). On 16-bit elements the erf GELU and the
+// sigmoid forward run their 16-bit math forms (math.h GeluErf16, Sigmoid16: two MUFUs and ~16 / ~6 other
+// instructions); on float and double erff / expf.
+using EltMath = ::fastact::EltMath;
 
 // The shape for elements of `elem_bytes` bytes and an op reading `arity` operands with `math`.
 // Vector path, from sweeps against torch and torch.compile on the H100 (256 MB tensors; the 16-bit figures from
@@ -201,10 +202,12 @@ struct Convert<__nv_bfloat16> {
 
 // ---- the ops: functors over acc_t, wrapping the math.h functors ------------------------------------
 
-// y = f(x): F is math::GeluErf, math::GeluTanh or math::Sigmoid.
+// y = f(x): F a math.h functor of a pointwise op (fastact/op_table.h), or its 16-bit form. kMath: the cost class
+// that picks the launch shape (elementwise_shape).
 template <typename F>
 struct ForwardOp {
   static constexpr int kArity = 1;
+  static constexpr EltMath kMath = F::kCost;
   F f;
   template <typename A>
   FASTACT_DEVICE A operator()(A x) const {
@@ -212,24 +215,28 @@ struct ForwardOp {
   }
 };
 
-// dx = dy * f'(x) (torch's gelu_backward): F is math::GeluErf or math::GeluTanh.
-template <typename F>
-struct DerivativeOp {
+// dx = dy * f'(s), s the forward's input or (kFromOutput) its output: torch's gelu_backward, sigmoid_backward.
+template <typename F, bool kFromOutput>
+struct BackwardOp {
   static constexpr int kArity = 2;
-  F f;
+  static constexpr EltMath kMath = F::kCost;
+  math::Backward<F, kFromOutput> f;
   template <typename A>
-  FASTACT_DEVICE A operator()(A dy, A x) const {
-    return dy * f.derivative(x);
+  FASTACT_DEVICE A operator()(A dy, A s) const {
+    return f(dy, s);
   }
 };
 
-// dx = dy * y (1 - y), from the forward's output y (torch's sigmoid_backward).
-struct SigmoidBackwardOp {
+// a * f''(s): the backward's derivative with respect to s (double backward), shaped as the backward; kOrder 3:
+// a * f'''(s) (triple backward).
+template <typename F, bool kFromOutput, int kOrder>
+struct BackwardGradOp {
   static constexpr int kArity = 2;
-  math::Sigmoid f;
+  static constexpr EltMath kMath = F::kCost;
+  math::BackwardGrad<F, kFromOutput, kOrder> f;
   template <typename A>
-  FASTACT_DEVICE A operator()(A dy, A y) const {
-    return dy * f.derivative_from_output(y);
+  FASTACT_DEVICE A operator()(A a, A s) const {
+    return f(a, s);
   }
 };
 
@@ -238,6 +245,7 @@ struct SigmoidBackwardOp {
 template <typename Gelu>
 struct BiasGeluForwardOp {
   static constexpr int kArity = 2;
+  static constexpr EltMath kMath = Gelu::kCost;
   Gelu gelu;
   template <typename A>
   FASTACT_DEVICE A operator()(A x, A b) const {
@@ -337,19 +345,9 @@ constexpr bool kBiasOp = false;
 template <typename Gelu>
 constexpr bool kBiasOp<BiasGeluForwardOp<Gelu>> = true;
 
-// The math a math.h functor evaluates, and that of an Op over one (elementwise_shape's math).
-template <typename F>
-constexpr EltMath kMathOfFunctor = std::is_same_v<F, math::GeluErf> || std::is_same_v<F, math::GeluErf16> ? EltMath::kErf
-                                   : std::is_same_v<F, math::GeluTanh>                                     ? EltMath::kTanh
-                                                                                                            : EltMath::kSigmoid;
+// The cost class of an Op (elementwise_shape's math): its functor's.
 template <typename Op>
-constexpr EltMath kMathOf = EltMath::kSigmoid;  // SigmoidBackwardOp
-template <typename F>
-constexpr EltMath kMathOf<ForwardOp<F>> = kMathOfFunctor<F>;
-template <typename F>
-constexpr EltMath kMathOf<DerivativeOp<F>> = kMathOfFunctor<F>;
-template <typename F>
-constexpr EltMath kMathOf<BiasGeluForwardOp<F>> = kMathOfFunctor<F>;
+constexpr EltMath kMathOf = Op::kMath;
 
 constexpr bool operator==(const EltShape& a, const EltShape& b) {
   return a.threads == b.threads && a.access_bytes == b.access_bytes && a.unroll == b.unroll &&
@@ -837,23 +835,14 @@ cudaError_t launch_bias_gelu_backward_as(const T* dy, const T* x, int64_t x_row,
 
 // ---- the plain launchers ----------------------------------------------------------------------------
 
-// The functor the launchers evaluate for math.h functor F on elements of type T: on 16-bit elements the erf
-// GELU and the sigmoid take their 16-bit-output forms (math::GeluErf16, math::Sigmoid16: float math to
-// under 1e-5, a fraction of erff's / expf's and a division's instructions); everything else F itself.
-template <typename F, bool k16Bit>
-struct StorageMathOf {
-  using type = F;
-};
-template <>
-struct StorageMathOf<math::GeluErf, true> {
-  using type = math::GeluErf16;
-};
-template <>
-struct StorageMathOf<math::Sigmoid, true> {
-  using type = math::Sigmoid16;
-};
+// The functor the launchers evaluate for math.h functor F on elements of type T: on 16-bit elements F's 16-bit
+// form where it has one (math::GeluErf16, math::Sigmoid16: float math to under 1e-5, a fraction of erff's /
+// expf's and a division's instructions); everything else F itself. StorageBackward: the same for the backward,
+// which takes the 16-bit form only where it has the derivative (GeluErf16 does, Sigmoid16 not).
 template <typename F, typename T>
-using StorageMath = typename StorageMathOf<F, sizeof(T) == 2>::type;
+using StorageMath = std::conditional_t<sizeof(T) == 2, typename math::NarrowOf<F>::type, F>;
+template <typename F, bool kFromOutput, typename T>
+using StorageBackward = std::conditional_t<sizeof(T) == 2, math::NarrowBackwardOf<F, kFromOutput>, F>;
 
 // The access width bias_gelu uses for these pointers and row length: vec_width<T>() when H is a
 // multiple of it and every pointer is 16-byte aligned, else 1.
@@ -862,24 +851,26 @@ int bias_gelu_vec(int64_t H, const void* a, const void* b, const void* c, const 
   return H % vec_width<T>() == 0 && elementwise::all_vec_aligned(a, b, c, d) ? vec_width<T>() : 1;
 }
 
-// y = f(x), f one of math::GeluErf, math::GeluTanh, math::Sigmoid. x, y laid out as g (ElementRows:
-// x is its first input).
+// y = f(x), F the math.h functor of a pointwise op. x, y laid out as g (ElementRows: x is its first input).
 template <typename T, typename F>
 cudaError_t activation_forward(const T* x, T* y, const ElementRows& g, F, cudaStream_t stream) {
   return elementwise::launch_elementwise<T>(x, nullptr, y, g, elementwise::ForwardOp<StorageMath<F, T>>{}, stream);
 }
 
-// dx = dy * gelu'(x), Gelu one of math::GeluErf, math::GeluTanh. dy, x, dx laid out as g (dy its first
-// input, x its second).
-template <typename T, typename Gelu>
-cudaError_t gelu_backward(const T* dy, const T* x, T* dx, const ElementRows& g, Gelu, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, x, dx, g, elementwise::DerivativeOp<StorageMath<Gelu, T>>{}, stream);
+// dx = dy * f'(s), s the forward's input or (kFromOutput) its output. dy, s, dx laid out as g (dy its first
+// input, s its second).
+template <bool kFromOutput, typename T, typename F>
+cudaError_t activation_backward(const T* dy, const T* s, T* dx, const ElementRows& g, F, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(
+      dy, s, dx, g, elementwise::BackwardOp<StorageBackward<F, kFromOutput, T>, kFromOutput>{}, stream);
 }
 
-// dx = dy * y (1 - y), y = sigmoid(x) the forward's output. dy, y, dx laid out as g (dy first, y second).
-template <typename T>
-cudaError_t sigmoid_backward(const T* dy, const T* y, T* dx, const ElementRows& g, cudaStream_t stream) {
-  return elementwise::launch_elementwise<T>(dy, y, dx, g, elementwise::SigmoidBackwardOp{}, stream);
+// out = a * f''(s) (the backward's derivative with respect to s; kOrder 3: a * f'''(s)), laid out as the
+// backward's operands.
+template <bool kFromOutput, int kOrder, typename T, typename F>
+cudaError_t activation_backward_grad(const T* a, const T* s, T* out, const ElementRows& g, F, cudaStream_t stream) {
+  return elementwise::launch_elementwise<T>(a, s, out, g, elementwise::BackwardGradOp<F, kFromOutput, kOrder>{},
+                                            stream);
 }
 
 // y = gelu(x + bias). x: [rows, H], row r at x + r * x_stride; y: [rows, H] contiguous; bias: [H].

@@ -29,6 +29,12 @@ struct AccType<double> {
 template <typename T>
 using acc_t = typename AccType<T>::type;
 
+// The cost class of a pointwise functor: the transcendental it evaluates per element, which sets its instruction
+// cost and so, near the memory limit, its best CUDA launch shape (elementwise.cuh elementwise_shape): sigmoid-like
+// (one exp and a division forward, none backward), tanh GELU (tanhf) or erf GELU (erff). Every functor of a
+// pointwise op (fastact/op_table.h) names its own as kCost.
+enum class EltMath { kSigmoid, kTanh, kErf };
+
 namespace math {
 
 // Constants of torch's GELU formulas (aten/src/ATen/native/cuda/ActivationGeluKernel.cu).
@@ -46,6 +52,8 @@ FASTACT_HOST_DEVICE float erf_(float x) { return ::erff(x); }
 FASTACT_HOST_DEVICE double erf_(double x) { return ::erf(x); }
 FASTACT_HOST_DEVICE float tanh_(float x) { return ::tanhf(x); }
 FASTACT_HOST_DEVICE double tanh_(double x) { return ::tanh(x); }
+FASTACT_HOST_DEVICE float cosh_(float x) { return ::coshf(x); }
+FASTACT_HOST_DEVICE double cosh_(double x) { return ::cosh(x); }
 FASTACT_HOST_DEVICE float exp_(float x) { return ::expf(x); }
 FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
@@ -96,8 +104,24 @@ FASTACT_HOST_DEVICE float exp_log_prob(float y) {
 }
 FASTACT_HOST_DEVICE double exp_log_prob(double y) { return ::exp(y); }
 
+struct GeluErf16;
+struct Sigmoid16;
+
+// A pointwise functor (the ops of fastact/op_table.h) has
+//   forward(x)                        the op, in acc_t;
+//   derivative(x), second_derivative(x)  f' and f'' at the input, or, for an op whose backward reads the
+//                                     forward's output y (torch.sigmoid), derivative_from_output(y) and
+//                                     second_derivative_from_output(y): f' as a function of y and its
+//                                     derivative with respect to y;
+//   kCost                             its cost class (EltMath above);
+//   Narrow (optional)                 a functor of the same op for results rounded to 16 bits, float only,
+//                                     with forward and optionally the derivative the backward takes, and kName;
+//                                     the CUDA launchers take it for 16-bit tensors (elementwise.cuh StorageMath).
+
 // F.gelu(x, approximate="none") = x/2 * (1 + erf(x / sqrt(2)))
 struct GeluErf {
+  static constexpr EltMath kCost = EltMath::kErf;
+  using Narrow = GeluErf16;
   template <typename A>
   FASTACT_HOST_DEVICE A forward(A x) const {
     return A(0.5) * x * (A(1) + erf_(x * GeluConstants<A>::kAlpha));
@@ -108,6 +132,12 @@ struct GeluErf {
     const A cdf = A(0.5) * (A(1) + erf_(x * GeluConstants<A>::kAlpha));
     const A pdf = exp_(A(-0.5) * x * x) * GeluConstants<A>::kInvSqrt2Pi;
     return cdf + x * pdf;
+  }
+  // d2/dx2 = phi(x) (2 - x^2).
+  template <typename A>
+  FASTACT_HOST_DEVICE A second_derivative(A x) const {
+    const A x_sq = x * x;
+    return GeluConstants<A>::kInvSqrt2Pi * exp_(A(-0.5) * x_sq) * (A(2) - x_sq);
   }
 };
 
@@ -131,6 +161,8 @@ struct GeluErf {
 // 1 / target, then 60 Lawson reweightings towards minimax; p scanned over [0.25, 0.45] (degree 7 at p = 0.325:
 // 6.8e-7 with float64 coefficients; degree 6 reaches 3.7e-6 at p = 0.28, degree 8 2.3e-7).
 struct GeluErf16 {
+  static constexpr const char* kName = "GeluErf16";
+  static constexpr EltMath kCost = EltMath::kErf;
   static constexpr float kP = 0.325f;
   // q's coefficients, lowest first (q(t) = kQ0 + kQ1 t + ... + kQ7 t^7), times 2^-16.
   static constexpr float kQ0 = 0x1p-16f * 0.12965615f, kQ1 = 0x1p-16f * 0.12967208f, kQ2 = 0x1p-16f * 0.11550387f,
@@ -170,6 +202,7 @@ struct GeluErf16 {
 
 // F.gelu(x, approximate="tanh") = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
 struct GeluTanh {
+  static constexpr EltMath kCost = EltMath::kTanh;
   template <typename A>
   FASTACT_HOST_DEVICE A forward(A x) const {
     const A inner = GeluConstants<A>::kBeta * (x + GeluConstants<A>::kKappa * x * x * x);
@@ -183,10 +216,26 @@ struct GeluTanh {
     const A d_inner = GeluConstants<A>::kBeta * (A(1) + A(3) * GeluConstants<A>::kKappa * x_sq);
     return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * d_inner;
   }
+  // gelu = x (1 + t) / 2, t = tanh(u), u = k (x + c x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
+  // u' = k (1 + 3 c x^2), u'' = 6 k c x. 1 - t^2 as 1 / cosh(u)^2: the difference loses every digit as t
+  // nears 1 (in float, 0.14% off at |x| = 4, and 0 instead of 4e-6 at |x| = 5).
+  template <typename A>
+  FASTACT_HOST_DEVICE A second_derivative(A x) const {
+    using K = GeluConstants<A>;
+    const A x_sq = x * x;
+    const A u = K::kBeta * (x + K::kKappa * x_sq * x);
+    const A t = tanh_(u);
+    const A c = cosh_(u);
+    const A sech_sq = A(1) / (c * c);
+    const A du = K::kBeta * (A(1) + A(3) * K::kKappa * x_sq);
+    return sech_sq * (du + A(0.5) * x * (A(6) * K::kBeta * K::kKappa * x - A(2) * t * du * du));
+  }
 };
 
 // torch.sigmoid, in the form that cannot overflow: exp is only ever taken of -|x|.
 struct Sigmoid {
+  static constexpr EltMath kCost = EltMath::kSigmoid;
+  using Narrow = Sigmoid16;
   template <typename A>
   FASTACT_HOST_DEVICE A forward(A x) const {
     const A e = exp_(x >= A(0) ? -x : x);  // in (0, 1]
@@ -198,6 +247,11 @@ struct Sigmoid {
   FASTACT_HOST_DEVICE A derivative_from_output(A y) const {
     return y * (A(1) - y);
   }
+  // d/dy [y (1 - y)] = 1 - 2 y.
+  template <typename A>
+  FASTACT_HOST_DEVICE A second_derivative_from_output(A y) const {
+    return A(1) - A(2) * y;
+  }
 };
 
 // torch.sigmoid for results rounded to 16 bits, in float at about 1e-6 relative error (4e-6 at x = -87, from the
@@ -207,11 +261,172 @@ struct Sigmoid {
 // expf and a division take ~20. The backward needs none of it: Sigmoid's
 // y (1 - y) (elementwise.cuh SigmoidBackwardOp).
 struct Sigmoid16 {
+  static constexpr const char* kName = "Sigmoid16";
+  static constexpr EltMath kCost = EltMath::kSigmoid;
   static constexpr float kMinusLog2e = -1.44269504088896340736f;
   FASTACT_HOST_DEVICE float forward(float x) const {
     const float e = ex2_sfu(fmaf(fabsf(x), kMinusLog2e, 16.f));  // exp(-|x|) 2^16
     const float r = rcp_sfu(fmaf(e, 0x1p-16f, 1.f));
     return x >= 0.f ? r : e * r * 0x1p-16f;
+  }
+};
+
+// F.silu(x) = x sigmoid(x) for results rounded to 16 bits: Sigmoid16's sigmoid (two MUFUs) where Silu's takes
+// expf and a division; about 1e-6 relative, as Sigmoid16. The CUDA launchers take it for 16-bit tensors, forward
+// and backward.
+struct Silu16 {
+  static constexpr const char* kName = "Silu16";
+  static constexpr EltMath kCost = EltMath::kSigmoid;
+  FASTACT_HOST_DEVICE float forward(float x) const { return x * Sigmoid16{}.forward(x); }
+  FASTACT_HOST_DEVICE float derivative(float x) const {
+    const float s = Sigmoid16{}.forward(x);
+    return s * fmaf(x, 1.f - s, 1.f);
+  }
+};
+
+// F.silu(x) = x sigmoid(x), through Sigmoid's form that takes exp only of -|x| (no overflow for large |x|). At
+// -inf NaN (-inf * 0), as torch's x / (1 + exp(-x)).
+struct Silu {
+  static constexpr EltMath kCost = EltMath::kSigmoid;
+  using Narrow = Silu16;
+  template <typename A>
+  FASTACT_HOST_DEVICE A forward(A x) const {
+    return x * Sigmoid{}.forward(x);
+  }
+  // d/dx = s (1 + x (1 - s)), s = sigmoid(x) (torch's silu_backward).
+  template <typename A>
+  FASTACT_HOST_DEVICE A derivative(A x) const {
+    const A s = Sigmoid{}.forward(x);
+    return s * (A(1) + x * (A(1) - s));
+  }
+  // d2/dx2 = s (1 - s) (2 + x (1 - 2 s)).
+  template <typename A>
+  FASTACT_HOST_DEVICE A second_derivative(A x) const {
+    const A s = Sigmoid{}.forward(x);
+    return s * (A(1) - s) * (A(2) + x * (A(1) - A(2) * s));
+  }
+};
+
+// ---- dual numbers: the third derivative of a pointwise functor from its second ------------------------
+
+// v + d e with e^2 = 0. A functor's second derivative evaluated at Dual(s, 1) carries the third derivative in
+// its d part (forward-mode differentiation of the formula as written), which the triple backward of a
+// pointwise op takes (BackwardGrad<F, _, 3>): no third formula per op. Every math.h functor's templated
+// members accept it (the arithmetic, comparisons and the math functions below).
+template <typename A>
+struct Dual {
+  A v, d;
+  constexpr Dual(A value = A(0), A slope = A(0)) : v(value), d(slope) {}
+};
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> operator+(Dual<A> a, Dual<A> b) { return {a.v + b.v, a.d + b.d}; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> operator-(Dual<A> a, Dual<A> b) { return {a.v - b.v, a.d - b.d}; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> operator-(Dual<A> a) { return {-a.v, -a.d}; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> operator*(Dual<A> a, Dual<A> b) { return {a.v * b.v, a.d * b.v + a.v * b.d}; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> operator/(Dual<A> a, Dual<A> b) { return {a.v / b.v, (a.d * b.v - a.v * b.d) / (b.v * b.v)}; }
+template <typename A>
+FASTACT_HOST_DEVICE bool operator>=(Dual<A> a, Dual<A> b) { return a.v >= b.v; }
+template <typename A>
+FASTACT_HOST_DEVICE bool operator>(Dual<A> a, Dual<A> b) { return a.v > b.v; }
+template <typename A>
+FASTACT_HOST_DEVICE bool operator<=(Dual<A> a, Dual<A> b) { return a.v <= b.v; }
+template <typename A>
+FASTACT_HOST_DEVICE bool operator<(Dual<A> a, Dual<A> b) { return a.v < b.v; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> exp_(Dual<A> x) {
+  const A e = exp_(x.v);
+  return {e, e * x.d};
+}
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> log_(Dual<A> x) { return {log_(x.v), x.d / x.v}; }
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> erf_(Dual<A> x) {  // erf' = 2 / sqrt(pi) exp(-x^2)
+  return {erf_(x.v), A(1.12837916709551257390) * exp_(-x.v * x.v) * x.d};
+}
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> tanh_(Dual<A> x) {
+  const A c = cosh_(x.v);
+  return {tanh_(x.v), x.d / (c * c)};  // sech^2, not 1 - t^2 (which cancels as t nears 1)
+}
+template <typename A>
+FASTACT_HOST_DEVICE Dual<A> cosh_(Dual<A> x) {
+  const A a = x.v >= A(0) ? x.v : -x.v;
+  const A c = cosh_(x.v);
+  const A sinh_abs = c - exp_(-a);  // sinh(|x|) = cosh(|x|) - exp(-|x|): no overflow before cosh's own
+  return {c, (x.v >= A(0) ? sinh_abs : -sinh_abs) * x.d};
+}
+
+// ---- pointwise functors as their ops use them ------------------------------------------------------
+
+// F::Narrow where F has one, else F: the forward's functor on results rounded to 16 bits.
+template <typename F, typename = void>
+struct NarrowOf {
+  using type = F;
+  static constexpr bool kHas = false;
+};
+template <typename F>
+struct NarrowOf<F, std::void_t<typename F::Narrow>> {
+  using type = typename F::Narrow;
+  static constexpr bool kHas = true;
+};
+
+// Whether functor G has the derivative a backward from the input (kFromOutput false) or from the output needs.
+template <typename G, bool kFromOutput, typename = void>
+struct HasDerivative : std::false_type {};
+template <typename G>
+struct HasDerivative<G, false, std::void_t<decltype(G{}.derivative(1.f))>> : std::true_type {};
+template <typename G>
+struct HasDerivative<G, true, std::void_t<decltype(G{}.derivative_from_output(1.f))>> : std::true_type {};
+
+// The functor of F's backward on results rounded to 16 bits: F::Narrow where it has that derivative (GeluErf16),
+// else F (Sigmoid16 is a forward only: the backward's y (1 - y) needs nothing cheaper).
+template <typename F, bool kFromOutput>
+using NarrowBackwardOf =
+    std::conditional_t<NarrowOf<F>::kHas && HasDerivative<typename NarrowOf<F>::type, kFromOutput>::value,
+                       typename NarrowOf<F>::type, F>;
+
+// f' at s, the tensor the backward saved: the input x, or with kFromOutput the output y = f(x).
+template <bool kFromOutput, typename F, typename A>
+FASTACT_HOST_DEVICE A derivative_at(const F& f, A s) {
+  if constexpr (kFromOutput) return f.derivative_from_output(s);
+  else return f.derivative(s);
+}
+
+// The derivative of derivative_at(f, s) with respect to s: f''(x), or d/dy of f' written in y; kOrder 3: the
+// derivative of that in turn (through Dual).
+template <bool kFromOutput, int kOrder = 2, typename F, typename A>
+FASTACT_HOST_DEVICE A second_derivative_at(const F& f, A s) {
+  if constexpr (kOrder == 3) {
+    return second_derivative_at<kFromOutput>(f, Dual<A>(s, A(1))).d;
+  } else if constexpr (kFromOutput) {
+    return f.second_derivative_from_output(s);
+  } else {
+    return f.second_derivative(s);
+  }
+}
+
+// The backward op of a pointwise op, dx = dy f'(s), and the derivative of that with respect to s (double
+// backward), a f''(s) for a = g dy (g the gradient of dx): both binary functors over (dy or a, s), run through
+// the same elementwise kernels as the forward (CPU and CUDA). kOrder 3: the derivative of a f''(s) with respect
+// to s in turn, a f'''(s) (triple backward).
+template <typename F, bool kFromOutput>
+struct Backward {
+  F f;
+  template <typename A>
+  FASTACT_HOST_DEVICE A operator()(A dy, A s) const {
+    return dy * derivative_at<kFromOutput>(f, s);
+  }
+};
+template <typename F, bool kFromOutput, int kOrder = 2>
+struct BackwardGrad {
+  F f;
+  template <typename A>
+  FASTACT_HOST_DEVICE A operator()(A a, A s) const {
+    return a * second_derivative_at<kFromOutput, kOrder>(f, s);
   }
 };
 
