@@ -20,7 +20,7 @@ Kinds:
 """
 
 import linecache
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

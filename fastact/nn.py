@@ -1,6 +1,6 @@
-"""torch.nn modules over the fastact functions, drop-in for torch.nn.Softmax, LogSoftmax, GELU and
-Sigmoid: the same constructor arguments, defaults, repr, state dict and pickling as their torch twins;
-BiasGELU owns its bias (a Linear without bias followed by BiasGELU is the fused
+"""torch.nn modules over the fastact functions, one per row of the op table (fastact/_optable.py), drop-in
+for their torch twins (torch.nn.Softmax, LogSoftmax, GELU, Sigmoid, ...): the same constructor arguments,
+defaults, repr, state dict and pickling; BiasGELU owns its bias (a Linear without bias followed by BiasGELU is the fused
 ``gelu(x @ W.T + b)``).
 
 Every module is scriptable: under ``torch.jit.script`` the forward calls the registered op
@@ -13,9 +13,10 @@ tensor."""
 import warnings
 
 import torch
-from torch import Tensor
+from torch import Tensor  # noqa: F401  (the generated modules' annotations)
 from torch.compiler import is_dynamo_compiling as _dynamo_tracing
-from torch.jit import is_scripting as _scripting  # bound here: 20 ns a call less than torch.jit.is_scripting
+# bound here: 20 ns a call less than torch.jit.is_scripting (the generated forwards call it)
+from torch.jit import is_scripting as _scripting  # noqa: F401
 
 import fastact
 

@@ -26,7 +26,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fastact
 from fastact._optable import BY_NAME
