@@ -149,7 +149,7 @@ OPS = (
        torch_fn=torch.sigmoid, torch_backward=aten.sigmoid_backward, saves="output", integral_to_default=True,
        torch_module=torch.nn.Sigmoid, signature_twin=aten.sigmoid.default,
        # F.sigmoid is a plain function calling Tensor.sigmoid
-       routes=((torch.sigmoid, "input, *, out=None"), (torch.Tensor.sigmoid, "input, *, out=None")),
+       routes=((torch.sigmoid, "input, *, out=None"), (torch.Tensor.sigmoid, "input")),
        onnx=lambda op, x: op.Sigmoid(x)),
 )
 
