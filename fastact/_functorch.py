@@ -120,7 +120,8 @@ def softmax(x, dim, dtype, log):
 
 
 def _pointwise_grad(row, g, saved, params):
-    return row.torch_backward(g, saved, **dict(zip(row.param_names, params)))
+    backward = row.differentiable_backward or row.torch_backward
+    return backward(g, saved, **dict(zip(row.param_names, params)))
 
 
 class _Pointwise(torch.autograd.Function):

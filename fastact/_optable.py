@@ -69,6 +69,9 @@ class Op:
     # hand in such a namespace); None where onnx.py has a translation of the kind (softmax, gelu family)
     onnx: Callable = None
     explain_doc: str = ""  # explain's op list: extra names (the softmax backwards)
+    # the torch.func rules' derivative where torch_backward is not differentiable at every order (an aten backward
+    # op without a forward-mode formula): the same derivative written in differentiable torch ops; None: torch_backward
+    differentiable_backward: Callable = None
 
     @property
     def backward(self):

@@ -155,10 +155,10 @@ def _module_source(op):
         repr=" + ".join([f'f"{a}={{repr(self.{a})}}"' for a in names] or ['""'])
         + (' + ((", " if ' + repr(bool(names)) + ' else "") + "inplace=True" if self.inplace else "")'
            if op.inplace else ""),
-        # torch's own in-place function under TorchScript (in eager the fastact function takes inplace=)
-        inplace=(f"        if self.inplace:\n            if _scripting():\n"
-                 f"                return _torch_{op.name}(input, inplace=True)\n"
-                 f"            return {op.name}(input, inplace=True)\n") if op.inplace else "")
+        # inplace=True: torch's own in-place function, as the fastact function's inplace=True runs it (written out
+        # here: TorchScript compiles the fastact function to the registered op, whose schema has no inplace)
+        inplace=(f"        if self.inplace:\n            return _torch_{op.name}(input, inplace=True)\n"
+                 if op.inplace else ""))
     if op.kind == "bias":
         fields["features"] = True
         fields["repr"] = 'f"features={self.features}, " + ' + fields["repr"]

@@ -45,8 +45,9 @@ def test_reference_agrees_with_the_torch_twin(op):
 
 @pytest.mark.parametrize("op", ROWS, ids=IDS)
 def test_torch_backward_is_the_twins_derivative(op):
-    """The row's torch_backward (what the torch.func rules and the tests' gradient references call) is the
-    derivative of the twin: float64 autograd of the twin gives the same gradient."""
+    """The row's torch_backward (the tests' gradient references) and the torch.func rules' derivative
+    (differentiable_backward where set) are the derivative of the twin: float64 autograd of the twin gives the same
+    gradient."""
     if op.kind != "pointwise":
         pytest.skip("the softmax family's and the bias op's backwards are checked by hand in test_backward")
     g = torch.Generator().manual_seed(1)
@@ -56,8 +57,9 @@ def test_torch_backward_is_the_twins_derivative(op):
         y = op.torch_fn(x, **params)
         (want,) = torch.autograd.grad(y, x, dy)
         saved = y.detach() if op.saves == "output" else x.detach()
-        got = op.torch_backward(dy, saved, **params)
-        torch.testing.assert_close(got, want, rtol=TOL[torch.float64][0], atol=TOL[torch.float64][1])
+        for backward in filter(None, (op.torch_backward, op.differentiable_backward)):
+            got = backward(dy, saved, **params)
+            torch.testing.assert_close(got, want, rtol=TOL[torch.float64][0], atol=TOL[torch.float64][1])
 
 
 @pytest.mark.parametrize("op", ROWS, ids=IDS)
