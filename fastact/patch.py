@@ -14,13 +14,15 @@ Two tools, for the two ways models reach an activation:
   op: ``nn.Softmax``, ``nn.LogSoftmax``, ``nn.GELU``, ``nn.Sigmoid`` and the transformers GELU
   classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
   ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
-  ``functional=True`` (the default) it also makes every forward of ``model`` run inside
-  ``fastact.patch()``, so the functional calls route too.
+  ``functional=True`` (the default) it also runs inside ``fastact.patch()`` the forwards of the
+  submodules whose code calls a covered function (an attention's), so the functional calls route
+  too, and only there does the model pay the mode's per-call cost.
 
 ``patch()`` is a ``torch.overrides.TorchFunctionMode``. Its cost: while it is active every torch
-function call (matmul, add, view, ...) passes through its Python ``__torch_function__``, about a
-microsecond each on a CPU core (bench_models's ``--mode-overhead`` measures it), which is noise
-next to a GPU training step of a real model but shows on tiny models bound by launch overhead. It
+function call (matmul, add, view, ``x.size()``, ...) passes through its Python ``__torch_function__``,
+1-3.5 us each on a CPU core (bench_models's ``--mode-overhead`` measures it). A training step that the
+host cannot feed fast enough pays it in full: BERT-base in bfloat16 on an H100 (b8x512) ran 0.89x of
+torch with the mode around the whole forward, which is why ``apply`` scopes it to the calling modules. It
 does not turn off fastact's own fast entry point: torch runs ``__torch_function__`` with the mode
 taken off the stack, so inside it fastact's functions see no mode (unless another mode sits below
 this one, ``with torch.device(...)`` for one, in which case they take the registered op: same
@@ -33,7 +35,10 @@ counts what was traced, not each compiled call.
 Not covered: a forward recomputed during backward by activation checkpointing runs outside the
 mode that ``apply`` enters around ``model``'s forward (wrap the backward in ``fastact.patch()`` too,
 or accept torch's ops there: results agree within tolerance); modules of other classes than those
-above, even when they call a covered function, route only through the mode.
+above, even when they call a covered function, route only through the mode; a forward that reaches a
+covered function only through a function chosen at run time (a callable attribute set later, a lookup
+table), more than two calls deep, is not found (``model.fastact_mode.counts`` shows what routed; wrap
+the call in ``fastact.patch()`` to cover it).
 """
 
 import collections
@@ -41,9 +46,11 @@ import functools
 import inspect
 import operator
 import threading
+import types
 
 import torch
 import torch.nn.functional as F
+from torch.compiler import is_dynamo_compiling as _dynamo_tracing
 from torch.overrides import TorchFunctionMode
 
 import fastact
@@ -294,7 +301,12 @@ _tls = threading.local()
 
 def _enter(mode):
     def pre_hook(module, args):
-        # One mode per thread however deep the nesting (a patched model called inside another, or
+        if _dynamo_tracing():
+            # dynamo traces one call on one thread and inlines the mode (the graph holds no trace of it), so no
+            # per-thread bookkeeping; torch 2.11's dynamo cannot trace threading.local's __dict__ either.
+            mode.__enter__()
+            return
+        # One mode per thread however deep the nesting (a patched module called inside another, or
         # recursively): a mode on top of the same mode would only add its per-call cost.
         stack = _tls.__dict__.setdefault("modules", [])
         if not stack:
@@ -305,14 +317,98 @@ def _enter(mode):
     return pre_hook
 
 
-def _exit(module, args, output):
-    # always_call hooks run even where an earlier pre-hook raised before ours pushed: pop only our own.
-    stack = _tls.__dict__.get("modules")
-    if stack and stack[-1] is module:
-        stack.pop()
-        if not stack:
-            _tls.mode.__exit__(None, None, None)
-            _tls.mode = None
+def _exit(mode):
+    def hook(module, args, output):
+        if _dynamo_tracing():
+            mode.__exit__(None, None, None)
+            return
+        # always_call hooks run even where an earlier pre-hook raised before ours pushed: pop only our own.
+        stack = _tls.__dict__.get("modules")
+        if stack and stack[-1] is module:
+            stack.pop()
+            if not stack:
+                _tls.mode.__exit__(None, None, None)
+                _tls.mode = None
+
+    return hook
+
+
+# The attribute names by which code reaches a routed function (F.softmax, torch.softmax, x.softmax, F.gelu,
+# torch.sigmoid, ...): what a function's bytecode names when it calls one.
+_ROUTED_NAMES = frozenset(name for name, _ in _ROUTES.values())
+
+
+def _code_names(code):
+    """The global and attribute names a code object uses, its nested functions' and comprehensions' included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _calls_routed(fn, owner, depth, seen):
+    """Whether `fn` (a Python function) names a routed function, directly or through the functions and methods
+    it names (module globals, methods of `owner`'s class), `depth` calls deep."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    # A decorated function (functools.wraps, as transformers decorates forwards) is its wrapper's code around the
+    # original: both count, at the same depth.
+    wrapped = getattr(fn, "__wrapped__", None)
+    if wrapped is not None and _calls_routed(wrapped, owner, depth, seen):
+        return True
+    names = _code_names(code)
+    if names & _ROUTED_NAMES:
+        return True
+    if depth == 0:
+        return False
+    scope = getattr(fn, "__globals__", {})
+    callees = [scope.get(name) or (inspect.getattr_static(owner, name, None) if owner is not None else None)
+               for name in names]
+    callees += [cell.cell_contents for cell in fn.__closure__ or () if _cell_set(cell)]
+    for callee in callees:
+        if isinstance(callee, (staticmethod, classmethod)):
+            callee = callee.__func__
+        if isinstance(callee, types.FunctionType) and _calls_routed(callee, owner, depth - 1, seen):
+            return True
+    return False
+
+
+def _cell_set(cell):
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _holds_routed(module):
+    """Whether the module keeps a routed function as an attribute (``self.act = F.gelu``, or a partial of one)."""
+    for value in vars(module).values():
+        f = value.func if isinstance(value, functools.partial) else value
+        try:
+            if f in _ROUTES:
+                return True
+        except TypeError:  # unhashable
+            continue
+    return False
+
+
+def _calling_modules(model):
+    """The modules of `model` whose forward calls a routed function: its own code or the functions and methods it
+    calls, two calls deep (a Hugging Face attention's forward calls ``eager_attention_forward``, which calls
+    ``F.softmax``). fastact.nn modules are left out: they call fastact directly."""
+    found = []
+    for m in model.modules():
+        cls = type(m)
+        if cls.__module__ == _fnn.__name__:
+            continue
+        if _holds_routed(m) or _calls_routed(cls.forward, cls, 2, set()):
+            found.append(m)
+    return found
 
 
 def apply(model, *, functional=True):
@@ -321,17 +417,21 @@ def apply(model, *, functional=True):
     Swaps every module whose forward is exactly a fastact op (``nn.Softmax``, ``nn.LogSoftmax``,
     ``nn.GELU``, ``nn.Sigmoid``; transformers' erf and tanh GELU classes) for the
     ``fastact.nn`` module with the same dim / approximation; ``replaced`` counts the swaps by the
-    old class's name. With ``functional=True`` every ``model(...)`` call also runs inside
-    :func:`patch`, so ``F.softmax`` / ``F.gelu`` / ``torch.sigmoid`` calls in the forward (the
-    softmax of an eager attention) route to fastact; ``model.fastact_mode.counts`` counts them.
-    Applying twice swaps nothing more and adds no second mode."""
+    old class's name. With ``functional=True`` the forwards that call ``F.softmax`` / ``F.gelu`` /
+    ``torch.sigmoid`` (the softmax of an eager attention) also run inside :func:`patch`, so those
+    calls route to fastact; ``model.fastact_mode.counts`` counts them. Which forwards: those of the
+    submodules whose code names one of the covered functions, directly or two calls deep (found
+    once, here, from their bytecode; the whole model's forward where none is found). The rest of
+    the model runs without the mode and pays nothing for it. Applying twice swaps nothing more
+    and adds no second mode."""
     replaced = _swap_modules(model, {**_TORCH_SWAPS, **_transformers_swaps()})
     if functional and getattr(model, "fastact_mode", None) is None:
         mode = FastActMode()
         model.fastact_mode = mode
-        model.register_forward_pre_hook(_enter(mode))
-        # always_call: the mode leaves the stack even when the forward raises.
-        model.register_forward_hook(_exit, always_call=True)
+        for m in _calling_modules(model) or [model]:
+            m.register_forward_pre_hook(_enter(mode))
+            # always_call: the mode leaves the stack even when the forward raises.
+            m.register_forward_hook(_exit(mode), always_call=True)
     return model, replaced
 
 

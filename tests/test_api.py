@@ -84,6 +84,10 @@ def test_dim_types(name, dim):
     x = torch.randn(2, 3)
     want = _outcome(lambda: getattr(F, name)(x, dim))
     got = _outcome(lambda: getattr(fastact, name)(x, dim))
+    if isinstance(dim, str) and want is RuntimeError:
+        # torch 2.11 takes a str as a dimension name (named tensors: "Name '1' not found"), 2.13 refuses it with a
+        # TypeError; fastact has no named dims and gives the TypeError on every version.
+        want = TypeError
     assert got is want, f"fastact.{name}(x, {dim!r}): {got}, torch: {want}"
     if want is None:
         torch.testing.assert_close(getattr(fastact, name)(x, dim), getattr(F, name)(x, dim))

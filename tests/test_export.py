@@ -204,7 +204,14 @@ def test_trace_model(device):
     tokens = _tokens(device)  # other values than the traced ones
     with torch.no_grad():
         for a, b in zip(traced(tokens), model(tokens)):
-            assert torch.equal(a, b)
+            if device == "cuda":
+                # TorchScript's executor fuses the traced graph's CUDA elementwise ops (the masked_fill, adds,
+                # scaling), which rounds differently from the eager ops: equal to float32 rounding, not to the bit;
+                # float32's tolerance for every output, the float64 log_softmax of float32 logits too (on the H100,
+                # torch 2.11: one element of 182 3.1e-7 apart there).
+                torch.testing.assert_close(a, b, rtol=1.3e-6, atol=1e-5)
+            else:
+                assert torch.equal(a, b)
 
 
 def test_torch_export_model(device):
@@ -297,7 +304,11 @@ EXPORTERS = [
 @pytest.mark.parametrize("dynamo,opset", EXPORTERS)
 def test_onnx_export_model(device, dynamo, opset):
     model = _tiny_gpt(device)
-    proto = _export(model, (_tokens(device),), dynamo, opset)
+    # TorchScript's exporter folds constants by running torch ops on the initializers: on CUDA it slices the model's
+    # CUDA mask buffer with CPU index constants and fails ("Expected all tensors to be on the same device", torch
+    # 2.11, with torch's own softmax as with fastact's), so on CUDA that exporter runs without folding.
+    kwargs = {"do_constant_folding": False} if device == "cuda" and not dynamo else {}
+    proto = _export(model, (_tokens(device),), dynamo, opset, **kwargs)
     _check_standard_nodes(proto, opset)
     for b, t in ((2, 7),):  # the exported shapes (both exporters fix them without dynamic axes)
         tokens = _tokens(device, b, t)

@@ -11,6 +11,7 @@ backward, for the softmax and the GELU of every layer. The transformers tests sk
 transformers is not installed.
 """
 
+import collections
 import copy
 import warnings
 
@@ -122,6 +123,29 @@ def test_bert(device, dtype):
     assert replaced == {"GELUActivation": N_LAYER + 1}
     assert counts == {"softmax": N_LAYER, "softmax_backward": N_LAYER,
                       "gelu": N_LAYER + 1, "gelu_backward": N_LAYER + 1}
+
+
+@pytest.mark.parametrize("make,attention", [(lambda: gpt2(), "GPT2Attention"), (lambda: bert(), "BertSelfAttention")],
+                         ids=["gpt2", "bert"])
+def test_apply_scopes_the_mode_to_attention(make, attention):
+    """apply enters the mode only around the modules whose forward calls F.softmax (the attentions, through
+    transformers' eager_attention_forward): the rest of the model runs without it and pays nothing per call."""
+    model, _ = fastact.apply(make())
+    on, off = set(), set()
+
+    def seen(module, args, output):
+        (on if torch._C._is_torch_function_mode_enabled() else off).add(module)
+
+    for m in model.modules():
+        m.register_forward_hook(seen)
+    with torch.no_grad():
+        model(**token_inputs("cpu"))
+    attentions = [m for m in model.modules() if type(m).__name__ == attention]
+    within = {sub for a in attentions for sub in a.modules() if sub is not a}
+    # A forward hook runs after the module's own exit hook: the attention itself is seen outside, its children inside.
+    assert len(attentions) == N_LAYER and set(attentions) <= off
+    assert on and on <= within, sorted(type(m).__name__ for m in on - within)
+    assert model.fastact_mode.counts == {"softmax": N_LAYER}
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES, ids=dtype_id)
