@@ -94,6 +94,18 @@ def _samples(device):
                 (f"{bname}-mixed-layouts", bwd, (t((5, 33), layout="transposed"), saved((5, 33)), *v), {}),
                 (f"{bname}-grad", bwd, (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v), {}),
             ]
+            # the C++ side's derivative of the backward (`<backward>_grad(grad, saved, *params, order)`, what the
+            # backward's own autograd calls), in builds that register one
+            grad_op = getattr(ops, row.backward + "_grad", None)
+            if grad_op is not None:
+                gname = row.backward + "_grad" + suffix
+                s += [
+                    (gname, grad_op.default, (t((5, 33)), saved((5, 33)), *v, 2), {}),
+                    (f"{gname}-order3", grad_op.default, (t((5, 33)), saved((5, 33)), *v, 3), {}),
+                    # differentiable at order 2 (a third derivative; the fourth is not implemented)
+                    (f"{gname}-grad", grad_op.default, (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v, 2), {}),
+                    (f"{gname}-transposed-stepped", grad_op.default, (odd((4, 6)), odd((4, 6), values=saved((4, 6))), *v, 2), {}),
+                ]
     return s
 
 
