@@ -154,6 +154,17 @@ OPS = (
        # F.sigmoid is a plain function calling Tensor.sigmoid
        routes=((torch.sigmoid, "input, *, out=None"), (torch.Tensor.sigmoid, "input")),
        onnx=lambda op, x: op.Sigmoid(x)),
+    Op("silu", "pointwise",
+       doc="""SiLU (swish), ``input * sigmoid(input)``; matches ``torch.nn.functional.silu(input, inplace)`` (computed
+    without overflow for large ``|input|``). ``inplace=True`` runs torch's own in-place function.""",
+       module="SiLU",
+       module_doc="""Drop-in for ``torch.nn.SiLU``; ``inplace=True`` runs torch's own in-place function.""",
+       torch_fn=F.silu, torch_backward=aten.silu_backward, saves="input", inplace=True,
+       # aten.silu_backward has no forward-mode formula (torch's autograd differentiates silu through this one)
+       differentiable_backward=lambda grad, x: grad * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))),
+       torch_module=torch.nn.SiLU, signature_twin=F.silu,
+       routes=((F.silu, "input, inplace=False"),),
+       onnx=lambda op, x: op.Mul(x, op.Sigmoid(x))),
 )
 
 BY_NAME = {op.name: op for op in OPS}

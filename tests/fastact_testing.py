@@ -105,6 +105,7 @@ REFERENCES = {
     "gelu": _gelu_reference,
     "bias_gelu": lambda x, bias, approximate: _gelu_reference(x + bias, approximate),
     "sigmoid": _sigmoid_reference,
+    "silu": lambda x: x * _sigmoid_reference(x),  # x sigmoid(x), the sigmoid in its stable form
 }
 
 
