@@ -14,21 +14,19 @@ from . import _functorch
 from ._ops import _C
 from ._ops import ops as _ops
 
-__all__ = ["softmax", "log_softmax", "gelu", "bias_gelu", "sigmoid", "explain", "nn"]
+from ._optable import OPS as _OPS
+from ._optable import define as _define
+
+__all__ = [op.name for op in _OPS] + ["explain", "nn"]
 from ._version import __version__
 
-# Each function first tries _C's eager entry point (csrc/eager.cpp: one unboxed dispatcher call for a
-# plain tensor), which returns NotImplemented for anything else (tensor subclasses, torch function
-# modes, unusual arguments); then the OpOverload, looked up once here, handles the call. While dynamo
-# traces, _dynamo_tracing() is True (a constant to it; a 20 ns call in eager) and the OpOverload is
-# what it sees: it cannot trace a C function. Under torch.func transforms (grad, vmap, jvp, ...) _C
-# returns NotImplemented too, and the op runs through _functorch's Python autograd.Functions: torch
+# Each function (generated below from the op table) first tries _C's eager entry point (csrc/eager.cpp: one
+# unboxed dispatcher call for a plain tensor), which returns NotImplemented for anything else (tensor subclasses,
+# torch function modes, unusual arguments); then its slow path (argument parsing with torch's TypeErrors, then the
+# OpOverload) handles the call. While dynamo traces, _dynamo_tracing() is True (a constant to it; a 20 ns call in
+# eager) and the OpOverload is what it sees: it cannot trace a C function. Under torch.func transforms (grad, vmap,
+# jvp, ...) _C returns NotImplemented too, and the op runs through _functorch's Python autograd.Functions: torch
 # refuses the C++ ones there.
-_softmax = _ops.softmax.default
-_log_softmax = _ops.log_softmax.default
-_gelu = _ops.gelu.default
-_bias_gelu = _ops.bias_gelu.default
-_sigmoid = _ops.sigmoid.default
 
 
 def _type_name(obj):
@@ -74,95 +72,98 @@ def _str_arg(fn, name, value):
     raise TypeError(f"{fn}(): argument '{name}' must be str, not {_type_name(value)}")
 
 
-def softmax(input, dim=None, _stacklevel=3, dtype=None):
-    """Softmax over `dim`; matches ``torch.nn.functional.softmax(input, dim, _stacklevel, dtype)`` (and so
-    ``torch.softmax`` and ``Tensor.softmax``).
-
-    ``dim=None`` takes torch's deprecated implicit dim (0 for 0-, 1- and 3-d inputs, else 1) with its warning.
-    ``dtype`` casts before the op, as in torch; a float16/bfloat16 input with ``dtype=torch.float32`` is converted
-    inside the kernel (no extra pass over memory)."""
-    if not _dynamo_tracing():
-        y = _C.softmax(input, dim, dtype)
-        if y is not NotImplemented:
-            return y
-    return _softmax_slow(False, input, dim, _stacklevel + 1, dtype)
+# Each op's OpOverload, looked up once.
+_OVERLOADS = {op.name: getattr(_ops, op.name).default for op in _OPS}
+_ROWS = {op.name: op for op in _OPS}
 
 
-def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    """Log-softmax over `dim`; matches ``torch.nn.functional.log_softmax(input, dim, _stacklevel, dtype)`` (and
-    ``torch.log_softmax``, ``Tensor.log_softmax``), the implicit ``dim=None`` included."""
-    if not _dynamo_tracing():
-        y = _C.log_softmax(input, dim, dtype)
-        if y is not NotImplemented:
-            return y
-    return _softmax_slow(True, input, dim, _stacklevel + 1, dtype)
-
-
-def _softmax_slow(log, input, dim, stacklevel, dtype):
+def _softmax_slow(name, input, dim, stacklevel, dtype):
     """The calls _C's entry point leaves to Python (any dim but a plain int, tensor subclasses, modes, transforms,
     dynamo tracing): torch's argument rules, then the functorch Function or the OpOverload. `stacklevel` counts
     from here, as the public function's `_stacklevel` counts from it."""
-    name = "log_softmax" if log else "softmax"
     if dim is None:
         dim = _implicit_dim(name, input.dim(), stacklevel)
     else:
         dim = _int_arg(name, "dim", 2, dim)
     _check_dtype_arg(name, dtype)
     if not _dynamo_tracing() and _functorch.active():
-        return _functorch.softmax(input, dim, dtype, log)
-    return (_log_softmax if log else _softmax)(input, dim, dtype)
+        return _functorch.softmax(input, dim, dtype, _ROWS[name].log)
+    return _OVERLOADS[name](input, dim, dtype)
 
 
-def gelu(input, approximate="none"):
-    """GELU; matches ``torch.nn.functional.gelu(input, approximate=approximate)`` ("none" or "tanh")."""
+def _pointwise_slow(name, tensors, params):
+    """The slow path of a pointwise or bias op (`tensors`: its tensor arguments, `params`: its string ones):
+    torch's argument rules for the strings, then the functorch Function or the OpOverload."""
+    row = _ROWS[name]
+    params = tuple(_str_arg(name, p.name, v) for p, v in zip(row.params, params))
+    if not _dynamo_tracing() and _functorch.active():
+        return _functorch.call(row, tensors, params)
+    return _OVERLOADS[name](*tensors, *params)
+
+
+def _inplace(name, input):
+    """``inplace=True``: torch's own in-place function (fastact's kernels write a new tensor)."""
+    return _ROWS[name].torch_fn(input, inplace=True)
+
+
+_SOFTMAX_TEMPLATE = """
+def {name}(input, dim=None, _stacklevel=3, dtype=None):
     if not _dynamo_tracing():
-        y = _C.gelu(input, approximate)
+        y = _C.{name}(input, dim, dtype)
         if y is not NotImplemented:
             return y
-    approximate = _str_arg("gelu", "approximate", approximate)
+    return _softmax_slow("{name}", input, dim, _stacklevel + 1, dtype)
+"""
+
+_POINTWISE_TEMPLATE = """
+def {name}({signature}):{inplace}
     if not _dynamo_tracing():
-        if _functorch.active():
-            return _functorch.gelu(input, approximate)
-    return _gelu(input, approximate)
-
-
-def bias_gelu(input, bias, approximate="tanh"):
-    """``F.gelu(input + bias, approximate=approximate)`` in one pass; ``bias`` is 1-d over the last dim.
-
-    The backward returns the gradients of ``input`` and ``bias``, also fused (no materialised
-    ``input + bias``)."""
-    if not _dynamo_tracing():
-        y = _C.bias_gelu(input, bias, approximate)
+        y = _C.{name}({args})
         if y is not NotImplemented:
             return y
-    approximate = _str_arg("bias_gelu", "approximate", approximate)
-    if not _dynamo_tracing():
-        if _functorch.active():
-            return _functorch.bias_gelu(input, bias, approximate)
-    return _bias_gelu(input, bias, approximate)
+    return _pointwise_slow("{name}", ({tensors}), ({params}))
+"""
 
 
-def sigmoid(input):
-    """Sigmoid; matches ``torch.sigmoid`` (computed without overflow for large ``|input|``)."""
-    if not _dynamo_tracing():
-        y = _C.sigmoid(input)
-        if y is not NotImplemented:
-            return y
-        if _functorch.active():
-            return _functorch.sigmoid(input)
-    return _sigmoid(input)
+def _source(op):
+    """The public function of `op` (a table row): its C fast path, then its slow path."""
+    if op.kind == "softmax":
+        return _SOFTMAX_TEMPLATE.format(name=op.name)
+    signature = list(op.tensors) + [f"{p.name}={p.default!r}" for p in op.params]
+    if op.inplace:
+        signature.append("inplace=False")
+    args = ", ".join(op.tensors + op.param_names)
+    return _POINTWISE_TEMPLATE.format(
+        name=op.name, signature=", ".join(signature), args=args, tensors="".join(t + ", " for t in op.tensors),
+        params="".join(p + ", " for p in op.param_names),
+        inplace=f'\n    if inplace:\n        return _inplace("{op.name}", input)' if op.inplace else "")
+
+
+for _op in _OPS:
+    _define(_source(_op), globals(), f"fastact.{_op.name}")
+    globals()[_op.name].__doc__ = _op.doc
+del _op
+
 
 
 def explain(op, input, dim=-1, *, dtype=None):
     """Which kernel ``op`` runs on ``input`` and why: e.g. ``explain("softmax", x)``.
 
-    ``op`` is one of softmax, log_softmax, softmax_backward, log_softmax_backward, gelu, bias_gelu,
-    sigmoid. Reports the dispatcher's choice of softmax variant on CUDA tensors, the CPU path on CPU.
+    ``op`` is one of {ops}.
+    Reports the dispatcher's choice of softmax variant on CUDA tensors, the CPU path on CPU.
     For the backwards ``input`` stands for the forward's output. ``dtype`` (the softmax family only) is
     the op's own: the forward's ``dtype=`` (``explain("log_softmax", logits, dtype=torch.float32)``: a
     16-bit input widened to float in the kernel), the backward's ``input_dtype`` (grad_input's: the
     forward input's dtype)."""
     return _ops.explain.default(input, op, dim, dtype=dtype)
+
+
+# the op list: every row, the softmax family's backwards after its forwards
+_softmax_rows = [op for op in _OPS if op.kind == "softmax"]
+explain.__doc__ = explain.__doc__.format(ops=", ".join(
+    [op.name for op in _softmax_rows] + [op.backward for op in _softmax_rows]
+    + [op.name for op in _OPS if op.kind != "softmax"]))
+del _softmax_rows
 
 
 from . import nn  # noqa: E402

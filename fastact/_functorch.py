@@ -9,11 +9,13 @@ while a transform is active, or a forward-AD dual level is open, the public func
 support at every order:
 
 - forward: fastact's kernel, called below autograd (the Function records the graph);
-- backward and forward-mode derivative (jvp): torch's own derivative ops (aten._softmax_backward_data,
-  gelu_backward, sigmoid_backward), which functorch differentiates and batches again, so hessians and
+- backward and forward-mode derivative (jvp): torch's own derivative ops (each op table row's
+  torch_backward: aten._softmax_backward_data, gelu_backward, sigmoid_backward, ...), which functorch differentiates and batches again, so hessians and
   per-sample gradients (vmap over grad) work;
-- vmap: the batch dim moved to the front and the op called once on the whole batch (for bias_gelu with
-  a batched bias, gelu of the sum).
+- vmap: the batch dim moved to the front and the op called once on the whole batch (for a bias op with
+  a batched bias, its pointwise op of the sum).
+
+One Function per kind of the op table (fastact/_optable.py): softmax, pointwise, bias.
 
 Outside those, nothing here runs. Results: forwards as fastact's kernels give them, derivatives as
 torch's ops give them, in each tensor's dtype as torch's autograd does (16-bit math in float).
@@ -25,6 +27,7 @@ import torch.autograd.forward_ad as _fwad
 
 from ._ops import _check_floating
 from ._ops import ops as _ops
+from ._optable import BY_NAME
 
 aten = torch.ops.aten
 
@@ -110,132 +113,114 @@ def softmax(x, dim, dtype, log):
     return _Softmax.apply(x, dim, dtype, log)
 
 
-# gelu, bias_gelu ------------------------------------------------------------------------------------
+# pointwise ops ---------------------------------------------------------------------------------------
+# y = f(x; params): dx = torch_backward(g, saved, params) with saved the input or the output (the row's saves);
+# the Jacobian is diagonal, so the tangent of y is the same map of the input's tangent; vmap is the op on
+# the whole batch.
 
 
-class _Gelu(torch.autograd.Function):
+def _pointwise_grad(row, g, saved, params):
+    backward = row.differentiable_backward or row.torch_backward
+    return backward(g, saved, **dict(zip(row.param_names, params)))
+
+
+class _Pointwise(torch.autograd.Function):
     @staticmethod
-    def forward(x, approximate):
-        return _below_autograd(_ops.gelu, x, approximate)
+    def forward(x, row, *params):
+        return _below_autograd(getattr(_ops, row.name), x, *params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, ctx.approximate = inputs
-        ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
+        x, ctx.row, *ctx.params = inputs
+        saved = output if ctx.row.saves == "output" else x
+        ctx.save_for_backward(saved)
+        ctx.save_for_forward(saved)
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return aten.gelu_backward(g, x, approximate=ctx.approximate), None
+        (saved,) = ctx.saved_tensors
+        return (_pointwise_grad(ctx.row, g, saved, ctx.params), None) + (None,) * len(ctx.params)
 
     @staticmethod
-    def jvp(ctx, t, _):
-        (x,) = ctx.saved_tensors
-        return aten.gelu_backward(t, x, approximate=ctx.approximate)
+    def jvp(ctx, t, *_):
+        (saved,) = ctx.saved_tensors
+        return _pointwise_grad(ctx.row, t, saved, ctx.params)
 
     @staticmethod
-    def vmap(info, in_dims, x, approximate):
-        return _Gelu.apply(x, approximate), in_dims[0]
+    def vmap(info, in_dims, x, row, *params):
+        return _Pointwise.apply(x, row, *params), in_dims[0]
 
 
-def gelu(x, approximate):
-    return _Gelu.apply(x, approximate)
+def call(row, tensors, params):
+    """The op of table row `row` on its tensor and string arguments, under torch.func and forward AD."""
+    if row.kind == "bias":
+        return _Bias.apply(*tensors, row, *params)
+    return _Pointwise.apply(*tensors, row, *params)
 
 
-class _BiasGelu(torch.autograd.Function):
+# bias ops: f(x + bias) -------------------------------------------------------------------------------
+
+
+class _Bias(torch.autograd.Function):
     @staticmethod
-    def forward(x, bias, approximate):
-        return _below_autograd(_ops.bias_gelu, x, bias, approximate)
+    def forward(x, bias, row, *params):
+        return _below_autograd(getattr(_ops, row.name), x, bias, *params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, bias, ctx.approximate = inputs
+        x, bias, ctx.row, *ctx.params = inputs
+        ctx.pointwise = BY_NAME[ctx.row.pointwise]
         ctx.save_for_backward(x, bias)
         ctx.save_for_forward(x, bias)
 
     @staticmethod
     def backward(ctx, g):
         x, bias = ctx.saved_tensors
-        dx = aten.gelu_backward(g, x + bias, approximate=ctx.approximate)
+        dx = _pointwise_grad(ctx.pointwise, g, x + bias, ctx.params)
         rows = tuple(range(dx.dim() - 1))
-        return dx, (dx.sum(rows) if rows else dx).to(bias.dtype), None
+        return (dx, (dx.sum(rows) if rows else dx).to(bias.dtype), None) + (None,) * len(ctx.params)
 
     @staticmethod
-    def jvp(ctx, tx, tb, _):
+    def jvp(ctx, tx, tb, *_):
         x, bias = ctx.saved_tensors
         t = tx if tb is None else (tb if tx is None else tx + tb)
-        return aten.gelu_backward(t.expand_as(x).to(x.dtype), x + bias, approximate=ctx.approximate)
+        return _pointwise_grad(ctx.pointwise, t.expand_as(x).to(x.dtype), x + bias, ctx.params)
 
     @staticmethod
-    def vmap(info, in_dims, x, bias, approximate):
-        x_bdim, b_bdim, _ = in_dims
+    def vmap(info, in_dims, x, bias, row, *params):
+        x_bdim, b_bdim = in_dims[:2]
         if b_bdim is None:  # the bias is shared: one call over the whole batch (its last dim is still x's)
-            return _BiasGelu.apply(x.movedim(x_bdim, 0) if x_bdim is not None else x, bias, approximate), (
+            return _Bias.apply(x.movedim(x_bdim, 0) if x_bdim is not None else x, bias, row, *params), (
                 0 if x_bdim is not None else None)
-        # a bias per batch element: gelu(x + bias), the batch dim in front of both, after the checks the
+        # a bias per batch element: f(x + bias), the batch dim in front of both, after the checks the
         # kernel makes on each sample (csrc/common.h check_bias_gelu): with torch ops alone x + bias
-        # would broadcast and promote where bias_gelu raises
+        # would broadcast and promote where the op raises
         bias = bias.movedim(b_bdim, 0)
         if x_bdim is None:
             x = x.expand(bias.shape[0], *x.shape)
         else:
             x = x.movedim(x_bdim, 0)
-        _check_bias_gelu(x, bias)
+        _check_bias(row.name, x, bias)
         bias = bias.reshape(bias.shape[0], *([1] * (x.dim() - 2)), bias.shape[-1])
-        return _Gelu.apply(x + bias, approximate), 0
+        return _Pointwise.apply(x + bias, BY_NAME[row.pointwise], *params), 0
 
 
 _DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
 
-def _check_bias_gelu(x, bias):
+def _check_bias(op, x, bias):
     """csrc/common.h check_bias_gelu on one sample of batched x [B, ...] and bias [B, ...], with its
     messages (RuntimeError)."""
-    _check_floating("bias_gelu", x, "input")
-    _check_floating("bias_gelu", bias, "bias")
+    _check_floating(op, x, "input")
+    _check_floating(op, bias, "bias")
     if x.dim() < 2:
-        raise RuntimeError("bias_gelu: expected input of at least 1 dim (bias is added over the last), got a 0-d tensor")
+        raise RuntimeError(f"{op}: expected input of at least 1 dim (bias is added over the last), got a 0-d tensor")
     if bias.dim() != 2 or bias.shape[1] != x.shape[-1]:
-        raise RuntimeError(f"bias_gelu: expected bias of shape [{x.shape[-1]}], got {list(bias.shape[1:])}")
+        raise RuntimeError(f"{op}: expected bias of shape [{x.shape[-1]}], got {list(bias.shape[1:])}")
     if x.dtype != bias.dtype:
-        raise RuntimeError(f"bias_gelu: expected input and bias of the same dtype, got "
+        raise RuntimeError(f"{op}: expected input and bias of the same dtype, got "
                            f"{_DTYPE_NAMES[x.dtype]} and {_DTYPE_NAMES[bias.dtype]}")
     if x.device != bias.device:
-        raise RuntimeError(f"bias_gelu: expected input and bias on the same device, got {x.device} and {bias.device}")
+        raise RuntimeError(f"{op}: expected input and bias on the same device, got {x.device} and {bias.device}")
 
 
-def bias_gelu(x, bias, approximate):
-    return _BiasGelu.apply(x, bias, approximate)
-
-
-# sigmoid --------------------------------------------------------------------------------------------
-
-
-class _Sigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(x):
-        return _below_autograd(_ops.sigmoid, x)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return aten.sigmoid_backward(g, y)
-
-    @staticmethod
-    def jvp(ctx, t):
-        (y,) = ctx.saved_tensors
-        return aten.sigmoid_backward(t, y)
-
-    @staticmethod
-    def vmap(info, in_dims, x):
-        return _Sigmoid.apply(x), in_dims[0]
-
-
-def sigmoid(x):
-    return _Sigmoid.apply(x)

@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from ._optable import OPS
+
 
 def _preload_tbb():
     """Loads oneTBB's runtime from the `tbb` distribution before _C needs it.
@@ -71,11 +73,6 @@ def _check_grad(op, grad, t, arg):
     _check_same_shape(op, grad, t, "grad_output", arg)
     _check_same_dtype(op, grad, t, "grad_output", arg)
     _check_same_device(op, grad, t, "grad_output", arg)
-
-
-def _check_approximate(op, approximate):
-    torch._check(approximate in ("none", "tanh"),
-                 lambda: f"{op}: approximate argument must be either none or tanh, got '{approximate}'")
 
 
 def _check_bias_gelu(op, x, bias):
@@ -149,50 +146,68 @@ def _softmax_backward_fake(op):
     return fake
 
 
-torch.library.register_fake("fastact::softmax")(_softmax_fake("softmax"))
-torch.library.register_fake("fastact::log_softmax")(_softmax_fake("log_softmax"))
-torch.library.register_fake("fastact::softmax_backward")(_softmax_backward_fake("softmax_backward"))
-torch.library.register_fake("fastact::log_softmax_backward")(_softmax_backward_fake("log_softmax_backward"))
+def _check_params(op, row, params):
+    """Each string param of a pointwise or bias row among the values its kernel takes."""
+    for p, value in zip(row.params, params):
+        torch._check(value in p.choices, lambda: f"{op}: {p.name} argument must be either "
+                                                f"{' or '.join(p.choices)}, got '{value}'")
 
 
-@torch.library.register_fake("fastact::gelu")
-def _gelu_fake(x, approximate="none"):
-    _check_floating("gelu", x)
-    _check_approximate("gelu", approximate)
-    return torch.empty_like(x)
+def _pointwise_fake(row):
+    def fake(x, *params):
+        if row.integral_to_default and _integral(x):  # torch.sigmoid computes an integer x in the default dtype
+            return torch.empty_like(x, dtype=torch.get_default_dtype())
+        _check_floating(row.name, x)
+        _check_params(row.name, row, params)
+        return torch.empty_like(x)
+
+    return fake
 
 
-@torch.library.register_fake("fastact::gelu_backward")
-def _gelu_backward_fake(grad_output, x, approximate="none"):
-    _check_grad("gelu_backward", grad_output, x, "input")
-    _check_approximate("gelu_backward", approximate)
-    return torch.empty_like(x)
+def _pointwise_backward_fake(row):
+    op = row.backward
+
+    def fake(grad_output, saved, *params):
+        _check_grad(op, grad_output, saved, row.saves)
+        _check_params(op, row, params)
+        return torch.empty_like(saved)
+
+    return fake
 
 
-@torch.library.register_fake("fastact::bias_gelu")
-def _bias_gelu_fake(x, bias, approximate="tanh"):
-    _check_bias_gelu("bias_gelu", x, bias)
-    _check_approximate("bias_gelu", approximate)
-    return x.new_empty(x.shape)
+def _bias_fake(row):
+    def fake(x, bias, *params):
+        _check_bias_gelu(row.name, x, bias)
+        _check_params(row.name, row, params)
+        return x.new_empty(x.shape)
+
+    return fake
 
 
-@torch.library.register_fake("fastact::bias_gelu_backward")
-def _bias_gelu_backward_fake(grad_output, x, bias, approximate="tanh"):
-    _check_bias_gelu("bias_gelu_backward", x, bias)
-    _check_grad("bias_gelu_backward", grad_output, x, "input")
-    _check_approximate("bias_gelu_backward", approximate)
-    return x.new_empty(x.shape), bias.new_empty(bias.shape)
+def _bias_backward_fake(row):
+    op = row.backward
+
+    def fake(grad_output, x, bias, *params):
+        _check_bias_gelu(op, x, bias)
+        _check_grad(op, grad_output, x, "input")
+        _check_params(op, row, params)
+        return x.new_empty(x.shape), bias.new_empty(bias.shape)
+
+    return fake
 
 
-@torch.library.register_fake("fastact::sigmoid")
-def _sigmoid_fake(x):
-    if _integral(x):  # torch.sigmoid computes an integer x in the default dtype
-        return torch.empty_like(x, dtype=torch.get_default_dtype())
-    _check_floating("sigmoid", x)
-    return torch.empty_like(x)
+_FAKES = {
+    "softmax": (_softmax_fake, _softmax_backward_fake),
+    "pointwise": (_pointwise_fake, _pointwise_backward_fake),
+    "bias": (_bias_fake, _bias_backward_fake),
+}
 
-
-@torch.library.register_fake("fastact::sigmoid_backward")
-def _sigmoid_backward_fake(grad_output, output):
-    _check_grad("sigmoid_backward", grad_output, output, "output")
-    return torch.empty_like(output)
+for _row in OPS:
+    _forward, _backward = _FAKES[_row.kind]
+    if _row.kind == "softmax":
+        torch.library.register_fake(f"fastact::{_row.name}")(_forward(_row.name))
+        torch.library.register_fake(f"fastact::{_row.backward}")(_backward(_row.backward))
+    else:
+        torch.library.register_fake(f"fastact::{_row.name}")(_forward(_row))
+        torch.library.register_fake(f"fastact::{_row.backward}")(_backward(_row))
+del _row, _forward, _backward

@@ -36,15 +36,21 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 import fastact
+from fastact._optable import OPS as _TABLE
 
 aten = torch.ops.aten
 
-SOFTMAX_OPS = ("softmax", "log_softmax")
-ELEMENTWISE_OPS = ("gelu", "gelu_tanh", "sigmoid")  # gelu is the erf form, gelu_tanh approximate="tanh"
-OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + ("bias_gelu",)
+# The benchmarked ops, from the op table: the softmax family; every pointwise op once per value of its
+# params (gelu is the erf form, gelu_tanh approximate="tanh"); the bias ops with their default params.
+SOFTMAX_OPS = tuple(op.name for op in _TABLE if op.kind == "softmax")
+# bench name -> (table row, params)
+_POINTWISE = {label: (op, params) for op in _TABLE if op.kind == "pointwise" for label, params in op.variants}
+_BIAS = {op.name: (op, op.variants[0][1]) for op in _TABLE if op.kind == "bias"}
+ELEMENTWISE_OPS = tuple(_POINTWISE)
+BIAS_OPS = tuple(_BIAS)
+OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + BIAS_OPS
 DIRECTIONS = ("fwd", "bwd")
 # Forced softmax kernel variants (the `variant=` argument of the softmax family's ops), CUDA only.
 VARIANTS = ("warp", "vec", "scalar", "long_row", "strided", "split", "grid")
@@ -160,7 +166,7 @@ class Case:
         """softmax (last dim), strided (another dim), elementwise or bias_gelu: selects the bar."""
         if self.op in SOFTMAX_OPS:
             return "softmax" if self.last_dim else "strided"
-        return "bias_gelu" if self.op == "bias_gelu" else "elementwise"
+        return "bias_gelu" if self.op in BIAS_OPS else "elementwise"
 
     @property
     def dtype_name(self):
@@ -199,7 +205,7 @@ class Case:
         if self.op in SOFTMAX_OPS:
             o = (self.out_dtype or self.dtype).itemsize
             return n * s + n * o if self.direction == "fwd" else 2 * n * o + n * s
-        if self.op == "bias_gelu":
+        if self.op in BIAS_OPS:
             h = self.shape[-1]
             return 2 * n * s + h * s if self.direction == "fwd" else 3 * n * s + 2 * h * s
         return 2 * n * s if self.direction == "fwd" else 3 * n * s
@@ -259,7 +265,7 @@ def cases(mode="full", device_type="cuda", grid="bar"):
             out += [Case(op, d, dt, (_rows(cb, 4096, dt.itemsize), 4096)) for dt in dtypes]
     shapes = ((16384, 4096), (8192, 8192)) if full else ((_rows(cb, 4096, 4), 4096),)
     for d in DIRECTIONS:
-        out += [Case("bias_gelu", d, dt, s) for dt in (f32, bf16) for s in shapes]
+        out += [Case(op, d, dt, s) for op in BIAS_OPS for dt in (f32, bf16) for s in shapes]
     return out
 
 
@@ -299,9 +305,9 @@ def wide_cases(mode="full", device_type="cuda"):
                     out.append(Case("softmax", d, dt, (D, _rows(cb, D, dt.itemsize)), dim=0))
                 else:
                     out.append(Case("softmax", d, dt, (_rows(cb, D * inner, dt.itemsize), D, inner), dim=1))
-    for op in ELEMENTWISE_OPS + ("bias_gelu",):
+    for op in ELEMENTWISE_OPS + BIAS_OPS:
         for d in DIRECTIONS:
-            if d == "bwd" and op == "sigmoid":
+            if d == "bwd" and op in _POINTWISE and _POINTWISE[op][0].saves == "output":
                 continue  # its backward reads y, the forward's (dense) output
             out += [Case(op, d, dt, (_rows(cb, CHUNK_ROW, dt.itemsize), CHUNK_ROW), view="chunk") for dt in (f32, bf16)]
     return out
@@ -347,29 +353,31 @@ def make_inputs(case, device, seed=0):
         y = f(x, case.dim, dtype=case.out_dtype)
         del x
         return {"y": y, "dy": randn(y.shape, y.dtype)}
-    if case.op == "bias_gelu":
+    if case.op in BIAS_OPS:
         b = randn((case.shape[-1],), case.dtype)
         if fwd:
             return {"x": x, "b": b}
         return {"x": x, "b": b, "h": x + b, "dy": randn(case.shape, case.dtype)}
     if fwd:
         return {"x": x}
-    if case.op == "sigmoid":
-        y = torch.sigmoid(x)
+    row, params = _POINTWISE[case.op]
+    if row.saves == "output":
+        y = row.torch_fn(x, **params)
         del x
         return {"y": y, "dy": randn(case.shape, case.dtype)}
     return {"x": x, "dy": randn(case.shape, case.dtype)}
 
 
-def _approximate(op):
-    return "tanh" if op in ("gelu_tanh", "bias_gelu") else "none"
+def _saved(row):
+    """The name of the input a pointwise row's backward reads besides dy."""
+    return "y" if row.saves == "output" else "x"
 
 
 def fastact_impl(case, variant="auto"):
     """fastact's function for the case and the names of the inputs it takes. Forward calls go through
     the public API (its overhead included); backward calls go to the registered backward ops that
     autograd calls. ``variant`` forces a softmax kernel."""
-    op, dim, a = case.op, case.dim, _approximate(case.op)
+    op, dim = case.op, case.dim
     fwd = case.direction == "fwd"
     if variant != "auto" and op not in SOFTMAX_OPS:
         raise Skip(f"{op} has no kernel variants")
@@ -381,27 +389,28 @@ def fastact_impl(case, variant="auto"):
                                      variant=variant), ("x",)
         bwd = getattr(torch.ops.fastact, op + "_backward").default
         return functools.partial(bwd, dim=dim, input_dtype=case.dtype, variant=variant), ("dy", "y")
-    if op == "bias_gelu":
+    if op in BIAS_OPS:
+        row, params = _BIAS[op]
         if fwd:
-            return functools.partial(fastact.bias_gelu, approximate=a), ("x", "b")
-        return functools.partial(torch.ops.fastact.bias_gelu_backward.default, approximate=a), ("dy", "x", "b")
-    if op == "sigmoid":
-        return (fastact.sigmoid, ("x",)) if fwd else (torch.ops.fastact.sigmoid_backward.default, ("dy", "y"))
+            return functools.partial(getattr(fastact, op), **params), ("x", "b")
+        return functools.partial(getattr(torch.ops.fastact, row.backward).default, **params), ("dy", "x", "b")
+    row, params = _POINTWISE[op]
     if fwd:
-        return functools.partial(fastact.gelu, approximate=a), ("x",)
-    return functools.partial(torch.ops.fastact.gelu_backward.default, approximate=a), ("dy", "x")
+        return functools.partial(getattr(fastact, row.name), **params), ("x",)
+    return functools.partial(getattr(torch.ops.fastact, row.backward).default, **params), ("dy", _saved(row))
 
 
 def torch_impl(case, *, eager=True):
     """torch's way to compute the case (what eager autograd runs), as a function of tensors, and the
     names of the inputs it takes. ``eager=False``: a plain Python function for torch.compile (the
     same computation); eager forward calls are the torch functions themselves, as a user calls them."""
-    op, dim, a = case.op, case.dim, _approximate(case.op)
+    op, dim = case.op, case.dim
     fwd = case.direction == "fwd"
-    if eager and fwd and op != "bias_gelu":
+    if eager and fwd and op not in BIAS_OPS:
         if op in SOFTMAX_OPS:
             return functools.partial(getattr(torch, op), dim=dim, dtype=case.out_dtype), ("x",)
-        return (torch.sigmoid, ("x",)) if op == "sigmoid" else (functools.partial(F.gelu, approximate=a), ("x",))
+        row, params = _POINTWISE[op]
+        return (functools.partial(row.torch_fn, **params) if params else row.torch_fn), ("x",)
     if op in SOFTMAX_OPS:
         odt, idt = case.out_dtype, case.dtype
         if fwd:
@@ -420,42 +429,34 @@ def torch_impl(case, *, eager=True):
             return b(dy, y, dim, odt).to(idt)  # softmax(x.to(odt)): its backward, then the cast's
 
         return softmax_bwd, ("dy", "y")
-    if op == "bias_gelu":
+    if op in BIAS_OPS:
+        row, params = _BIAS[op]
+        f, fb = row.torch_fn, row.torch_backward.default
         if fwd:
 
-            def bias_gelu_fwd(x, b):
-                return F.gelu(x + b, approximate=a)
+            def bias_fwd(x, b):
+                return f(x + b, **params)
 
-            return bias_gelu_fwd, ("x", "b")
+            return bias_fwd, ("x", "b")
 
-        def bias_gelu_bwd(dy, h):
-            dh = aten.gelu_backward.default(dy, h, approximate=a)
+        def bias_bwd(dy, h):
+            dh = fb(dy, h, **params)
             return dh, dh.sum(tuple(range(dh.dim() - 1)))
 
-        return bias_gelu_bwd, ("dy", "h")
-    if op == "sigmoid":
-        if fwd:
-
-            def sigmoid_fwd(x):
-                return torch.sigmoid(x)
-
-            return sigmoid_fwd, ("x",)
-
-        def sigmoid_bwd(dy, y):
-            return aten.sigmoid_backward.default(dy, y)
-
-        return sigmoid_bwd, ("dy", "y")
+        return bias_bwd, ("dy", "h")
+    row, params = _POINTWISE[op]
+    f, fb = row.torch_fn, row.torch_backward.default
     if fwd:
 
-        def gelu_fwd(x):
-            return F.gelu(x, approximate=a)
+        def pointwise_fwd(x):
+            return f(x, **params)
 
-        return gelu_fwd, ("x",)
+        return pointwise_fwd, ("x",)
 
-    def gelu_bwd(dy, x):
-        return aten.gelu_backward.default(dy, x, approximate=a)
+    def pointwise_bwd(dy, saved):
+        return fb(dy, saved, **params)
 
-    return gelu_bwd, ("dy", "x")
+    return pointwise_bwd, ("dy", _saved(row))
 
 
 def _raise_recompile_limits():

@@ -1,6 +1,6 @@
-"""torch.nn modules over the fastact functions, drop-in for torch.nn.Softmax, LogSoftmax, GELU and
-Sigmoid: the same constructor arguments, defaults, repr, state dict and pickling as their torch twins;
-BiasGELU owns its bias (a Linear without bias followed by BiasGELU is the fused
+"""torch.nn modules over the fastact functions, one per row of the op table (fastact/_optable.py), drop-in
+for their torch twins (torch.nn.Softmax, LogSoftmax, GELU, Sigmoid, ...): the same constructor arguments,
+defaults, repr, state dict and pickling; BiasGELU owns its bias (a Linear without bias followed by BiasGELU is the fused
 ``gelu(x @ W.T + b)``).
 
 Every module is scriptable: under ``torch.jit.script`` the forward calls the registered op
@@ -13,13 +13,17 @@ tensor."""
 import warnings
 
 import torch
-from torch import Tensor
+from torch import Tensor  # noqa: F401  (the generated modules' annotations)
 from torch.compiler import is_dynamo_compiling as _dynamo_tracing
-from torch.jit import is_scripting as _scripting  # bound here: 20 ns a call less than torch.jit.is_scripting
+# bound here: 20 ns a call less than torch.jit.is_scripting (the generated forwards call it)
+from torch.jit import is_scripting as _scripting  # noqa: F401
 
-from . import bias_gelu, gelu, log_softmax, sigmoid, softmax
+import fastact
 
-__all__ = ["Softmax", "LogSoftmax", "GELU", "BiasGELU", "Sigmoid"]
+from ._optable import OPS as _OPS
+from ._optable import define as _define
+
+__all__ = [op.module for op in _OPS]
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -42,10 +46,13 @@ def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
     return 1
 
 
-class Softmax(torch.nn.Module):
-    """Drop-in for ``torch.nn.Softmax``: softmax over ``dim``; ``dim=None`` picks torch's implicit dim
-    (0 for 0-, 1- and 3-d inputs, else 1) with torch's deprecation warning."""
+# The modules are generated from the op table, one class per row, from the source templates below (one per
+# kind), kept in linecache so that TorchScript, which compiles a scripted module's forward from its source, and
+# inspect read them as if written here. They run in this module's namespace: the classes are fastact.nn.<Module>
+# (pickles name them so), and their forwards see the fastact functions bound below.
 
+_SOFTMAX_MODULE = """
+class {module}(torch.nn.Module):
     __constants__ = ["dim"]
     dim: int | None
 
@@ -62,80 +69,51 @@ class Softmax(torch.nn.Module):
         dim = self.dim
         if dim is None:
             # stacklevel 4 counts 1 _implicit_dim, 2 forward, 3 Module._call_impl, 4
-            # Module._wrapped_call_impl: where torch.nn.Softmax's warning points (F.softmax called with
+            # Module._wrapped_call_impl: where torch.nn.{module}'s warning points (F.{name} called with
             # _stacklevel=5, one frame deeper), so both have the same file and line and a warnings
             # filter treats them alike. (A literal: TorchScript cannot read a global int.)
-            dim = _implicit_dim("softmax", input.dim(), 4)
+            dim = _implicit_dim("{name}", input.dim(), 4)
         if _scripting():
-            return torch.ops.fastact.softmax(input, dim, None)
-        return softmax(input, dim)
+            return torch.ops.fastact.{name}(input, dim, None)
+        return {name}(input, dim)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+        return f"dim={{self.dim}}"
+"""
 
+# Pointwise: the constructor takes the op's params (and torch's `inplace`, where the op's twin has it), stored
+# under their own names, as torch's modules store them.
+_POINTWISE_MODULE = """
+class {module}(torch.nn.Module):
+{init}
+    def forward(self, input: Tensor) -> Tensor:
+{inplace}        if _scripting():
+            return torch.ops.fastact.{name}(input{args})
+        return {name}(input{args})
 
-class LogSoftmax(torch.nn.Module):
-    """Drop-in for ``torch.nn.LogSoftmax``; ``dim=None`` as in :class:`Softmax`."""
+    def extra_repr(self) -> str:
+        return {repr}
+"""
 
-    __constants__ = ["dim"]
-    dim: int | None
-
-    def __init__(self, dim: int | None = None) -> None:
+# (without params, as torch.nn.Sigmoid: Module's own constructor)
+_POINTWISE_INIT = """    __constants__ = [{constants}]
+{annotations}
+    def __init__(self{ctor}) -> None:
         super().__init__()
-        self.dim = dim
-
+{assign}
     def __setstate__(self, state):
         super().__setstate__(state)
-        if not hasattr(self, "dim"):
-            self.dim = None
+{restore}"""
 
-    def forward(self, input: Tensor) -> Tensor:
-        dim = self.dim
-        if dim is None:
-            dim = _implicit_dim("log_softmax", input.dim(), 4)  # 4: as in Softmax.forward
-        if _scripting():
-            return torch.ops.fastact.log_softmax(input, dim, None)
-        return log_softmax(input, dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
-class GELU(torch.nn.Module):
-    """Drop-in for ``torch.nn.GELU``: ``approximate`` is ``"none"`` (erf) or ``"tanh"``."""
-
-    __constants__ = ["approximate"]
-    approximate: str
-
-    def __init__(self, approximate: str = "none") -> None:
-        super().__init__()
-        self.approximate = approximate
-
-    def forward(self, input: Tensor) -> Tensor:
-        if _scripting():
-            return torch.ops.fastact.gelu(input, self.approximate)
-        return gelu(input, self.approximate)
-
-    def extra_repr(self) -> str:
-        return f"approximate={repr(self.approximate)}"
-
-
-class BiasGELU(torch.nn.Module):
-    """``gelu(input + bias)`` with a learnable ``bias`` of shape ``[features]``, initialised to zero
-    (``reset_parameters``), so that ``Linear(in, features, bias=False)`` followed by ``BiasGELU``
-    computes ``gelu(linear(x))`` with a bias, in one pass after the matmul. No torch twin; built like
-    ``torch.nn.Linear``: ``device``/``dtype`` factory arguments, ``reset_parameters()`` (a meta-device
-    module becomes usable through ``to_empty(device=...)`` then ``reset_parameters()``)."""
-
-    __constants__ = ["features", "approximate"]
+_BIAS_MODULE = """
+class {module}(torch.nn.Module):
+    __constants__ = ["features", {constants}]
     features: int
-    approximate: str
-
-    def __init__(self, features: int, approximate: str = "tanh", device=None, dtype=None) -> None:
+{annotations}
+    def __init__(self, features: int{ctor}, device=None, dtype=None) -> None:
         super().__init__()
         self.features = features
-        self.approximate = approximate
-        self.bias = torch.nn.Parameter(torch.empty(features, device=device, dtype=dtype))
+{assign}        self.bias = torch.nn.Parameter(torch.empty(features, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -145,23 +123,55 @@ class BiasGELU(torch.nn.Module):
         super().__setstate__(state)
         if not hasattr(self, "features"):  # pickled by a version that kept no features attribute
             self.features = self.bias.shape[0]
-
+{restore}
     def forward(self, input: Tensor) -> Tensor:
         if _scripting():
-            return torch.ops.fastact.bias_gelu(input, self.bias, self.approximate)
-        return bias_gelu(input, self.bias, self.approximate)
+            return torch.ops.fastact.{name}(input, self.bias{args})
+        return {name}(input, self.bias{args})
 
     def extra_repr(self) -> str:
-        return f"features={self.features}, approximate={repr(self.approximate)}"
+        return {repr}
+"""
 
 
-class Sigmoid(torch.nn.Module):
-    """Drop-in for ``torch.nn.Sigmoid``."""
+def _module_source(op):
+    """The fastact.nn class of `op` (a table row)."""
+    if op.kind == "softmax":
+        return _SOFTMAX_MODULE.format(module=op.module, name=op.name)
+    names = list(op.param_names)
+    attrs = [(p.name, "str", repr(p.default)) for p in op.params]
+    if op.inplace:
+        attrs.append(("inplace", "bool", "False"))
+    fields = dict(
+        module=op.module, name=op.name,
+        constants=", ".join(f'"{a}"' for a, _, _ in attrs),
+        annotations="".join(f"    {a}: {t}\n" for a, t, _ in attrs),
+        ctor="".join(f", {a}: {t} = {d}" for a, t, d in attrs),
+        assign="".join(f"        self.{a} = {a}\n" for a, _, _ in attrs),
+        # attributes a pickle from a version without them lacks take their defaults
+        restore="".join(f"        if not hasattr(self, {a!r}):\n            self.{a} = {d}\n" for a, _, d in attrs),
+        args="".join(f", self.{a}" for a in names),
+        # torch's repr: the params by name; `inplace=True` only when set
+        repr=" + ".join([f'f"{a}={{repr(self.{a})}}"' for a in names] or ['""'])
+        + (' + ((", " if ' + repr(bool(names)) + ' else "") + "inplace=True" if self.inplace else "")'
+           if op.inplace else ""),
+        # inplace=True: torch's own in-place function, as the fastact function's inplace=True runs it (written out
+        # here: TorchScript compiles the fastact function to the registered op, whose schema has no inplace)
+        inplace=(f"        if self.inplace:\n            return _torch_{op.name}(input, inplace=True)\n"
+                 if op.inplace else ""))
+    if op.kind == "bias":
+        fields["features"] = True
+        fields["repr"] = 'f"features={self.features}, " + ' + fields["repr"]
+        return _BIAS_MODULE.format(**fields)
+    return _POINTWISE_MODULE.format(init=_POINTWISE_INIT.format(**fields) if attrs else "", **fields)
 
-    def forward(self, input: Tensor) -> Tensor:
-        if _scripting():
-            return torch.ops.fastact.sigmoid(input)
-        return sigmoid(input)
+
+for _op in _OPS:
+    globals()[_op.name] = getattr(fastact, _op.name)
+    if _op.inplace:
+        globals()[f"_torch_{_op.name}"] = _op.torch_fn
+    _define(_module_source(_op), globals(), f"fastact.nn.{_op.module}")
+    globals()[_op.module].__doc__ = _op.module_doc
 
 
 # TorchScript code that calls the fastact functions (``fastact.softmax(x, -1)`` in a scripted forward)
@@ -169,6 +179,6 @@ class Sigmoid(torch.nn.Module):
 # builtins before it tries to compile its source (which it cannot: the C fast path). The ops' schemas
 # decide the arguments there: positional or by the schema's names (``self`` for the input), ``dim``
 # required.
-for _fn in (softmax, log_softmax, gelu, bias_gelu, sigmoid):
-    torch.jit._builtins._register_builtin(_fn, f"fastact::{_fn.__name__}")
-del _fn
+for _op in _OPS:
+    torch.jit._builtins._register_builtin(getattr(fastact, _op.name), f"fastact::{_op.name}")
+del _op

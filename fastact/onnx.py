@@ -9,6 +9,7 @@ softmax / log_softmax          Softmax / LogSoftmax (``dtype=``: a Cast first, a
 gelu                           Gelu from opset 20; below, its Erf or Tanh formula
 bias_gelu                      Add, then gelu as above
 sigmoid                        Sigmoid
+any other pointwise op         its row's formula (fastact/_optable.py ``onnx``) in ONNX nodes
 =============================  ==============================================================
 
 - The TorchScript-based exporter (``dynamo=False``) traces the model, which records
@@ -39,6 +40,9 @@ import threading
 import warnings
 
 import torch
+
+from ._optable import OPS as _OPS
+from ._optable import define
 
 _TORCHSCRIPT_EXPORTER = "torch.onnx"
 _DYNAMO_EXPORTER = "torch.onnx._internal.exporter._core"
@@ -97,8 +101,15 @@ def _torchscript_symbolics():
 
         return symbolic
 
-    def sigmoid(g, x):
-        return g.op("Sigmoid", x)
+    def formula(op):
+        """A row's ONNX formula (op.onnx) over g.op; its string params as the constants the trace holds."""
+        names = op.param_names
+
+        def symbolic(g, x, *params):
+            values = {n: symbolic_helper._get_const(v, "s", n) for n, v in zip(names, params)}
+            return op.onnx(_GraphOps(g), x, **values)
+
+        return symbolic
 
     for opset in _SOFTMAX_OPSETS:
         torch.onnx.register_custom_op_symbolic("fastact::softmax", softmax_like("softmax", opset), opset)
@@ -106,7 +117,20 @@ def _torchscript_symbolics():
     for opset in _GELU_OPSETS:
         torch.onnx.register_custom_op_symbolic("fastact::gelu", gelu(opset), opset)
         torch.onnx.register_custom_op_symbolic("fastact::bias_gelu", bias_gelu(opset), opset)
-    torch.onnx.register_custom_op_symbolic("fastact::sigmoid", sigmoid, _SOFTMAX_OPSETS[0])
+    for op in _OPS:
+        if op.onnx is not None:
+            torch.onnx.register_custom_op_symbolic(f"fastact::{op.name}", formula(op), _SOFTMAX_OPSETS[0])
+
+
+class _GraphOps:
+    """``ops.Sigmoid(x)`` -> ``g.op("Sigmoid", x)``: the op namespace a row's ONNX formula is written against,
+    for the TorchScript-based exporter's graph."""
+
+    def __init__(self, g):
+        self._g = g
+
+    def __getattr__(self, name):
+        return lambda *inputs: self._g.op(name, *inputs)
 
 
 def _dynamo_translations():
@@ -165,8 +189,15 @@ def _dynamo_translations():
     def bias_gelu20(self: TFloat, bias: TFloat, approximate: str = "tanh") -> TFloat:
         return op20.Gelu(op18.Add(self, bias), approximate=approximate)
 
-    def sigmoid(self: TFloat) -> TFloat:
-        return op18.Sigmoid(self)
+    def formula(op):
+        """A row's ONNX formula (op.onnx) over opset 18, as a translation with the op's signature (the exporter
+        reads it from the annotations)."""
+        params = "".join(f", {p.name}: str = {p.default!r}" for p in op.params)
+        values = "".join(f"{n}={n}, " for n in op.param_names)
+        namespace = {"TFloat": TFloat, "op18": op18, "onnx": op.onnx}
+        define(f"def translation(self: TFloat{params}) -> TFloat:\n    return onnx(op18, self, {values})\n",
+               namespace, f"fastact.onnx translation of {op.name}")
+        return namespace["translation"]
 
     onnx_impl(ops.softmax.default, trace_only=True)(softmax_like(op18.Softmax))
     onnx_impl(ops.log_softmax.default, trace_only=True)(softmax_like(op18.LogSoftmax))
@@ -174,7 +205,9 @@ def _dynamo_translations():
     onnx_impl(ops.gelu.default, trace_only=True, opset_introduced=20)(gelu20)
     onnx_impl(ops.bias_gelu.default, trace_only=True)(bias_gelu18)
     onnx_impl(ops.bias_gelu.default, trace_only=True, opset_introduced=20)(bias_gelu20)
-    onnx_impl(ops.sigmoid.default, trace_only=True)(sigmoid)
+    for op in _OPS:
+        if op.onnx is not None:
+            onnx_impl(getattr(ops, op.name).default, trace_only=True)(formula(op))
 
 
 class _RunAfter(importlib.abc.Loader):

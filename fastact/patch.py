@@ -43,8 +43,8 @@ the call in ``fastact.patch()`` to cover it).
 
 import collections
 import functools
-import operator
 import inspect
+import operator
 import threading
 import types
 
@@ -55,6 +55,8 @@ from torch.overrides import TorchFunctionMode
 
 import fastact
 from fastact import nn as _fnn
+from fastact._optable import OPS as _OPS
+from fastact._optable import define as _define
 
 __all__ = ["patch", "apply", "FastActMode", "OpCounter"]
 
@@ -104,14 +106,6 @@ def _bind_softmax(input, dim, dtype=None, *, out=None):
     return input, dim, dtype, out
 
 
-def _bind_gelu(input, approximate="none"):
-    return input, approximate
-
-
-def _bind_sigmoid(input, *, out=None):
-    return input, out
-
-
 # How many frames a _route_* function sits below the caller of F.softmax: F.softmax ->
 # handle_torch_function -> FastActMode.__torch_function__ -> _route_f_softmax. torch's own
 # F.softmax passes its _stacklevel straight to _get_softmax_dim, two frames below the caller.
@@ -144,34 +138,46 @@ def _route_softmax(fn):
     return route
 
 
-def _route_gelu(args, kwargs):
-    input, approximate = _bind_gelu(*args, **kwargs)
-    if not _takes(input) or approximate not in ("none", "tanh"):
-        return NotImplemented
-    return fastact.gelu(input, approximate)
+def _route_pointwise(op, signature):
+    """The route of a pointwise row's torch function with Python signature `signature` (the table's): binds the
+    call as torch would, leaves it to torch where an `out=` or `inplace=True` is given, the input is one fastact
+    does not take or a param is not one the kernel takes; else calls the fastact function with the params."""
+    names = [p.strip().split("=")[0] for p in signature.split(",")]
+    params = [n for n in names[1:] if n not in ("*", "out", "inplace")]
+    # the binder: torch's signature as a Python function, so positional and keyword calls normalise the same way
+    source = (f"def bind({signature}):\n"
+              f"    return input, {'out' if 'out' in names else 'None'}, {'inplace' if 'inplace' in names else 'False'}"
+              f", ({''.join(p + ', ' for p in params)})\n")
+    namespace = {}
+    _define(source, namespace, f"fastact.patch binder of {op.name}: {signature}")
+    bind, fn = namespace["bind"], getattr(fastact, op.name)
+    choices = [p.choices for p in op.params if p.name in params]
+    assert [p.name for p in op.params] == params, (op.name, signature)
+
+    def route(args, kwargs):
+        input, out, inplace, values = bind(*args, **kwargs)
+        if out is not None or inplace or not _takes(input):
+            return NotImplemented
+        for value, allowed in zip(values, choices):
+            if value not in allowed:
+                return NotImplemented
+        return fn(input, *values)
+
+    return route
 
 
-def _route_sigmoid(args, kwargs):
-    input, out = _bind_sigmoid(*args, **kwargs)
-    if out is not None or not _takes(input):
-        return NotImplemented
-    return fastact.sigmoid(input)
+def _route(op, fn, signature):
+    if signature == "f_softmax":
+        return _route_f_softmax(getattr(fastact, op.name), op.name)
+    if signature == "softmax":
+        return _route_softmax(getattr(fastact, op.name))
+    return _route_pointwise(op, signature)
 
 
-# torch function -> (op name, route). Tensor methods arrive as the TensorBase method descriptors
-# (torch.Tensor.softmax is torch._C.TensorBase.softmax); torch.softmax is the _VariableFunctions
-# builtin; F.gelu is torch._C._nn.gelu. F.sigmoid is a plain function calling Tensor.sigmoid.
-_ROUTES = {
-    F.softmax: ("softmax", _route_f_softmax(fastact.softmax, "softmax")),
-    F.log_softmax: ("log_softmax", _route_f_softmax(fastact.log_softmax, "log_softmax")),
-    torch.softmax: ("softmax", _route_softmax(fastact.softmax)),
-    torch.Tensor.softmax: ("softmax", _route_softmax(fastact.softmax)),
-    torch.log_softmax: ("log_softmax", _route_softmax(fastact.log_softmax)),
-    torch.Tensor.log_softmax: ("log_softmax", _route_softmax(fastact.log_softmax)),
-    F.gelu: ("gelu", _route_gelu),
-    torch.sigmoid: ("sigmoid", _route_sigmoid),
-    torch.Tensor.sigmoid: ("sigmoid", _route_sigmoid),
-}
+# torch function -> (op name, route), from the op table's routes. Tensor methods arrive as the TensorBase
+# method descriptors (torch.Tensor.softmax is torch._C.TensorBase.softmax); torch.softmax is the
+# _VariableFunctions builtin; F.gelu is torch._C._nn.gelu.
+_ROUTES = {fn: (op.name, _route(op, fn, signature)) for op in _OPS for fn, signature in op.routes}
 
 
 class FastActMode(TorchFunctionMode):
@@ -212,14 +218,16 @@ def patch():
 
 # Module swaps: (old module) -> new fastact module, or None to leave it. Exact types only: a
 # subclass may override forward with other math.
-_TORCH_SWAPS = {
-    # dim=None (torch's deprecated implicit dim, chosen per call from the input's rank) included:
-    # fastact.nn's modules apply the same rule, with the same warning.
-    torch.nn.Softmax: lambda m: _fnn.Softmax(m.dim),
-    torch.nn.LogSoftmax: lambda m: _fnn.LogSoftmax(m.dim),
-    torch.nn.GELU: lambda m: _fnn.GELU(m.approximate),
-    torch.nn.Sigmoid: lambda m: _fnn.Sigmoid(),
-}
+# torch.nn twin -> the fastact module made from it, for every row with a twin: the twin's attributes named as
+# the fastact module's constructor arguments (dim=None, torch's deprecated implicit dim chosen per call from
+# the input's rank, included: fastact.nn's modules apply the same rule, with the same warning).
+def _swap(op):
+    cls = getattr(_fnn, op.module)
+    names = [p.name for p in inspect.signature(cls).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    return lambda m: cls(*(getattr(m, n) for n in names))
+
+
+_TORCH_SWAPS = {op.torch_module: _swap(op) for op in _OPS if op.torch_module is not None}
 
 
 def _transformers_swaps():

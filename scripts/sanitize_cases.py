@@ -13,6 +13,7 @@ import sys
 import torch
 
 import fastact
+from fastact._optable import BY_NAME, OPS
 
 ops = torch.ops.fastact
 VARIANTS = ("warp", "vec", "scalar", "long_row", "split", "strided", "grid")
@@ -292,14 +293,36 @@ def prefetch_cases(dtype, synccheck=False, quick=False):
             del x
 
 
-def check_gelu(label, x, dy, dtype):
-    """gelu (erf and tanh) of x and its backward with grad dy, against float64 autograd."""
-    for approx in ("none", "tanh"):
-        xr = x.double().requires_grad_()
-        want = torch.nn.functional.gelu(xr, approximate=approx)
-        check(f"gelu {approx} {label}", fastact.gelu(x, approx), want, dtype)
-        (gx,) = torch.autograd.grad(want, xr, dy.double())
-        check(f"gelu_backward {approx} {label}", ops.gelu_backward(dy, x, approx), gx, dtype)
+POINTWISE = [op for op in OPS if op.kind == "pointwise"]
+BIAS = [op for op in OPS if op.kind == "bias"]
+
+
+def check_pointwise(label, x, dy, dtype):
+    """Every pointwise op of the table, at every value of its params, on x, and its backward with grad dy, against
+    its torch twin in float64 (the backward: torch's derivative op at what the backward reads, x or fastact's y)."""
+    for op in POINTWISE:
+        for name, params in op.variants:
+            y = getattr(fastact, op.name)(x, *params.values())
+            check(f"{name} {label}", y, op.torch_fn(x.double(), **params), dtype)
+            saved = y if op.saves == "output" else x
+            want = op.torch_backward(dy.double(), saved.double(), **params)
+            got = getattr(ops, op.backward)(dy, saved, *params.values())
+            check(f"{op.backward} {name} {label}", got, want, dtype)
+
+
+def check_bias(label, x, b, dy, dtype, variants=None):
+    """Every bias op of the table (its default params, or each of its variants), forward and backward (dx and
+    dbias), against float64 autograd of its pointwise twin of x + b."""
+    for op in BIAS:
+        f = BY_NAME[op.pointwise].torch_fn
+        for name, params in (op.variants if variants == "all" else op.variants[:1]):
+            xr, br = x.double().requires_grad_(), b.double().requires_grad_()
+            want = f(xr + br, **params)
+            check(f"{name} {label}", getattr(fastact, op.name)(x, b, *params.values()), want, dtype)
+            gx, gb = torch.autograd.grad(want, (xr, br), dy.double())
+            dx, db = getattr(ops, op.backward)(dy.contiguous(), x, b, *params.values())
+            check(f"{op.backward} dx {name} {label}", dx, gx, dtype)
+            check(f"{op.backward} dbias {name} {label}", db, gb, dtype)  # scaled by max |dbias|
 
 
 def elementwise_cases(dtype):
@@ -309,10 +332,7 @@ def elementwise_cases(dtype):
             base = torch.randn(n + 1, device=dev, dtype=dtype)
             x = base[1:] if misaligned else base[:n]
             dy = torch.randn_like(x)
-            check_gelu(f"{n}", x, dy, dtype)
-            y = fastact.sigmoid(x)
-            check(f"sigmoid {n}", y, torch.sigmoid(x.double()), dtype)
-            check(f"sigmoid_backward {n}", ops.sigmoid_backward(dy, y), dy.double() * y.double() * (1 - y.double()), dtype)
+            check_pointwise(f"{n}", x, dy, dtype)
     # row views read in place (elementwise_rows_kernel): a chunk of the last dim (vector accesses where
     # the width divides the row) and x[:, 1:] (element accesses); the backward's dy a row view too. A thread's later
     # accesses step on by rows and columns (RowStep): 1032 columns wrap past one row end in 16-bit.
@@ -321,28 +341,14 @@ def elementwise_cases(dtype):
             base = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)
             x = base[:, cols:] if view == "chunk" else base[:, 1 : cols + 1]
             dy = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)[:, :cols]
-            check_gelu(f"{view} {rows}x{cols}", x, dy, dtype)
-            check(f"sigmoid {view} {rows}x{cols}", fastact.sigmoid(x), torch.sigmoid(x.double()), dtype)
+            check_pointwise(f"{view} {rows}x{cols}", x, dy, dtype)
             b = torch.randn(cols, device=dev, dtype=dtype)
-            xr, br = x.double().requires_grad_(), b.double().requires_grad_()
-            want = torch.nn.functional.gelu(xr + br, approximate="tanh")
-            check(f"bias_gelu {view} {rows}x{cols}", fastact.bias_gelu(x, b), want, dtype)
-            gx, gb = torch.autograd.grad(want, (xr, br), dy.double())
-            dx, db = ops.bias_gelu_backward(dy.contiguous(), x, b, "tanh")
-            check(f"bias_gelu_backward dx {view} {rows}x{cols}", dx, gx, dtype)
-            check(f"bias_gelu_backward dbias {view} {rows}x{cols}", db, gb, dtype)
+            check_bias(f"{view} {rows}x{cols}", x, b, dy, dtype)
     for rows, h in ((3, 8), (5, 33), (64, 1024), (1, 4100)):
         x = torch.randn(rows, h, device=dev, dtype=dtype)
         b = torch.randn(h, device=dev, dtype=dtype)
         dy = torch.randn_like(x)
-        for approx in ("none", "tanh"):
-            xr, br = x.double().requires_grad_(), b.double().requires_grad_()
-            want = torch.nn.functional.gelu(xr + br, approximate=approx)
-            check(f"bias_gelu {approx} {rows}x{h}", fastact.bias_gelu(x, b, approx), want, dtype)
-            gx, gb = torch.autograd.grad(want, (xr, br), dy.double())
-            dx, db = ops.bias_gelu_backward(dy, x, b, approx)
-            check(f"bias_gelu_backward dx {rows}x{h}", dx, gx, dtype)
-            check(f"bias_gelu_backward dbias {rows}x{h}", db, gb, dtype)  # scaled by max |dbias|
+        check_bias(f"{rows}x{h}", x, b, dy, dtype, variants="all")
 
 
 def main():

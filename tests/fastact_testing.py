@@ -26,9 +26,10 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fastact
+from fastact._optable import BY_NAME
+from fastact._optable import OPS as TABLE
 
 # Devices of device-parametrised tests: the cuda case skips where there is no GPU (the one GPU query
 # made at import time is torch.cuda.is_available()).
@@ -71,80 +72,98 @@ def coarsest(*dtypes):
 # The ops under test
 
 
-class OpSpec:
-    """One public fastact function (with its `approximate`, for the GELUs) and its torch twin."""
+def _softmax_reference(x, dim, log):
+    if x.numel() == 0:  # no row to reduce (amax refuses an empty dim): an empty result of the same shape
+        return x.clone()
+    if x.dim() == 0:
+        return _softmax_reference(x.view(1), 0, log).view(())
+    shifted = x - x.amax(dim, keepdim=True)  # amax propagates NaN; +inf - +inf is NaN; an all -inf row too
+    if log:
+        return shifted - shifted.exp().sum(dim, keepdim=True).log()
+    e = shifted.exp()
+    return e / e.sum(dim, keepdim=True)
 
-    def __init__(self, name, approximate=None):
+
+def _gelu_reference(x, approximate):
+    if approximate == "tanh":  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1 + torch.erf(x * math.sqrt(0.5)))  # x Phi(x)
+
+
+def _sigmoid_reference(x):  # the stable form: exp of a non-positive number only
+    e = (-x.abs()).exp()
+    return torch.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+# The float64 reference of every op of the table (fastact/_optable.py), by op name: its defining formula on
+# float64 tensors (IEEE arithmetic, no torch kernel of the op itself), called with the op's keyword arguments
+# (dim for the softmax family, bias for a bias op, the op's params by name). test_reference_for_every_op fails for
+# a table row without an entry.
+REFERENCES = {
+    "softmax": lambda x, dim: _softmax_reference(x, dim, log=False),
+    "log_softmax": lambda x, dim: _softmax_reference(x, dim, log=True),
+    "gelu": _gelu_reference,
+    "bias_gelu": lambda x, bias, approximate: _gelu_reference(x + bias, approximate),
+    "sigmoid": _sigmoid_reference,
+    "silu": lambda x: x * _sigmoid_reference(x),  # x sigmoid(x), the sigmoid in its stable form
+}
+
+
+class OpSpec:
+    """One public fastact function (a row of the op table) at one value of its params (`approximate`, for the
+    GELUs), and its torch twin."""
+
+    def __init__(self, name, params=None):
         self.name = name
-        self.approximate = approximate
-        self.id = name if approximate is None else f"{name}-{approximate}"
+        self.row = BY_NAME[name]
+        self.params = dict(params if params is not None else self.row.variants[0][1])
+        self.id = "-".join([name, *self.params.values()])
 
     def __repr__(self):
         return self.id
 
     @property
+    def kind(self):
+        return self.row.kind
+
+    @property
+    def approximate(self):
+        return self.params.get("approximate")
+
+    @property
     def takes_dim(self):
-        return self.name in ("softmax", "log_softmax")
+        return self.kind == "softmax"
 
     @property
     def takes_bias(self):
-        return self.name == "bias_gelu"
+        return self.kind == "bias"
 
     def fastact(self, x, *, dim=-1, dtype=None, bias=None):
-        if self.name == "softmax":
-            return fastact.softmax(x, dim, dtype=dtype)
-        if self.name == "log_softmax":
-            return fastact.log_softmax(x, dim, dtype=dtype)
-        if self.name == "gelu":
-            return fastact.gelu(x, self.approximate)
-        if self.name == "bias_gelu":
-            return fastact.bias_gelu(x, bias, self.approximate)
-        if self.name == "sigmoid":
-            return fastact.sigmoid(x)
-        raise AssertionError(self.name)
+        f = getattr(fastact, self.name)
+        if self.takes_dim:
+            return f(x, dim, dtype=dtype)
+        if self.takes_bias:
+            return f(x, bias, *self.params.values())
+        return f(x, *self.params.values())
 
     def torch(self, x, *, dim=-1, dtype=None, bias=None):
-        if self.name == "softmax":
-            return torch.softmax(x, dim, dtype=dtype)
-        if self.name == "log_softmax":
-            return torch.log_softmax(x, dim, dtype=dtype)
-        if self.name == "gelu":
-            return F.gelu(x, approximate=self.approximate)
-        if self.name == "bias_gelu":
-            return F.gelu(x + bias, approximate=self.approximate)
-        if self.name == "sigmoid":
-            return torch.sigmoid(x)
-        raise AssertionError(self.name)
+        if self.takes_dim:
+            return getattr(torch, self.name)(x, dim, dtype=dtype)
+        if self.takes_bias:
+            return BY_NAME[self.row.pointwise].torch_fn(x + bias, **self.params)
+        return self.row.torch_fn(x, **self.params)
 
     def formula(self, x, *, dim=-1, bias=None):
-        """The op's defining formula evaluated in float64 (IEEE arithmetic, no torch kernel of the op itself): the
-        reference for values and for the special-value semantics that README.md "Special values" writes down, the
-        same on every CPU and GPU. torch's own result in a low precision is not a reference: its vectorised erf GELU
-        gives NaN for +inf in float32 and bfloat16 on some CPUs."""
+        """The op's defining formula (REFERENCES) evaluated in float64: the reference for values and for the
+        special-value semantics that README.md "Special values" writes down, the same on every CPU and GPU. torch's
+        own result in a low precision is not a reference: its vectorised erf GELU gives NaN for +inf in float32 and
+        bfloat16 on some CPUs."""
         x = x.to(torch.float64)
-        if bias is not None:
-            x = x + bias.to(torch.float64)
         if self.takes_dim:
-            if x.numel() == 0:  # no row to reduce (amax refuses an empty dim): an empty result of the same shape
-                return x.clone()
-            if x.dim() == 0:
-                x, dim = x.view(1), 0
-                squeeze = True
-            else:
-                squeeze = False
-            shifted = x - x.amax(dim, keepdim=True)  # amax propagates NaN; +inf - +inf is NaN; an all -inf row too
-            if self.name == "softmax":
-                e = shifted.exp()
-                y = e / e.sum(dim, keepdim=True)
-            else:
-                y = shifted - shifted.exp().sum(dim, keepdim=True).log()
-            return y.view(()) if squeeze else y
-        if self.name == "sigmoid":  # the stable form: exp of a non-positive number only
-            e = (-x.abs()).exp()
-            return torch.where(x >= 0, 1 / (1 + e), e / (1 + e))
-        if self.approximate == "tanh":  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
-        return 0.5 * x * (1 + torch.erf(x * math.sqrt(0.5)))  # x Phi(x)
+            return REFERENCES[self.name](x, dim=dim)
+        if self.takes_bias:
+            return REFERENCES[self.name](x, bias=bias.to(torch.float64), **self.params)
+        return REFERENCES[self.name](x, **self.params)
 
     def backward_given(self, g, x, y, *, dim=-1, bias=None):
         """The gradients autograd must produce from the tensors it hands the backward op: g (the
@@ -157,35 +176,31 @@ class OpSpec:
             ref = softmax_backward_ref(g64, y64, dim, log)
             f = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
             return (ref, None), (f(g, y.detach(), dim, y.dtype), None)
-        if self.name == "sigmoid":
-            return (torch.ops.aten.sigmoid_backward(g64, y64), None), (torch.ops.aten.sigmoid_backward(g, y.detach()), None)
-        if self.name == "gelu":
-            a = self.approximate
-            return (torch.ops.aten.gelu_backward(g64, x64, approximate=a), None), (torch.ops.aten.gelu_backward(g, x, approximate=a), None)
-        # bias_gelu: the gradient of gelu at x + bias; the bias's is its sum over all but the last dim
-        a, rows = self.approximate, tuple(range(x.dim() - 1))
-        dx64 = torch.ops.aten.gelu_backward(g64, x64 + bias.to(torch.float64), approximate=a)
-        dx = torch.ops.aten.gelu_backward(g, x + bias, approximate=a)
+        # torch's derivative op of the row (of its pointwise op, for a bias op) at what the backward reads
+        grad = self.row.torch_backward
+        if not self.takes_bias:
+            saved, saved64 = (y.detach(), y64) if self.row.saves == "output" else (x, x64)
+            return (grad(g64, saved64, **self.params), None), (grad(g, saved, **self.params), None)
+        # a bias op: the gradient at x + bias; the bias's is its sum over all but the last dim
+        rows = tuple(range(x.dim() - 1))
+        dx64 = grad(g64, x64 + bias.to(torch.float64), **self.params)
+        dx = grad(g, x + bias, **self.params)
         return (dx64, dx64.sum(rows) if rows else dx64), (dx, dx.sum(rows) if rows else dx)
 
     def expected_stride(self, x, out_dtype):
         """The layout rule of csrc/common.h: empty_like(input) (a dense input keeps its strides, any
-        other becomes contiguous); bias_gelu's output is always contiguous."""
+        other becomes contiguous); a bias op's output is always contiguous."""
         if self.takes_bias:
             return contiguous_stride(x.shape)
         return torch.empty_like(x, dtype=out_dtype).stride()
 
 
-SOFTMAX_OPS = (OpSpec("softmax"), OpSpec("log_softmax"))
-ELEMENTWISE_OPS = (
-    OpSpec("gelu", "none"),
-    OpSpec("gelu", "tanh"),
-    OpSpec("bias_gelu", "none"),
-    OpSpec("bias_gelu", "tanh"),
-    OpSpec("sigmoid"),
-)
+# The ops under test, from the table: the softmax family, then every other row at every value of its params.
+SOFTMAX_OPS = tuple(OpSpec(op.name) for op in TABLE if op.kind == "softmax")
+ELEMENTWISE_OPS = tuple(OpSpec(op.name, params) for op in TABLE if op.kind != "softmax" for _, params in op.variants)
+# the pointwise ones alone (one tensor input, no bias)
+POINTWISE_OPS = tuple(op for op in ELEMENTWISE_OPS if op.kind == "pointwise")
 ALL_OPS = SOFTMAX_OPS + ELEMENTWISE_OPS
-
 
 
 def contiguous_stride(shape):

@@ -12,15 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import fastact
+from fastact._optable import OPS
 
 # fastact function -> its torch twin (a Python function whose signature inspect reads, or an aten op whose schema
-# names the arguments; `self` is `input` in Python).
-TWINS = {
-    "softmax": F.softmax,
-    "log_softmax": F.log_softmax,
-    "gelu": torch.ops.aten.gelu.default,
-    "sigmoid": torch.ops.aten.sigmoid.default,
-}
+# names the arguments; `self` is `input` in Python): every row of the op table with a twin.
+TWINS = {op.name: op.signature_twin for op in OPS if op.signature_twin is not None}
 
 
 def _twin_parameters(twin):

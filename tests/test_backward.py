@@ -9,6 +9,7 @@ import fastact
 from fastact_testing import (
     ALL_OPS,
     FLOAT_DTYPES,
+    POINTWISE_OPS,
     ROW_VIEW_COLS,
     ROW_VIEWS,
     assert_close,
@@ -116,56 +117,49 @@ def _elementwise_bwd_cases():
 ELEMENTWISE_BWD_CASES = list(_elementwise_bwd_cases())
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def _saved(op, shape, dtype, device, layout, view=None):
+    """What the backward of pointwise `op` reads besides the gradient: an input x (scale 3) in `layout` (or the
+    row view `view`), or, for an op that saves its output, its twin's output of such an x in that layout."""
+    if view is not None:
+        x = row_view(shape[0], shape[1], dtype, device, view, scale=3.0)
+        return x if op.row.saves == "input" else row_view(shape[0], shape[1], dtype, device, view, values=op.torch(x))
+    if op.row.saves == "output":
+        return _relayout(op.torch(make_tensor(shape, dtype, device, scale=3.0)), layout)
+    return make_tensor(shape, dtype, device, layout, scale=3.0)
+
+
+def _check_pointwise_backward(op, g, saved, msg):
+    """op's backward op on (g, saved) against its row's torch derivative op in float64, layout of empty_like."""
+    dtype = saved.dtype
+    poison_allocator(saved.device.type, saved.numel() * dtype.itemsize)
+    dx = getattr(ops, op.row.backward).default(g, saved, *op.params.values())
+    assert dx.dtype == dtype and dx.shape == saved.shape, msg
+    assert dx.stride() == torch.empty_like(saved).stride(), msg
+    ref = op.row.torch_backward(g.double(), saved.double(), **op.params)
+    pt = op.row.torch_backward(g, saved, **op.params)
+    assert_close(dx, ref, torch_actual=pt, msg=f"{op.row.backward} {op} {msg}")
+
+
+@pytest.mark.parametrize("op", POINTWISE_OPS, ids=str)
 @pytest.mark.parametrize("shape,layouts", ELEMENTWISE_BWD_CASES)
-def test_gelu_backward_op(device, dtype, approximate, layouts, shape):
-    x_layout, g_layout = layouts
-    x = make_tensor(shape, dtype, device, x_layout, scale=3.0)
+def test_pointwise_backward_op(device, dtype, op, layouts, shape):
+    """Every pointwise op's backward op (gelu_backward at each approximation, sigmoid_backward, ...) on the saved
+    tensor and the gradient in every pair of layouts."""
+    saved_layout, g_layout = layouts
+    saved = _saved(op, shape, dtype, device, saved_layout)
     g = make_tensor(shape, dtype, device, g_layout)
-    poison_allocator(device, x.numel() * dtype.itemsize)
-    dx = ops.gelu_backward.default(g, x, approximate)
-    assert dx.dtype == dtype and dx.shape == x.shape
-    assert dx.stride() == torch.empty_like(x).stride()
-    ref = torch.ops.aten.gelu_backward(g.double(), x.double(), approximate=approximate)
-    pt = torch.ops.aten.gelu_backward(g, x, approximate=approximate)
-    assert_close(dx, ref, torch_actual=pt, msg=f"gelu_backward {approximate} x: {describe(x)} g: {describe(g)}")
+    _check_pointwise_backward(op, g, saved, f"saved: {describe(saved)} g: {describe(g)}")
 
 
 @pytest.mark.parametrize("view", ROW_VIEWS)
 @pytest.mark.parametrize("cols", ROW_VIEW_COLS)
 def test_elementwise_backward_row_views(device, dtype, cols, view):
-    """gelu_backward and sigmoid_backward with grad_output and the saved tensor both row views
+    """Every pointwise op's backward op with grad_output and the saved tensor both row views
     (fastact_testing.row_view), read in place."""
-    x = row_view(67, cols, dtype, device, view, scale=3.0)
     g = row_view(67, cols, dtype, device, view)
-    y = row_view(67, cols, dtype, device, view, values=torch.sigmoid(x))
-    msg = f"x: {describe(x)} g: {describe(g)}"
-    for approximate in ("none", "tanh"):
-        poison_allocator(device, x.numel() * dtype.itemsize)
-        dx = ops.gelu_backward.default(g, x, approximate)
-        assert dx.stride() == torch.empty_like(x).stride(), msg
-        ref = torch.ops.aten.gelu_backward(g.double(), x.double(), approximate=approximate)
-        pt = torch.ops.aten.gelu_backward(g, x, approximate=approximate)
-        assert_close(dx, ref, torch_actual=pt, msg=f"gelu_backward {approximate} {msg}")
-    poison_allocator(device, x.numel() * dtype.itemsize)
-    dx = ops.sigmoid_backward.default(g, y)
-    assert dx.stride() == torch.empty_like(y).stride(), msg
-    ref = torch.ops.aten.sigmoid_backward(g.double(), y.double())
-    assert_close(dx, ref, torch_actual=torch.ops.aten.sigmoid_backward(g, y), msg=f"sigmoid_backward {msg}")
-
-
-@pytest.mark.parametrize("shape,layouts", ELEMENTWISE_BWD_CASES)
-def test_sigmoid_backward_op(device, dtype, layouts, shape):
-    y_layout, g_layout = layouts
-    y = _relayout(torch.sigmoid(make_tensor(shape, dtype, device, scale=3.0)), y_layout)
-    g = make_tensor(shape, dtype, device, g_layout)
-    poison_allocator(device, y.numel() * dtype.itemsize)
-    dx = ops.sigmoid_backward.default(g, y)
-    assert dx.dtype == dtype and dx.shape == y.shape
-    assert dx.stride() == torch.empty_like(y).stride()
-    ref = torch.ops.aten.sigmoid_backward(g.double(), y.double())
-    pt = torch.ops.aten.sigmoid_backward(g, y)
-    assert_close(dx, ref, torch_actual=pt, msg=f"sigmoid_backward y: {describe(y)} g: {describe(g)}")
+    for op in POINTWISE_OPS:
+        saved = _saved(op, (67, cols), dtype, device, None, view)
+        _check_pointwise_backward(op, g, saved, f"saved: {describe(saved)} g: {describe(g)}")
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -254,10 +248,10 @@ def _backward_op_inputs(op, device, shape=(3, 5), dim=1):
         y = (torch.log_softmax if log else torch.softmax)(x.detach(), dim).requires_grad_()
         f = getattr(ops, f"{op.name}_backward")
         return (lambda g, y: f(g, y, dim, torch.float64)), (g, y)
-    if op.name == "sigmoid":
-        return ops.sigmoid_backward, (g, torch.sigmoid(x.detach()).requires_grad_())
-    if op.name == "gelu":
-        return (lambda g, x: ops.gelu_backward(g, x, op.approximate)), (g, x)
+    if op.kind == "pointwise":
+        saved = op.torch(x.detach()).requires_grad_() if op.row.saves == "output" else x
+        f, params = getattr(ops, op.row.backward), tuple(op.params.values())
+        return (lambda g, s: f(g, s, *params)), (g, saved)
     b = make_tensor(shape[-1:], torch.float64, device).requires_grad_()
     return (lambda g, x, b: ops.bias_gelu_backward(g, x, b, op.approximate)), (g, x, b)
 
@@ -341,5 +335,5 @@ def test_gradcheck_dtype_argument(device, op):
 def test_gradcheck_large_values(device):
     x = torch.tensor([[30.0, -30.0, 0.5, 40.0], [-50.0, 50.0, 49.9, 0.0]], dtype=torch.float64, device=device)
     x.requires_grad_()
-    for f in (lambda t: fastact.softmax(t, 1), lambda t: fastact.log_softmax(t, 0), fastact.sigmoid, fastact.gelu):
+    for f in [lambda t: fastact.softmax(t, 1), lambda t: fastact.log_softmax(t, 0)] + [op.fastact for op in POINTWISE_OPS]:
         assert torch.autograd.gradcheck(f, (x,))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fastact
-from fastact_testing import assert_close, make_tensor, random_values
+from fastact_testing import POINTWISE_OPS, assert_close, make_tensor, random_values
 
 
 def every_op(x, b, xh):
@@ -18,15 +18,12 @@ def every_op(x, b, xh):
         fastact.log_softmax(x, 0),
         fastact.softmax(x.transpose(0, 1), 0),
         fastact.log_softmax(x[:, 1:], -1),
-        fastact.gelu(x),
-        fastact.gelu(x, "tanh"),
         fastact.bias_gelu(x, b),
         fastact.bias_gelu(x, b, "none"),
-        fastact.sigmoid(x),
         fastact.softmax(xh, 1, dtype=torch.float32),
         fastact.log_softmax(xh, 0, dtype=torch.float32),
         fastact.gelu(xh, "tanh"),
-    ]
+    ] + [op.fastact(x) for op in POINTWISE_OPS]  # every pointwise op at every value of its params
 
 
 def _run(fn, x, b, xh, weights):
@@ -83,10 +80,10 @@ def test_compile_backward_ops_directly(device):
         return (
             ops.softmax_backward(g, y, 1, torch.float32),
             ops.log_softmax_backward(g, y, 0, torch.float16),
-            ops.gelu_backward(g, x, "tanh"),
-            ops.sigmoid_backward(g, y),
             *ops.bias_gelu_backward(g, x, b, "none"),
-        )
+        ) + tuple(  # every pointwise backward (a softmax output stands for an op's output)
+            getattr(ops, op.row.backward)(g, y if op.row.saves == "output" else x, *op.params.values())
+            for op in POINTWISE_OPS)
 
     g, x = make_tensor((5, 12), torch.float32, device), make_tensor((5, 12), torch.float32, device)
     y = torch.softmax(make_tensor((5, 12), torch.float32, device), 1)

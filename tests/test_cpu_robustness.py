@@ -1,7 +1,7 @@
 """CPU robustness: results that do not depend on the thread count, fork() and DataLoader workers, the memory of
 expanded inputs, and the thread count explain() reports.
 
-- Determinism: every elementwise op (gelu, bias_gelu, sigmoid and their backwards) gives the same bits at 1, 2 and 3
+- Determinism: every elementwise op (the pointwise ops, bias_gelu and their backwards) gives the same bits at 1, 2 and 3
   threads, in every dtype, on flat tensors, strided and repeated rows, with and without streaming stores: the chunks
   threads take are cut only where the loop over a whole row would be between two of its steps.
 - fork(): a child forked while another thread of the parent is inside a fastact op neither hangs nor runs on one
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fastact
-from fastact_testing import DTYPE_IDS, FLOAT_DTYPES, assert_close
+from fastact_testing import DTYPE_IDS, FLOAT_DTYPES, POINTWISE_OPS, assert_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPUS = len(os.sched_getaffinity(0))
@@ -59,12 +59,16 @@ def _inputs(shape, dtype, layout, gen):
 def _elementwise_results(x, dy, b):
     """Every elementwise op and backward of x (forward of x, backward at grad dy), by name."""
     ops = torch.ops.fastact
-    y = fastact.sigmoid(x)
-    # sigmoid_backward of x's layout too (its "output" any tensor: the formula is what is run)
-    out = {"sigmoid": y, "sigmoid_backward": ops.sigmoid_backward(dy, y), "sigmoid_backward of x": ops.sigmoid_backward(dy, x)}
+    out = {}
+    for op in POINTWISE_OPS:
+        v = tuple(op.params.values())
+        y = out[str(op)] = op.fastact(x)
+        bwd = getattr(ops, op.row.backward)
+        out[f"{op.row.backward} {op}"] = bwd(dy, y if op.row.saves == "output" else x, *v)
+        # a backward reading the output on x's layout too (its "output" any tensor: the formula is what is run)
+        if op.row.saves == "output":
+            out[f"{op.row.backward} {op} of x"] = bwd(dy, x, *v)
     for approx in ("none", "tanh"):
-        out[f"gelu {approx}"] = fastact.gelu(x, approximate=approx)
-        out[f"gelu_backward {approx}"] = ops.gelu_backward(dy, x, approx)
         out[f"bias_gelu {approx}"] = fastact.bias_gelu(x, b, approximate=approx)
         dx, db = ops.bias_gelu_backward(dy, x, b, approx)
         out[f"bias_gelu_backward dx {approx}"] = dx
@@ -269,6 +273,7 @@ def test_dataloader_workers_after_the_parent_used_fastact():
 
 _MEMORY_SCRIPT = """
     import gc, torch, fastact
+    from fastact._optable import OPS
     torch.set_num_threads(2)
     N = 1 << 20
     R = 64  # a [64, 2^20] float32 result: 256 MiB
@@ -296,21 +301,22 @@ _MEMORY_SCRIPT = """
     xr = row.expand(R, N)  # one row repeated
     ones = torch.ones(()).expand(R, N)  # a sum's gradient: every element one value
     xd = torch.randn(R, N, generator=g)
-    yd = torch.sigmoid(xd)
     out_bytes = R * N * 4
-    cases = {
-        "gelu repeated row": (lambda: fastact.gelu(xr), lambda: torch.nn.functional.gelu(xr)),
-        "sigmoid repeated row": (lambda: fastact.sigmoid(xr), lambda: torch.sigmoid(xr)),
-        "gelu scalar": (lambda: fastact.gelu(ones), lambda: torch.nn.functional.gelu(ones)),
-        "sigmoid_backward expanded grad": (lambda: torch.ops.fastact.sigmoid_backward(ones, yd),
-                                           lambda: torch.ops.aten.sigmoid_backward(ones, yd)),
-        "gelu_backward expanded grad": (lambda: torch.ops.fastact.gelu_backward(ones, xd, "none"),
-                                        lambda: torch.ops.aten.gelu_backward(ones, xd)),
+    cases = {}
+    for op in OPS:  # every pointwise op at its default params: forward and backward, against torch's twin
+        if op.kind != "pointwise":
+            continue
+        f, tf, bwd, tbwd = getattr(fastact, op.name), op.torch_fn, getattr(torch.ops.fastact, op.backward), op.torch_backward
+        saved = tf(xd) if op.saves == "output" else xd
+        cases[f"{op.name} repeated row"] = (lambda f=f: f(xr), lambda tf=tf: tf(xr))
+        cases[f"{op.name} scalar"] = (lambda f=f: f(ones), lambda tf=tf: tf(ones))
+        cases[f"{op.backward} expanded grad"] = (lambda b=bwd, s=saved: b(ones, s), lambda b=tbwd, s=saved: b(ones, s))
+    cases.update({
         "bias_gelu repeated row": (lambda: fastact.bias_gelu(xr, b), None),
         "bias_gelu scalar": (lambda: fastact.bias_gelu(ones, b), None),
         "bias_gelu_backward expanded grad": (lambda: torch.ops.fastact.bias_gelu_backward(ones, xd, b, "tanh"), None),
         "bias_gelu_backward repeated row": (lambda: torch.ops.fastact.bias_gelu_backward(xd, xr, b, "tanh"), None),
-    }
+    })
     slack = 24 << 20  # the bias gradient's partial sums, the allocator's own, page rounding
     failures = []
     for name, (fa, pt) in cases.items():
@@ -330,7 +336,7 @@ _MEMORY_SCRIPT = """
 
 
 def test_expanded_inputs_allocate_only_the_output():
-    """gelu, sigmoid, their backwards and bias_gelu's of an input with stride-0 dims (a row expanded over rows, a
+    """The pointwise ops, their backwards and bias_gelu's of an input with stride-0 dims (a row expanded over rows, a
     sum's gradient) raise the peak RSS by the output's 256 MiB, as torch's ops do, not by a copy of the input too."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak RSS")
@@ -349,7 +355,6 @@ def test_expanded_inputs_allocate_only_the_output_cuda(dtype):
     xr = row.expand(R, N)
     ones = torch.ones((), device="cuda", dtype=dtype).expand(R, N)
     xd = torch.randn(R, N, device="cuda", dtype=dtype)
-    yd = torch.sigmoid(xd)
     out_bytes = R * N * dtype.itemsize
 
     def peak(fn):
@@ -363,19 +368,18 @@ def test_expanded_inputs_allocate_only_the_output_cuda(dtype):
         del out
         return p
 
-    F = torch.nn.functional
-    cases = {
-        "gelu repeated row": (lambda: fastact.gelu(xr), lambda: F.gelu(xr)),
-        "sigmoid repeated row": (lambda: fastact.sigmoid(xr), lambda: torch.sigmoid(xr)),
-        "gelu scalar": (lambda: fastact.gelu(ones), lambda: F.gelu(ones)),
-        "sigmoid_backward expanded grad": (lambda: torch.ops.fastact.sigmoid_backward(ones, yd),
-                                           lambda: torch.ops.aten.sigmoid_backward(ones, yd)),
-        "gelu_backward expanded grad": (lambda: torch.ops.fastact.gelu_backward(ones, xd, "none"),
-                                        lambda: torch.ops.aten.gelu_backward(ones, xd)),
+    cases = {}
+    for op in (o for o in POINTWISE_OPS if o.params == o.row.variants[0][1]):  # at the default params
+        bwd, tbwd = getattr(torch.ops.fastact, op.row.backward), op.row.torch_backward
+        saved = op.torch(xd) if op.row.saves == "output" else xd
+        cases[f"{op} repeated row"] = (lambda op=op: op.fastact(xr), lambda op=op: op.torch(xr))
+        cases[f"{op} scalar"] = (lambda op=op: op.fastact(ones), lambda op=op: op.torch(ones))
+        cases[f"{op.row.backward} expanded grad"] = (lambda b=bwd, s=saved: b(ones, s), lambda b=tbwd, s=saved: b(ones, s))
+    cases.update({
         "bias_gelu repeated row": (lambda: fastact.bias_gelu(xr, b), None),
         "bias_gelu_backward expanded grad": (lambda: torch.ops.fastact.bias_gelu_backward(ones, xd, b, "tanh"), None),
         "bias_gelu_backward repeated row": (lambda: torch.ops.fastact.bias_gelu_backward(xd, xr, b, "tanh"), None),
-    }
+    })
     failures = []
     for name, (fa, pt) in cases.items():
         fa_peak = peak(fa)
@@ -413,14 +417,18 @@ def test_expanded_input_values(dtype, layout):
     ops = torch.ops.fastact
     F = torch.nn.functional
     x64, b64 = x.double(), b.double()
+    for op in POINTWISE_OPS:
+        y = op.fastact(x)
+        assert_close(y, op.torch(x64), torch_actual=op.torch(x), msg=f"{op} {layout}")
+        bwd, tbwd, v = getattr(ops, op.row.backward), op.row.torch_backward, tuple(op.params.values())
+        # a dense gradient and one of x's own layout at x; an expanded gradient at the output, for an op whose
+        # backward reads it (the formula is what is run: any tensor may stand for the output)
+        for dy, saved in ((dy_dense, x), (x, x)) + (((x, y),) if op.row.saves == "output" else ()):
+            assert_close(bwd(dy, saved, *v), tbwd(dy.double(), saved.double(), **op.params),
+                         torch_actual=tbwd(dy, saved, **op.params), msg=f"{op.row.backward} {op} {layout}")
     for approx in ("none", "tanh"):
         for dy in (dy_dense, x):  # a dense gradient, and one of x's own layout
             dy64 = dy.double()
-            assert_close(fastact.gelu(x, approximate=approx), F.gelu(x64, approximate=approx),
-                         torch_actual=F.gelu(x, approximate=approx), msg=f"gelu {approx} {layout}")
-            assert_close(ops.gelu_backward(dy, x, approx), torch.ops.aten.gelu_backward(dy64, x64, approximate=approx),
-                         torch_actual=torch.ops.aten.gelu_backward(dy, x, approximate=approx),
-                         msg=f"gelu_backward {approx} {layout}")
             assert_close(fastact.bias_gelu(x, b, approximate=approx), F.gelu(x64 + b64, approximate=approx),
                          torch_actual=F.gelu(x + b, approximate=approx), msg=f"bias_gelu {approx} {layout}")
             dx, db = ops.bias_gelu_backward(dy, x, b, approx)
@@ -429,11 +437,6 @@ def test_expanded_input_values(dtype, layout):
             assert_close(dx, dx_ref, torch_actual=dx_pt, msg=f"bias_gelu_backward dx {approx} {layout}")
             assert_close(db, dx_ref.reshape(-1, C).sum(0), torch_actual=dx_pt.float().reshape(-1, C).sum(0).to(dtype),
                          msg=f"bias_gelu_backward dbias {approx} {layout}")
-        y = fastact.sigmoid(x)
-        assert_close(y, torch.sigmoid(x64), torch_actual=torch.sigmoid(x), msg=f"sigmoid {layout}")
-        for dy, out in ((x, y), (dy_dense, x), (x, x)):  # an expanded gradient, an expanded output, both
-            assert_close(ops.sigmoid_backward(dy, out), torch.ops.aten.sigmoid_backward(dy.double(), out.double()),
-                         torch_actual=torch.ops.aten.sigmoid_backward(dy, out), msg=f"sigmoid_backward {layout}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -60,14 +60,10 @@ for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             x = row_view(67, cols, dtype, "cuda", view, scale=3.0)
             check_op(op, x, note=depth)
             g = row_view(67, cols, dtype, "cuda", view)
-            if op.name == "gelu":
-                got = torch.ops.fastact.gelu_backward(g, x, op.approximate)
-                want = [torch.ops.aten.gelu_backward(g.to(t), x.to(t), approximate=op.approximate)
-                        for t in (torch.float64, dtype)]
-            else:
-                y = row_view(67, cols, dtype, "cuda", view, values=torch.sigmoid(x))
-                got = torch.ops.fastact.sigmoid_backward(g, y)
-                want = [torch.ops.aten.sigmoid_backward(g.to(t), y.to(t)) for t in (torch.float64, dtype)]
+            # the saved tensor a row view too: the input, or the twin's output of it
+            saved = x if op.row.saves == "input" else row_view(67, cols, dtype, "cuda", view, values=op.torch(x))
+            got = getattr(torch.ops.fastact, op.row.backward)(g, saved, *op.params.values())
+            want = [op.row.torch_backward(g.to(t), saved.to(t), **op.params) for t in (torch.float64, dtype)]
             assert_close(got, want[0], torch_actual=want[1], msg=f"{op.id} {dtype} {view} {cols} rows backward [{depth}]")
 # Softmax: the 16-bit vec backward one unit a thread on deep devices (dispatch.h row vec-one-unit), rows
 # of 896-4096 (two units past 4096; softmax's two passes from 2048; 1028: rows off the vector width, edges).

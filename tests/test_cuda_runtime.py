@@ -12,6 +12,7 @@ import fastact  # noqa: E402
 from cuda_testing import VARIANTS, _call, _is_staged, _plan, make_class  # noqa: E402
 from fastact_testing import (  # noqa: E402
     ALL_OPS,
+    POINTWISE_OPS,
     SOFTMAX_OPS,
     assert_close,
     bias_for,
@@ -35,10 +36,12 @@ def test_device_mismatch():
     y = torch.softmax(x, -1)
     with pytest.raises(RuntimeError, match="softmax_backward"):
         ops.softmax_backward(y, y.cpu(), -1, torch.float32)
-    with pytest.raises(RuntimeError, match="gelu_backward"):
-        ops.gelu_backward(y, y.cpu())
-    with pytest.raises(RuntimeError, match="sigmoid_backward"):
-        ops.sigmoid_backward(y.cpu(), y)
+    for op in POINTWISE_OPS:  # the saved tensor on the CPU, and the gradient
+        bwd, v = getattr(ops, op.row.backward), tuple(op.params.values())
+        with pytest.raises(RuntimeError, match=op.row.backward):
+            bwd(y, y.cpu(), *v)
+        with pytest.raises(RuntimeError, match=op.row.backward):
+            bwd(y.cpu(), y, *v)
     with pytest.raises(RuntimeError, match="bias_gelu_backward"):
         ops.bias_gelu_backward(y, y, b)
     torch.testing.assert_close(fastact.softmax(x), torch.softmax(x, -1))
@@ -105,13 +108,10 @@ def _graph_step(x, b, xh, weights):
     outs = [
         fastact.softmax(x, -1),
         fastact.log_softmax(x, 0),
-        fastact.gelu(x),
-        fastact.gelu(x, "tanh"),
         fastact.bias_gelu(x, b),
-        fastact.sigmoid(x),
         fastact.softmax(xh, -1, dtype=torch.float32),
         fastact.log_softmax(x[:, 1:], -1),
-    ]
+    ] + [op.fastact(x) for op in POINTWISE_OPS]  # every pointwise op at every value of its params
     loss = sum((o.float() * w).sum() for o, w in zip(outs, weights))
     grads = torch.autograd.grad(loss, (x, b, xh))
     return [o.detach() for o in outs] + list(grads)
@@ -121,7 +121,8 @@ def test_cuda_graph_capture_and_replay():
     x = make_tensor((96, 1031), torch.float32, "cuda").requires_grad_()
     b = random_values((1031,), torch.float32, "cuda").requires_grad_()
     xh = make_tensor((96, 1031), torch.bfloat16, "cuda").requires_grad_()
-    weights = [random_values(o.shape, torch.float32, "cuda") for o in _graph_step(x, b, xh, [1.0] * 8)[:8]]
+    n_out = 5 + len(POINTWISE_OPS)  # _graph_step's outputs, before the gradients
+    weights = [random_values(o.shape, torch.float32, "cuda") for o in _graph_step(x, b, xh, [1.0] * n_out)[:n_out]]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture, as torch's docs do
@@ -227,11 +228,9 @@ def _compile_fn(x, b, xh):
     return (
         fastact.softmax(x, -1),
         fastact.log_softmax(x, 0),
-        fastact.gelu(x, "tanh"),
         fastact.bias_gelu(x, b, "none"),
-        fastact.sigmoid(x),
         fastact.softmax(xh, 1, dtype=torch.float32),
-    )
+    ) + tuple(op.fastact(x) for op in POINTWISE_OPS)
 
 
 @pytest.mark.slow

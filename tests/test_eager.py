@@ -11,24 +11,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastact
 from fastact._ops import _C
+from fastact._optable import OPS as TABLE
 from fastact_testing import assert_close, make_tensor
 
 ops = torch.ops.fastact
 
-# (public call, _C entry call, OpOverload call, torch reference) per op, on x (and bias b)
+# (public call, _C entry call, OpOverload call, torch reference) per op, on x (and bias b): the softmax family and
+# the bias op by hand, every pointwise row of the op table at its last params (gelu: "tanh")
 CASES = {
     "softmax": (lambda x, b: fastact.softmax(x, 1), lambda x, b: _C.softmax(x, 1),
                 lambda x, b: ops.softmax.default(x, 1, None), lambda x, b: torch.softmax(x, 1)),
     "log_softmax": (lambda x, b: fastact.log_softmax(x, -1), lambda x, b: _C.log_softmax(x, -1),
                     lambda x, b: ops.log_softmax.default(x, -1, None), lambda x, b: torch.log_softmax(x, -1)),
-    "gelu": (lambda x, b: fastact.gelu(x, "tanh"), lambda x, b: _C.gelu(x, "tanh"),
-             lambda x, b: ops.gelu.default(x, "tanh"), lambda x, b: torch.nn.functional.gelu(x, approximate="tanh")),
     "bias_gelu": (lambda x, b: fastact.bias_gelu(x, b), lambda x, b: _C.bias_gelu(x, b, "tanh"),
                   lambda x, b: ops.bias_gelu.default(x, b, "tanh"),
                   lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh")),
-    "sigmoid": (lambda x, b: fastact.sigmoid(x), lambda x, b: _C.sigmoid(x),
-                lambda x, b: ops.sigmoid.default(x), lambda x, b: torch.sigmoid(x)),
 }
+
+
+def _pointwise_case(op):
+    params = op.variants[-1][1]
+    v = tuple(params.values())
+    return (lambda x, b: getattr(fastact, op.name)(x, *v), lambda x, b: getattr(_C, op.name)(x, *v),
+            lambda x, b: getattr(ops, op.name).default(x, *v), lambda x, b: op.torch_fn(x, **params))
+
+
+CASES.update({op.name: _pointwise_case(op) for op in TABLE if op.kind == "pointwise"})
 
 
 def _inputs(device, dtype=torch.float32, requires_grad=False):
@@ -62,8 +70,8 @@ def test_entry_declines_subclasses(device, name):
 def test_public_function_takes_the_entry(device, name, monkeypatch):
     # with the OpOverload fallback made to fail, a plain tensor still works: the entry ran
     public, _, _, ref = CASES[name]
-    for attr in ("_softmax", "_log_softmax", "_gelu", "_bias_gelu", "_sigmoid"):
-        monkeypatch.setattr(fastact, attr, _refuse)
+    for op in TABLE:
+        monkeypatch.setitem(fastact._OVERLOADS, op.name, _refuse)
     x, b = _inputs(device)
     assert_close(public(x, b), ref(x.double(), b.double()), torch.float32)
     with pytest.raises(AssertionError, match="fallback"):
@@ -83,8 +91,8 @@ def test_entry_takes_softmax_dtype(device, name, monkeypatch):
     assert entry(x, 1, torch.float32.itemsize) is NotImplemented
     with pytest.raises(TypeError, match="2 to 3 positional"):
         entry(x)
-    for attr in ("_softmax", "_log_softmax"):
-        monkeypatch.setattr(fastact, attr, _refuse)
+    for op in ("softmax", "log_softmax"):
+        monkeypatch.setitem(fastact._OVERLOADS, op, _refuse)
     assert torch.equal(public(x, 1, dtype=torch.float32), overload(x, 1, torch.float32))  # the entry ran
 
 
@@ -211,8 +219,8 @@ def test_entry_inference_and_no_grad(device):
         ("log_softmax", lambda x: (x.to(torch.complex64), -1), RuntimeError, "floating point"),
         ("gelu", lambda x: (x, "fast"), RuntimeError, "approximate"),
         ("bias_gelu", lambda x: (x, x[0, :3], "tanh"), RuntimeError, "bias"),
-        ("sigmoid", lambda x: (x.to(torch.complex64),), RuntimeError, "floating point"),
-    ],
+    ] + [(op.name, lambda x, v=tuple(op.variants[0][1].values()): (x.to(torch.complex64), *v), RuntimeError,
+          "floating point") for op in TABLE if op.kind == "pointwise"],
 )
 def test_entry_errors_match_the_overload(device, name, args, err, match):
     # the entry raises what the OpOverload raises: the same exception type and message

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fastact
-from fastact_testing import make_tensor, random_values
+from fastact_testing import POINTWISE_OPS, make_tensor, random_values
 
 ops = torch.ops.fastact
 BAD_DTYPES = [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64]
@@ -41,10 +41,10 @@ def test_bad_dtype_public_ops(device, bad):
     x = _bad(bad, (3, 5), device)
     _raises(RuntimeError, "softmax", lambda: fastact.softmax(x, -1))
     _raises(RuntimeError, "log_softmax", lambda: fastact.log_softmax(x, 0))
-    _raises(RuntimeError, "gelu", lambda: fastact.gelu(x))
-    _raises(RuntimeError, "gelu", lambda: fastact.gelu(x, "tanh"))
-    if bad.is_complex:  # integer and bool inputs are computed in the default dtype, as by torch (test_ops)
-        _raises(RuntimeError, "sigmoid", lambda: fastact.sigmoid(x))
+    for op in POINTWISE_OPS:
+        # sigmoid computes integer and bool inputs in the default dtype, as torch does (test_ops)
+        if bad.is_complex or not op.row.integral_to_default:
+            _raises(RuntimeError, op.name, lambda: op.fastact(x))
     _raises(RuntimeError, "bias_gelu", lambda: fastact.bias_gelu(x, _bad(bad, (5,), device)))
     f = make_tensor((3, 5), torch.float32, device)
     # a float x with a bias of a bad dtype, and the reverse
@@ -61,10 +61,11 @@ def test_bad_dtype_backward_ops(device, bad):
     _raises(RuntimeError, "softmax_backward", lambda: ops.softmax_backward(x, y, -1, torch.float32))
     _raises(RuntimeError, "softmax_backward", lambda: ops.softmax_backward(f, x, -1, torch.float32))
     _raises(RuntimeError, "log_softmax_backward", lambda: ops.log_softmax_backward(x, x, -1, torch.float32))
-    _raises(RuntimeError, "gelu_backward", lambda: ops.gelu_backward(x, f))
-    _raises(RuntimeError, "gelu_backward", lambda: ops.gelu_backward(f, x))
-    _raises(RuntimeError, "sigmoid_backward", lambda: ops.sigmoid_backward(x, y))
-    _raises(RuntimeError, "sigmoid_backward", lambda: ops.sigmoid_backward(f, x))
+    for op in POINTWISE_OPS:
+        bwd, v = getattr(ops, op.row.backward), tuple(op.params.values())
+        saved = y if op.row.saves == "output" else f
+        _raises(RuntimeError, op.row.backward, lambda: bwd(x, saved, *v))
+        _raises(RuntimeError, op.row.backward, lambda: bwd(f, x, *v))
     b = random_values((5,), torch.float32, device)
     _raises(RuntimeError, "bias_gelu_backward", lambda: ops.bias_gelu_backward(x, f, b))
     _raises(RuntimeError, "bias_gelu_backward", lambda: ops.bias_gelu_backward(f, x, b))
@@ -155,10 +156,11 @@ def test_backward_ops_mismatched_arguments(device):
         _raises(RuntimeError, name, lambda: op(a, t, -1, f32))  # same numel, other shape
         _raises(RuntimeError, name, lambda: op(a, a[:, :4], -1, f32))
         _raises(RuntimeError, name, lambda: op(h, a, -1, f32))  # grad and output dtypes differ
-    _raises(RuntimeError, "gelu_backward", lambda: ops.gelu_backward(a, b_))
-    _raises(RuntimeError, "gelu_backward", lambda: ops.gelu_backward(a, t))
-    _raises(RuntimeError, "sigmoid_backward", lambda: ops.sigmoid_backward(a, b_))
-    _raises(RuntimeError, "sigmoid_backward", lambda: ops.sigmoid_backward(a, t))
+    for op in POINTWISE_OPS:
+        bwd, v = getattr(ops, op.row.backward), tuple(op.params.values())
+        _raises(RuntimeError, op.row.backward, lambda: bwd(a, b_, *v))
+        _raises(RuntimeError, op.row.backward, lambda: bwd(a, t, *v))  # same numel, other shape
+        _raises(RuntimeError, op.row.backward, lambda: bwd(h, a, *v))  # grad and saved dtypes differ
     _raises(RuntimeError, "bias_gelu_backward", lambda: ops.bias_gelu_backward(a, b_, bias))
     _raises(RuntimeError, "bias_gelu_backward", lambda: ops.bias_gelu_backward(b_, a, bias))
     _follow_up_works(device)

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 import fastact
+from fastact._optable import OPS as TABLE
 from fastact_testing import ALL_OPS, assert_close, bias_for, make_tensor
 
 SOFTMAX_FAMILY = ("softmax", "log_softmax", "softmax_backward", "log_softmax_backward")
-EXPLAIN_OPS = SOFTMAX_FAMILY + ("gelu", "bias_gelu", "sigmoid")  # the ops explain() knows (csrc/ops.cpp)
+OTHER_OPS = tuple(op.name for op in TABLE if op.kind != "softmax")
+EXPLAIN_OPS = SOFTMAX_FAMILY + OTHER_OPS  # the ops explain() knows: every row of the op table
 
 
 @pytest.mark.parametrize("op", EXPLAIN_OPS)
@@ -62,7 +64,7 @@ def test_explain_dtype(device):
             fastact.explain(backward, y, dtype=torch.int32)
         with pytest.raises(RuntimeError, match="expected a floating point tensor"):
             fastact.explain(backward, torch.ones(4, 64, device=device, dtype=torch.int32), dtype=torch.float32)
-    for op in ("gelu", "bias_gelu", "sigmoid"):
+    for op in OTHER_OPS:
         with pytest.raises(RuntimeError, match="dtype applies to softmax"):
             fastact.explain(op, y, dtype=torch.float32)
     with pytest.raises(RuntimeError, match="unknown"):

@@ -20,6 +20,7 @@ import torch
 import fastact
 import fastact.nn as fnn
 import fastact.onnx  # noqa: F401  (what import fastact does; test_export_needs_only_import_fastact checks that)
+from fastact._optable import OPS as TABLE
 from fastact_testing import assert_close, make_tensor
 
 pytestmark = [
@@ -32,7 +33,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export:DeprecationWarning"),
 ]
 
+# the ops TinyGPT below uses (test_onnx_export_op takes every pointwise row of the table)
 FASTACT_OPS = {"softmax", "log_softmax", "gelu", "bias_gelu", "sigmoid"}
+POINTWISE = [op for op in TABLE if op.kind == "pointwise"]
 
 
 def _module_cases():
@@ -42,11 +45,12 @@ def _module_cases():
         ("Softmax-1", lambda: fnn.Softmax(dim=-1)),
         ("LogSoftmax0", lambda: fnn.LogSoftmax(0)),
         ("LogSoftmax-1", lambda: fnn.LogSoftmax(-1)),
-        ("GELU", lambda: fnn.GELU()),
-        ("GELU-tanh", lambda: fnn.GELU("tanh")),
         ("BiasGELU", lambda: fnn.BiasGELU(33)),
         ("BiasGELU-none", lambda: fnn.BiasGELU(33, approximate="none")),
-        ("Sigmoid", lambda: fnn.Sigmoid()),
+    ] + [  # every pointwise row's module at every value of its params (GELU, GELU-tanh, Sigmoid, ...)
+        (op.module if i == 0 else "-".join([op.module, *params.values()]),
+         lambda op=op, v=tuple(params.values()): getattr(fnn, op.module)(*v))
+        for op in POINTWISE for i, (_, params) in enumerate(op.variants)
     ]
 
 
@@ -361,6 +365,10 @@ OP_CASES = [
     ("gelu-f16", lambda x: fastact.gelu(x), (4, 6), torch.float16),
     ("BiasGELU-tanh-f16", fnn.BiasGELU(6), (4, 6), torch.float16),
     ("softmax-f16", lambda x: fastact.softmax(x, -1), (4, 6), torch.float16),
+] + [  # every pointwise row at every value of its params, as a function and as its module
+    case for op in POINTWISE for label, params in op.variants for case in (
+        (label, lambda x, f=getattr(fastact, op.name), v=tuple(params.values()): f(x, *v), (3, 4, 5)),
+        (f"{op.module}-{label}", getattr(fnn, op.module)(*params.values()), (4, 6)))
 ]
 
 

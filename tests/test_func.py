@@ -156,13 +156,13 @@ def test_func_direct_op_call_says_how(device, op):
     x = make_tensor((4, 9), torch.float64, device)
     b = make_tensor((9,), torch.float64, device)
     name = op.name
-    call = {
-        "softmax": lambda t: torch.ops.fastact.softmax(t, -1),
-        "log_softmax": lambda t: torch.ops.fastact.log_softmax(t, -1),
-        "gelu": lambda t: torch.ops.fastact.gelu(t, op.approximate),
-        "bias_gelu": lambda t: torch.ops.fastact.bias_gelu(t, b, op.approximate),
-        "sigmoid": lambda t: torch.ops.fastact.sigmoid(t),
-    }[name]
+    f, v = getattr(torch.ops.fastact, name), tuple(op.params.values())
+    if op.takes_dim:
+        call = lambda t: f(t, -1)  # noqa: E731
+    elif op.takes_bias:
+        call = lambda t: f(t, b, *v)  # noqa: E731
+    else:
+        call = lambda t: f(t, *v)  # noqa: E731
     with pytest.raises(RuntimeError, match=f"fastact::{name}: under torch.func transforms .* public functions"):
         tf.grad(lambda t: call(t).sum())(x)
     # a backward op called directly on tensors that carry a transform's gradient

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fastact  # noqa: F401  (registers the ops)
+from fastact._optable import OPS as TABLE
 
 ops = torch.ops.fastact
 
@@ -35,10 +36,7 @@ BAD = [
     ("softmax_backward dim", lambda T: ops.softmax_backward(T(3, 4), T(3, 4), 5, F32)),
     ("softmax_backward variant", lambda T: ops.softmax_backward(T(3, 4), T(3, 4), -1, F32, variant="nope")),
     ("log_softmax_backward int", lambda T: ops.log_softmax_backward(T(3, 4, dtype=I64), T(3, 4, dtype=I64), -1, F32)),
-    ("gelu int", lambda T: ops.gelu(T(5, dtype=I64))),
     ("gelu approximate", lambda T: ops.gelu(T(5), "fast")),
-    ("gelu_backward shape", lambda T: ops.gelu_backward(T(5), T(6))),
-    ("gelu_backward dtype", lambda T: ops.gelu_backward(T(5, dtype=F16), T(5))),
     ("gelu_backward approximate", lambda T: ops.gelu_backward(T(5), T(5), "fast")),
     ("bias_gelu bias shape", lambda T: ops.bias_gelu(T(3, 4), T(5))),
     ("bias_gelu bias 2-d", lambda T: ops.bias_gelu(T(3, 4), T(1, 4))),
@@ -48,10 +46,37 @@ BAD = [
     ("bias_gelu_backward grad shape", lambda T: ops.bias_gelu_backward(T(3, 5), T(3, 4), T(4))),
     ("bias_gelu_backward bias", lambda T: ops.bias_gelu_backward(T(3, 4), T(3, 4), T(3))),
     ("bias_gelu_backward approximate", lambda T: ops.bias_gelu_backward(T(3, 4), T(3, 4), T(4), "fast")),
-    ("sigmoid complex", lambda T: ops.sigmoid(T(5, dtype=torch.complex64))),
-    ("sigmoid_backward shape", lambda T: ops.sigmoid_backward(T(5), T(4))),
-    ("sigmoid_backward dtype", lambda T: ops.sigmoid_backward(T(5, dtype=F16), T(5))),
 ]
+
+
+
+def _pointwise_bad(op):
+    """The bad calls every pointwise row of the op table has: a complex input, an integer one (unless torch computes
+    it in the default dtype), a backward of mismatched shapes or dtypes."""
+    f, b, v = getattr(ops, op.name), getattr(ops, op.backward), tuple(op.variants[0][1].values())
+    out = [(f"{op.name} complex", lambda T: f(T(5, dtype=torch.complex64), *v)),
+           (f"{op.backward} shape", lambda T: b(T(5), T(4), *v)),
+           (f"{op.backward} dtype", lambda T: b(T(5, dtype=F16), T(5), *v))]
+    if not op.integral_to_default:
+        out.append((f"{op.name} int", lambda T: f(T(5, dtype=I64), *v)))
+    return out
+
+
+def _pointwise_good(op):
+    """Each pointwise row's forward and backward at every value of its params (and an integer input where torch
+    computes it in the default dtype)."""
+    f, b = getattr(ops, op.name), getattr(ops, op.backward)
+    out = []
+    for label, params in op.variants:
+        v = tuple(params.values())
+        out += [(label, lambda T, v=v: f(T(2, 5), *v)), (f"{label} backward", lambda T, v=v: b(T(5), T(5), *v))]
+    if op.integral_to_default:
+        out.append((f"{op.name} int", lambda T: f(T(5, dtype=I64))))
+    return out
+
+
+POINTWISE = [op for op in TABLE if op.kind == "pointwise"]
+BAD += [case for op in POINTWISE for case in _pointwise_bad(op)]
 
 GOOD = [
     ("softmax", lambda T: ops.softmax(T(3, 4), -1)),
@@ -60,14 +85,11 @@ GOOD = [
     ("softmax transposed", lambda T: ops.softmax(T(4, 3).t(), 1)),
     ("log_softmax 0-d", lambda T: ops.log_softmax(T(), 0)),
     ("softmax_backward fused", lambda T: ops.softmax_backward(T(3, 4), T(3, 4), -1, F16)),
-    ("gelu", lambda T: ops.gelu(T(2, 5), "tanh")),
-    ("gelu_backward", lambda T: ops.gelu_backward(T(5), T(5))),
     ("bias_gelu", lambda T: ops.bias_gelu(T(4, 3).t(), T(4))),
     ("bias_gelu_backward", lambda T: ops.bias_gelu_backward(T(3, 4), T(3, 4), T(4), "none")),
-    ("sigmoid", lambda T: ops.sigmoid(T(5))),
-    ("sigmoid int", lambda T: ops.sigmoid(T(5, dtype=I64))),
-    ("sigmoid_backward", lambda T: ops.sigmoid_backward(T(5), T(5))),
 ]
+
+GOOD += [case for op in POINTWISE for case in _pointwise_good(op)]
 
 
 def cpu(*shape, dtype=F32):
@@ -122,10 +144,11 @@ MIXED = [
     ("bias_gelu_backward", lambda: ops.bias_gelu_backward(cpu(2, 6), cpu(2, 6), meta(6))),
     ("softmax_backward", lambda: ops.softmax_backward(meta(2, 6), cpu(2, 6), -1, F32)),
     ("log_softmax_backward", lambda: ops.log_softmax_backward(cpu(2, 6), meta(2, 6), -1, F32)),
-    ("gelu_backward", lambda: ops.gelu_backward(meta(5), cpu(5))),
-    ("sigmoid_backward", lambda: ops.sigmoid_backward(cpu(5), meta(5))),
     ("public bias_gelu", lambda: fastact.bias_gelu(cpu(2, 6), torch.zeros(6, device="meta"))),
 ]
+for _op in POINTWISE:  # each pointwise backward, with the meta tensor second and first
+    MIXED += [(_op.backward, lambda b=getattr(ops, _op.backward): b(cpu(5), meta(5))),
+              (f"{_op.backward} meta first", lambda b=getattr(ops, _op.backward): b(meta(5), cpu(5)))]
 
 
 @pytest.mark.parametrize("name,call", MIXED, ids=[m[0] for m in MIXED])

@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 
 import fastact
+from fastact._optable import OPS as TABLE
 from fastact.patch import FastActMode, OpCounter
 from fastact_testing import assert_close, dtype_id
+
+POINTWISE = [op for op in TABLE if op.kind == "pointwise"]
 
 MODEL_DTYPES = [torch.float32, torch.bfloat16]
 N_LAYER = 2
@@ -322,6 +325,9 @@ ROUTED = [
     ("sigmoid", lambda x: torch.sigmoid(x), lambda x: x.sigmoid()),
     ("sigmoid", lambda x: x.sigmoid(), lambda x: torch.sigmoid(x)),
     ("sigmoid", lambda x: F.sigmoid(x), lambda x: torch.sigmoid(x)),
+] + [  # every routed torch function of every pointwise row of the op table, at every value of the op's params
+    (op.name, lambda x, fn=fn, params=params: fn(x, **params), lambda x, op=op, params=params: op.torch_fn(x, **params))
+    for op in POINTWISE for fn, _ in op.routes for _, params in op.variants
 ]
 
 
@@ -383,6 +389,21 @@ FALLBACKS = [
 ]
 
 
+def _pointwise_fallbacks(op, fn, signature):
+    """The calls of a routed torch function that fastact leaves to torch: complex and integer inputs, `out=`,
+    `inplace=True` (where the function takes them)."""
+    out = [(op.name, lambda: fn(torch.linspace(-3, 3, 12, dtype=torch.complex64))),
+           (op.name, lambda: fn(torch.arange(6)))]
+    if "out=" in signature:
+        out.append((op.name, lambda: fn(torch.ones(2, 3), out=torch.empty(2, 3))))
+    if "inplace=" in signature:
+        out.append((op.name, lambda: fn(torch.linspace(-3, 3, 6).reshape(2, 3), inplace=True)))  # the same each call
+    return out
+
+
+FALLBACKS += [case for op in POINTWISE for fn, signature in op.routes for case in _pointwise_fallbacks(op, fn, signature)]
+
+
 @pytest.mark.parametrize("case", range(len(FALLBACKS)))
 def test_patch_falls_back_to_torch(case):
     """What fastact does not take runs torch's function: the same result, or torch's own error."""
@@ -391,6 +412,23 @@ def test_patch_falls_back_to_torch(case):
         warnings.simplefilter("ignore")  # named tensors and sparse softmax warn
         mode = same_as_torch(call)
     assert not mode.counts and mode.fallbacks == {op: 1}
+
+
+@pytest.mark.parametrize("op", [op for op in TABLE if op.torch_module is not None], ids=lambda op: op.name)
+def test_apply_swaps_every_twin_module(op):
+    """fastact.apply swaps each torch module that has a fastact twin in the op table, with its arguments; the
+    swapped model computes what torch's does."""
+    twin = op.torch_module(-1) if op.kind == "softmax" else op.torch_module()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), twin)
+    ref = copy.deepcopy(model)
+    model, replaced = fastact.apply(model, functional=False)
+    assert replaced == {op.torch_module.__name__: 1} and type(model[1]) is getattr(fastact.nn, op.module)
+    assert repr(model[1]) == repr(twin).replace(op.torch_module.__name__, op.module, 1)
+    x = torch.randn(4, 8)
+    with OpCounter() as count:
+        y = model(x)
+    assert count.counts == {op.name: 1}
+    assert_close(y, copy.deepcopy(ref).double()(x.double()), torch.float32, torch_actual=ref(x))
 
 
 def test_patch_bad_arguments_raise_torch_errors():

@@ -13,7 +13,17 @@ import pytest
 import torch
 
 import fastact
+from fastact._optable import OPS as TABLE
 from fastact_testing import assert_close, make_tensor
+
+# the pointwise rows of the op table with a torch module twin, and each at every value of its params:
+# (id, fastact module constructor, torch module constructor)
+POINTWISE = [op for op in TABLE if op.kind == "pointwise" and op.torch_module is not None]
+POINTWISE_MODULES = [
+    ("-".join([op.module, *params.values()]), lambda op=op, v=tuple(params.values()): getattr(fastact.nn, op.module)(*v),
+     lambda op=op, v=tuple(params.values()): op.torch_module(*v))
+    for op in POINTWISE for _, params in op.variants
+]
 
 
 @pytest.mark.parametrize(
@@ -23,12 +33,9 @@ from fastact_testing import assert_close, make_tensor
         (lambda: fastact.nn.Softmax(-1), lambda: torch.nn.Softmax(-1)),
         (lambda: fastact.nn.LogSoftmax(0), lambda: torch.nn.LogSoftmax(0)),
         (lambda: fastact.nn.LogSoftmax(dim=-1), lambda: torch.nn.LogSoftmax(dim=-1)),
-        (lambda: fastact.nn.GELU(), lambda: torch.nn.GELU()),
-        (lambda: fastact.nn.GELU("tanh"), lambda: torch.nn.GELU("tanh")),
         (lambda: fastact.nn.GELU(approximate="none"), lambda: torch.nn.GELU(approximate="none")),
-        (lambda: fastact.nn.Sigmoid(), lambda: torch.nn.Sigmoid()),
-    ],
-    ids=["Softmax1", "Softmax", "LogSoftmax0", "LogSoftmax", "GELU", "GELU-tanh", "GELU-none", "Sigmoid"],
+    ] + [(fa, pt) for _, fa, pt in POINTWISE_MODULES],
+    ids=["Softmax1", "Softmax", "LogSoftmax0", "LogSoftmax", "GELU-none-keyword"] + [i for i, _, _ in POINTWISE_MODULES],
 )
 def test_module_matches_torch(device, dtype, make_fa, make_pt):
     m_fa, m_pt = make_fa(), make_pt()
@@ -107,13 +114,8 @@ def test_modules_train_a_step(device):
     assert not torch.equal(m_fa[0].weight, before)  # the step moved the weights
 
 
-# (fastact module, its torch twin)
-TWINS = [
-    (fastact.nn.Softmax, torch.nn.Softmax),
-    (fastact.nn.LogSoftmax, torch.nn.LogSoftmax),
-    (fastact.nn.GELU, torch.nn.GELU),
-    (fastact.nn.Sigmoid, torch.nn.Sigmoid),
-]
+# (fastact module, its torch twin), every row of the op table with a twin (the softmax family first)
+TWINS = [(getattr(fastact.nn, op.module), op.torch_module) for op in TABLE if op.torch_module is not None]
 TWIN_IDS = [fa.__name__ for fa, _ in TWINS]
 
 
@@ -185,6 +187,35 @@ def test_implicit_dim_is_recomputed_per_input():
 )
 def test_repr_matches_torch(make):
     assert repr(make(fastact.nn)) == repr(make(torch.nn))
+
+
+@pytest.mark.parametrize("case", POINTWISE_MODULES, ids=[i for i, _, _ in POINTWISE_MODULES])
+def test_pointwise_module_repr_and_pickle(case):
+    """Every pointwise module: torch's repr (`inplace=True` too, where torch's module takes it), and it pickles
+    (torch.save as well) to a module of the same class, attributes and results."""
+    _, make_fa, make_pt = case
+    m, pt = make_fa(), make_pt()
+    assert repr(m) == repr(pt)
+    x = torch.randn(3, 7)
+    for m2 in _pickle_round_trips(m):
+        assert type(m2) is type(m) and m2.__dict__.keys() == m.__dict__.keys() and repr(m2) == repr(m)
+        assert torch.equal(m2(x), m(x))
+    if "inplace" in inspect.signature(type(pt)).parameters:
+        assert repr(type(m)(inplace=True)) == repr(type(pt)(inplace=True))
+
+
+@pytest.mark.parametrize("op", [op for op in POINTWISE if op.inplace], ids=lambda op: op.module)
+def test_inplace_module_like_torch(op):
+    """`inplace=True` writes the result into the input and returns it, as torch's module does (eager and scripted)."""
+    fa, pt = getattr(fastact.nn, op.module)(inplace=True), op.torch_module(inplace=True)
+    x = torch.randn(4, 9, dtype=torch.float64)
+    want = pt(x.clone())
+    for m in (fa, torch.jit.script(fa)):
+        y = x.clone()
+        out = m(y)
+        assert out.data_ptr() == y.data_ptr()
+        torch.testing.assert_close(y, want)
+    torch.testing.assert_close(getattr(fastact.nn, op.module)()(x), want)  # and out of place, the same values
 
 
 def test_bias_gelu_repr():
@@ -299,9 +330,8 @@ def test_setstate_without_dim_like_torch(fa, pt):
         lambda: fastact.nn.Softmax(1),
         lambda: fastact.nn.GELU("tanh"),
         lambda: fastact.nn.BiasGELU(5, "none"),
-        lambda: fastact.nn.Sigmoid(),
-    ],
-    ids=["Softmax-implicit", "LogSoftmax-implicit", "Softmax1", "GELU-tanh", "BiasGELU", "Sigmoid"],
+    ] + [fa for _, fa, _ in POINTWISE_MODULES],
+    ids=["Softmax-implicit", "LogSoftmax-implicit", "Softmax1", "GELU-tanh", "BiasGELU"] + [i for i, _, _ in POINTWISE_MODULES],
 )
 def test_module_compiles_fullgraph(make):
     """torch.compile(fullgraph=True) of each module, dim=None included (whose warning dynamo could

@@ -6,6 +6,7 @@ are differentiable too: double backward)."""
 import pytest
 import torch
 
+from fastact._optable import OPS as TABLE
 from fastact_testing import make_tensor, random_values, strided_tensor
 
 ops = torch.ops.fastact
@@ -52,15 +53,6 @@ def _samples(device):
             (f"{name}_backward-grad-f16-in", bwd, (t((3, 40), grad=True), sm(t((3, 40)), 0, log).requires_grad_(), 0, f16), {}),
         ]
     for approx in ("none", "tanh"):
-        s += [
-            (f"gelu-{approx}", ops.gelu.default, (t((5, 33), grad=True, scale=3.0), approx), {}),
-            (f"gelu-{approx}-transposed-bf16", ops.gelu.default, (t((5, 33), bf16, "transposed", grad=True), approx), {}),
-            (f"gelu-{approx}-transposed-stepped", ops.gelu.default, (odd((4, 6), grad=True), approx), {}),
-            (f"gelu_backward-{approx}", ops.gelu_backward.default, (t((5, 33)), t((5, 33), scale=3.0), approx), {}),
-            (f"gelu_backward-{approx}-transposed-stepped", ops.gelu_backward.default, (t((4, 6)), odd((4, 6)), approx), {}),
-            (f"gelu_backward-{approx}-mixed-layouts", ops.gelu_backward.default, (t((5, 33), layout="transposed"), t((5, 33)), approx), {}),
-            (f"gelu_backward-{approx}-grad", ops.gelu_backward.default, (t((5, 33), grad=True), t((5, 33), grad=True), approx), {}),
-        ]
         x = t((6, 33), grad=True)
         s += [
             (f"bias_gelu-{approx}", ops.bias_gelu.default, (x, random_values((33,), torch.float32, device).requires_grad_(), approx), {}),
@@ -77,16 +69,43 @@ def _samples(device):
             (f"bias_gelu_backward-{approx}-grad", ops.bias_gelu_backward.default, (t((6, 33), grad=True), t((6, 33), grad=True), random_values((33,), torch.float32, device).requires_grad_(), approx), {}),
             (f"bias_gelu_backward-{approx}-3d", ops.bias_gelu_backward.default, (t((2, 5, 9), layout="transposed"), t((2, 5, 9)), random_values((9,), torch.float32, device), approx), {}),
         ]
-    s += [
-        ("sigmoid", ops.sigmoid.default, (t((5, 33), grad=True, scale=4.0),), {}),
-        ("sigmoid-permuted-f64", ops.sigmoid.default, (t((3, 4, 5), torch.float64, "permuted", grad=True),), {}),
-        ("sigmoid-scalar", ops.sigmoid.default, (t((), grad=True),), {}),
-        ("sigmoid-transposed-stepped", ops.sigmoid.default, (odd((3, 4, 6), grad=True),), {}),
-        ("sigmoid_backward-transposed-stepped", ops.sigmoid_backward.default, (odd((4, 6)), odd((4, 6), values=torch.sigmoid(t((4, 6))))), {}),
-        ("sigmoid_backward", ops.sigmoid_backward.default, (t((5, 33)), torch.sigmoid(t((5, 33)))), {}),
-        ("sigmoid_backward-grad", ops.sigmoid_backward.default, (t((5, 33), grad=True), torch.sigmoid(t((5, 33))).requires_grad_()), {}),
-        ("sigmoid_backward-transposed", ops.sigmoid_backward.default, (t((5, 33), layout="transposed"), torch.sigmoid(t((5, 33)))), {}),
-    ]
+    for row in TABLE:  # every pointwise op, at every value of its params
+        if row.kind != "pointwise":
+            continue
+        fwd, bwd = getattr(ops, row.name).default, getattr(ops, row.backward).default
+        for _, params in row.variants:
+            v, suffix = tuple(params.values()), "".join("-" + p for p in params.values())
+            name, bname = row.name + suffix, row.backward + suffix
+
+            def saved(shape, dtype=f32, row=row, params=params):
+                """What the backward reads: an input (scale 3), or the twin's output of one."""
+                x = t(shape, dtype, scale=3.0)
+                return row.torch_fn(x, **params).detach() if row.saves == "output" else x
+
+            s += [
+                (name, fwd, (t((5, 33), grad=True, scale=3.0), *v), {}),
+                (f"{name}-transposed-bf16", fwd, (t((5, 33), bf16, "transposed", grad=True), *v), {}),
+                (f"{name}-permuted-f64", fwd, (t((3, 4, 5), torch.float64, "permuted", grad=True), *v), {}),
+                (f"{name}-scalar", fwd, (t((), grad=True), *v), {}),
+                (f"{name}-transposed-stepped", fwd, (odd((3, 4, 6), grad=True), *v), {}),
+                (bname, bwd, (t((5, 33)), saved((5, 33)), *v), {}),
+                (f"{bname}-transposed-stepped", bwd, (odd((4, 6)), odd((4, 6), values=saved((4, 6))), *v), {}),
+                (f"{bname}-stepped-saved", bwd, (t((4, 6)), odd((4, 6), values=saved((4, 6))), *v), {}),
+                (f"{bname}-mixed-layouts", bwd, (t((5, 33), layout="transposed"), saved((5, 33)), *v), {}),
+                (f"{bname}-grad", bwd, (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v), {}),
+            ]
+            # the C++ side's derivative of the backward (`<backward>_grad(grad, saved, *params, order)`, what the
+            # backward's own autograd calls), in builds that register one
+            grad_op = getattr(ops, row.backward + "_grad", None)
+            if grad_op is not None:
+                gname = row.backward + "_grad" + suffix
+                s += [
+                    (gname, grad_op.default, (t((5, 33)), saved((5, 33)), *v, 2), {}),
+                    (f"{gname}-order3", grad_op.default, (t((5, 33)), saved((5, 33)), *v, 3), {}),
+                    # differentiable at order 2 (a third derivative; the fourth is not implemented)
+                    (f"{gname}-grad", grad_op.default, (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v, 2), {}),
+                    (f"{gname}-transposed-stepped", grad_op.default, (odd((4, 6)), odd((4, 6), values=saved((4, 6))), *v, 2), {}),
+                ]
     return s
 
 

@@ -14,6 +14,7 @@ from fastact_testing import (
     ELEMENTWISE_OPS,
     FLOAT_DTYPES,
     LAYOUTS,
+    POINTWISE_OPS,
     ROW_VIEW_COLS,
     ROW_VIEWS,
     SOFTMAX_OPS,
@@ -394,21 +395,27 @@ def _integral(dtype, device, layout="contiguous"):
 @pytest.mark.parametrize("in_dtype", INTEGRAL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced_step"])
 def test_integral_inputs_as_torch(device, in_dtype, layout):
-    """torch casts an integer or bool input where its op allows one: sigmoid computes it in the
-    default dtype; softmax and log_softmax take it with dtype= (cast first) and raise without; gelu
-    raises. Same dtypes, layouts and values (to float64's rounding) as torch."""
+    """torch casts an integer or bool input where its op allows one: sigmoid (a pointwise row with
+    integral_to_default) computes it in the default dtype; softmax and log_softmax take it with dtype= (cast
+    first) and raise without; the other pointwise ops (gelu) raise. Same dtypes, layouts and values (to float64's
+    rounding) as torch."""
     x = _integral(in_dtype, device, layout)
-    for default in (torch.float32, torch.float64):
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(default)
-        try:
-            y, want = fastact.sigmoid(x), torch.sigmoid(x)
-            why = fastact.explain("sigmoid", x)
-        finally:
-            torch.set_default_dtype(old)
-        assert y.dtype == want.dtype == default and y.stride() == want.stride()
-        assert f"converted to {'Float' if default == torch.float32 else 'Double'}" in why, why
-        torch.testing.assert_close(y, want, rtol=2 * torch.finfo(default).eps, atol=0)
+    for op in POINTWISE_OPS:
+        if not op.row.integral_to_default:
+            with pytest.raises(RuntimeError, match=op.name):
+                op.fastact(x)
+            continue
+        for default in (torch.float32, torch.float64):
+            old = torch.get_default_dtype()
+            torch.set_default_dtype(default)
+            try:
+                y, want = op.fastact(x), op.torch(x)
+                why = fastact.explain(op.name, x)
+            finally:
+                torch.set_default_dtype(old)
+            assert y.dtype == want.dtype == default and y.stride() == want.stride()
+            assert f"converted to {'Float' if default == torch.float32 else 'Double'}" in why, why
+            torch.testing.assert_close(y, want, rtol=2 * torch.finfo(default).eps, atol=0)
     for out_dtype in FLOAT_DTYPES:
         for name, dim in (("softmax", -1), ("log_softmax", 0)):
             y = getattr(fastact, name)(x, dim, dtype=out_dtype)
@@ -422,8 +429,6 @@ def test_integral_inputs_as_torch(device, in_dtype, layout):
         fastact.log_softmax(x, -1)
     with pytest.raises(RuntimeError, match="softmax"):
         fastact.softmax(x, -1, dtype=torch.int64)  # an integer dtype is refused, as by torch
-    with pytest.raises(RuntimeError, match="gelu"):
-        fastact.gelu(x)
 
 
 def test_integral_inputs_compile_and_vmap(device):
