@@ -1,4 +1,5 @@
-"""fastact: fast softmax, log_softmax, GELU, fused bias+GELU and sigmoid for PyTorch.
+"""fastact: fast activation kernels for PyTorch (softmax, log_softmax, GELU, fused bias+GELU, sigmoid, SiLU, ...:
+the rows of fastact/_optable.py).
 
 Drop-in for the torch functions of the same names (same arguments, results within floating-point
 tolerance, same errors), forward and backward, on CUDA GPUs and CPUs, in float32, float64, float16

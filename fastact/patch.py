@@ -2,16 +2,16 @@
 
 Two tools, for the two ways models reach an activation:
 
-* ``with fastact.patch():`` routes torch's *functions* to fastact while the block runs:
-  ``F.softmax``, ``torch.softmax``, ``Tensor.softmax``, ``F.log_softmax``, ``torch.log_softmax``,
-  ``Tensor.log_softmax``, ``F.gelu``, ``torch.sigmoid``, ``Tensor.sigmoid`` and ``F.sigmoid`` (which
-  calls ``Tensor.sigmoid``). Each keeps its torch semantics (``F.softmax``'s implicit dim and
+* ``with fastact.patch():`` routes torch's *functions* to fastact while the block runs: the torch
+  twins each row of the op table (``fastact/_optable.py``, ``routes``) names, such as ``F.softmax``,
+  ``torch.softmax``, ``Tensor.softmax``, ``F.gelu``, ``torch.sigmoid`` and ``F.sigmoid`` (which calls
+  ``Tensor.sigmoid``). Each keeps its torch semantics (``F.softmax``'s implicit dim and
   ``_stacklevel``, ``dtype=``, ``F.gelu``'s ``approximate``); calls fastact does not take (complex,
   integer, sparse or nested tensors, tensor subclasses, devices without a fastact kernel, ``out=``,
   named dims) run torch's own function unchanged. This is what reaches the ``F.softmax`` inside a
   Hugging Face attention.
 * ``fastact.apply(model)`` swaps, in place, the activation *modules* whose math is exactly a fastact
-  op: ``nn.Softmax``, ``nn.LogSoftmax``, ``nn.GELU``, ``nn.Sigmoid`` and the transformers GELU
+  op: each row's torch module twin (``nn.Softmax``, ``nn.GELU``, ...) and the transformers GELU
   classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
   ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
   ``functional=True`` (the default) it also runs inside ``fastact.patch()`` the forwards of the
@@ -182,8 +182,7 @@ _ROUTES = {fn: (op.name, _route(op, fn, signature)) for op in _OPS for fn, signa
 
 class FastActMode(TorchFunctionMode):
     """The mode behind :func:`patch`. ``counts`` counts the calls that fastact ran, ``fallbacks``
-    those of the covered functions that went to torch, both by op name (softmax, log_softmax, gelu,
-    sigmoid); they accumulate over every time the mode is entered."""
+    those of the covered functions that went to torch, both by op name; they accumulate over every time the mode is entered."""
 
     def __init__(self):
         super().__init__()
@@ -210,8 +209,8 @@ class FastActMode(TorchFunctionMode):
 
 
 def patch():
-    """Context manager: inside ``with fastact.patch() as mode:`` the torch softmax, log_softmax,
-    GELU and sigmoid functions run fastact's ops (see this module's docstring for the list and the
+    """Context manager: inside ``with fastact.patch() as mode:`` the torch functions of fastact's
+    ops (softmax, gelu, ...) run fastact's ops (see this module's docstring for the list and the
     fallbacks). ``mode.counts`` says how many calls fastact ran, by op."""
     return FastActMode()
 
@@ -267,8 +266,8 @@ def _transformers_swaps():
     for name in ("NewGELUActivation", "AccurateGELUActivation", "FastGELUActivation"):
         if isinstance(getattr(act, name, None), type):
             swaps[getattr(act, name)] = lambda m: _fnn.GELU("tanh")
-    # Not swapped: QuickGELU (x * sigmoid(1.702 x)), ClippedGELU (a clamp after), SiLU, Mish, ...:
-    # no fastact op computes them.
+    # Not swapped: QuickGELU (x * sigmoid(1.702 x)), ClippedGELU (a clamp after), Mish, ...: no fastact op
+    # computes them. (transformers' SiLU is torch.nn.SiLU, a torch twin.)
     return swaps
 
 
@@ -414,11 +413,11 @@ def _calling_modules(model):
 def apply(model, *, functional=True):
     """Puts fastact into ``model`` in place: returns ``(model, replaced)``.
 
-    Swaps every module whose forward is exactly a fastact op (``nn.Softmax``, ``nn.LogSoftmax``,
-    ``nn.GELU``, ``nn.Sigmoid``; transformers' erf and tanh GELU classes) for the
-    ``fastact.nn`` module with the same dim / approximation; ``replaced`` counts the swaps by the
+    Swaps every module whose forward is exactly a fastact op (each op's torch module twin:
+    ``nn.Softmax``, ``nn.GELU``, ...; transformers' erf and tanh GELU classes) for the
+    ``fastact.nn`` module with the same arguments; ``replaced`` counts the swaps by the
     old class's name. With ``functional=True`` the forwards that call ``F.softmax`` / ``F.gelu`` /
-    ``torch.sigmoid`` (the softmax of an eager attention) also run inside :func:`patch`, so those
+    ``torch.sigmoid`` / ... (the softmax of an eager attention) also run inside :func:`patch`, so those
     calls route to fastact; ``model.fastact_mode.counts`` counts them. Which forwards: those of the
     submodules whose code names one of the covered functions, directly or two calls deep (found
     once, here, from their bytecode; the whole model's forward where none is found). The rest of

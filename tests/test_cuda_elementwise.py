@@ -25,11 +25,16 @@ def _ordered_bits(t):
     return torch.where(i < 0, -(i & 0x7FFF), i)
 
 
+def _silu_derivative(x64):
+    s = torch.sigmoid(x64)
+    return s * (1 + x64 * (1 - s))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_elementwise_16bit_math_every_input(dtype):
-    """The 16-bit forms of the erf GELU and the sigmoid (math.h GeluErf16, Sigmoid16, which the launchers take for
-    16-bit tensors) on every one of the 65536 inputs, against the float64 formulas rounded once: the forwards within
-    one unit in the last place (faithful), the erf GELU's derivative (dy = 1) within two; NaN and infinities where
+    """The 16-bit forms of the erf GELU, the sigmoid and SiLU (math.h GeluErf16, Sigmoid16, Silu16, which the launchers
+    take for 16-bit tensors) on every one of the 65536 inputs, against the float64 formulas rounded once: the forwards
+    within one unit in the last place (faithful), the erf GELU's and SiLU's derivatives (dy = 1) within two; NaN and infinities where
     the float64 formulas have them. The float64 GELU is x Phi(x), Phi = erfc(-x / sqrt 2) / 2, accurate in the
     negative tail where 0.5 x (1 + erf(x / sqrt 2)) cancels to 0, and subnormal results count like the others."""
     x = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
@@ -41,6 +46,8 @@ def test_elementwise_16bit_math_every_input(dtype):
         "gelu": (lambda: fastact.gelu(x), x64 * ndtr, 1),
         "sigmoid": (lambda: fastact.sigmoid(x), torch.sigmoid(x64), 1),
         "gelu_backward": (lambda: ops.gelu_backward(dy, x, "none"), ndtr + x64 * density, 2),
+        "silu": (lambda: fastact.silu(x), x64 * torch.sigmoid(x64), 1),
+        "silu_backward": (lambda: ops.silu_backward(dy, x), _silu_derivative(x64), 2),
     }
     for name, (call, ref64, max_ulp) in cases.items():
         poison_allocator("cuda", x.numel() * x.element_size())
@@ -48,7 +55,7 @@ def test_elementwise_16bit_math_every_input(dtype):
         want = ref64.to(dtype)
         nan = want.isnan()
         assert torch.equal(got.isnan(), nan), f"{name}: NaN at {got.isnan().sum()} inputs, want {nan.sum()}"
-        if name != "gelu_backward":  # the forwards' zeros carry the reference's sign (-0 in gelu's tail)
+        if not name.endswith("_backward"):  # the forwards' zeros carry the reference's sign (-0 in gelu's tail)
             assert torch.equal(got.signbit()[~nan], want.signbit()[~nan]), f"{name}: signs differ"
         ulp = (_ordered_bits(got) - _ordered_bits(want)).abs()[~nan]
         worst = int(ulp.argmax())
