@@ -146,7 +146,6 @@ for _op in _OPS:
 del _op
 
 
-
 def explain(op, input, dim=-1, *, dtype=None):
     """Which kernel ``op`` runs on ``input`` and why: e.g. ``explain("softmax", x)``.
 
