@@ -5,16 +5,16 @@
 // A row is cut into `chunks` chunks of whole units (kVec elements each; kVec = 128-bit width when
 // aligned, else 1): chunk c is units [c * U / chunks, (c + 1) * U / chunks), U = D / kVec, so chunk
 // lengths differ by at most one unit.
-//   chunks == 1 (kBoth): one kernel, a CTA per row: stats, block all-reduce, write.
+//   chunks == 1 (kSplitBoth): one kernel, a CTA per row: stats, block all-reduce, write.
 //   chunks  > 1: two kernels, a CTA per (row, chunk):
-//     kStats: the chunk's partial (max, sum) (backward: its partial sum of the backward term) is
-//             parked in the OUTPUT's own memory: 16-byte aligned inside the output bytes of every chunk
-//             of the row, at slot c ("slot area" of a chunk: K partials). No workspace allocation.
-//     kApply: a CTA first reads the K partials from the slot area of its own chunk, combines them
-//             (same fixed order in every CTA, so all chunks of a row use bitwise the same statistics),
-//             waits for the whole block (the slot area is about to be overwritten), then writes the
-//             chunk. Only this CTA touches its chunk's bytes in kApply, so nothing races.
-//   The host runs (kStats, kApply) over groups of rows whose input fits in a third of L2, so the
+//     kSplitStats: the chunk's partial (max, sum) (backward: its partial sum of the backward term) is
+//                  parked in the OUTPUT's own memory: 16-byte aligned inside the output bytes of every chunk
+//                  of the row, at slot c ("slot area" of a chunk: K partials). No workspace allocation.
+//     kSplitApply: a CTA first reads the K partials from the slot area of its own chunk, combines them
+//                  (same fixed order in every CTA, so all chunks of a row use bitwise the same statistics),
+//                  waits for the whole block (the slot area is about to be overwritten), then writes the
+//                  chunk. Only this CTA touches its chunk's bytes in kSplitApply, so nothing races.
+//   The host runs (kSplitStats, kSplitApply) over groups of rows whose input fits in a third of L2, so the
 //   second read of the input comes from L2.
 // The output must not alias the input (the kernels' outputs are always fresh tensors). The host
 // guarantees each chunk's output bytes hold 16 + 16 * chunks bytes (softmax_detail::plan_split).
