@@ -108,6 +108,9 @@ at::Tensor pointwise_input(const at::Tensor& input) {
   return x;
 }
 
+// A c10::string_view (the schemas' `str` arguments) as a std::string_view.
+inline std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
+
 // The functor choice of a param value (optable::choice_of), with torch's message for a bad one (F.gelu's:
 // "approximate argument must be either none or tanh").
 template <typename Row>

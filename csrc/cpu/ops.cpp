@@ -4,6 +4,7 @@
 #include "common.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "pointwise_ops.h"
 #include "fastact/dispatch.h"
 
 #include <ATen/Dispatch.h>
@@ -271,8 +272,6 @@ const KernelTable& kernels() {
 // ---------------------------------------------------------------------------------------------
 // Argument checks.
 
-std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
-
 // The CUDA variants are dispatch.h's names (softmax_variant_from_name); on the CPU only "auto" runs.
 void check_cpu_variant(c10::string_view variant, const char* op) {
   const std::string_view v = sv(variant);
@@ -357,9 +356,9 @@ template <typename Row>
 struct PointwiseCpu {
   static int index() { return optable::index<Row>(); }
 
-  static at::Tensor forward(const at::Tensor& input, int choice) {
+  static at::Tensor forward(const at::Tensor& input, c10::string_view param) {
     const at::Tensor x = pointwise_input<Row>(input);
-    return run_forward(x, choice);
+    return run_forward(x, pointwise_choice<Row>(sv(param), Row::kName));
   }
   static at::Tensor run_forward(const at::Tensor& x, int choice) {
     at::Tensor y = at::empty_like(x);
@@ -371,9 +370,17 @@ struct PointwiseCpu {
     });
     return y;
   }
-  // backward (kGrad false) or its derivative (kGrad true): a binary op of (grad, s) in s's layout.
+  // The backward (kGrad false) or its derivative (kGrad true), checked (pointwise_ops.h's contract).
   template <bool kGrad>
-  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, int choice, int order) {
+  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param, int64_t order) {
+    constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
+    check_grad(grad, s, op, Row::kSavedWhat);
+    check_grad_order(order, op);
+    return run_binary<kGrad>(grad, s, pointwise_choice<Row>(sv(param), op), static_cast<int>(order));
+  }
+  // A binary op of (grad, s) in s's layout.
+  template <bool kGrad>
+  static at::Tensor run_binary(const at::Tensor& grad, const at::Tensor& s, int choice, int order) {
     at::Tensor out = at::empty_like(s);
     if (out.numel() == 0) return out;
     const ElementOperands in = element_operands(out, grad, s);
@@ -386,31 +393,6 @@ struct PointwiseCpu {
       else k.pointwise_bwd[index()](a, b, out.mutable_data_ptr<scalar_t>(), in.rows, choice);
     });
     return out;
-  }
-  template <bool kGrad>
-  static at::Tensor checked_binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param,
-                                   int64_t order = 2) {
-    constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
-    check_grad(grad, s, op, Row::kSavedWhat);
-    check_grad_order(order, op);
-    return binary<kGrad>(grad, s, pointwise_choice<Row>(sv(param), op), static_cast<int>(order));
-  }
-
-  // The kernels as registered: with the row's param or without one.
-  static at::Tensor fwd_p(const at::Tensor& x, c10::string_view param) {
-    const at::Tensor xf = pointwise_input<Row>(x);
-    return run_forward(xf, pointwise_choice<Row>(sv(param), Row::kName));
-  }
-  static at::Tensor fwd(const at::Tensor& x) { return run_forward(pointwise_input<Row>(x), 0); }
-  static at::Tensor bwd_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p) {
-    return checked_binary<false>(g, s, p);
-  }
-  static at::Tensor bwd(const at::Tensor& g, const at::Tensor& s) { return checked_binary<false>(g, s, ""); }
-  static at::Tensor grad_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p, int64_t order) {
-    return checked_binary<true>(g, s, p, order);
-  }
-  static at::Tensor grad(const at::Tensor& g, const at::Tensor& s, int64_t order) {
-    return checked_binary<true>(g, s, "", order);
   }
 };
 
@@ -583,19 +565,7 @@ TORCH_LIBRARY_IMPL(fastact, CPU, m) {
   m.impl("log_softmax", &softmax_cpu<true>);
   m.impl("softmax_backward", &softmax_backward_cpu<false>);
   m.impl("log_softmax_backward", &softmax_backward_cpu<true>);
-  fastact::optable::for_each_pointwise([&](auto* row) {
-    using Row = std::remove_pointer_t<decltype(row)>;
-    using K = PointwiseCpu<Row>;
-    if constexpr (fastact::optable::has_param<Row>()) {
-      m.impl(Row::kName, &K::fwd_p);
-      m.impl(Row::kBackwardName, &K::bwd_p);
-      m.impl(Row::kGradName, &K::grad_p);
-    } else {
-      m.impl(Row::kName, &K::fwd);
-      m.impl(Row::kBackwardName, &K::bwd);
-      m.impl(Row::kGradName, &K::grad);
-    }
-  });
+  fastact::register_pointwise_ops<PointwiseCpu>(m);
   m.impl("bias_gelu", &bias_gelu_cpu);
   m.impl("bias_gelu_backward", &bias_gelu_backward_cpu);
   m.impl("explain", &explain_cpu);

@@ -22,6 +22,7 @@
 #include "common.h"
 #include "cuda/activations.h"
 #include "cuda/utils.h"
+#include "pointwise_ops.h"
 
 namespace fastact::cuda {
 namespace {
@@ -33,8 +34,6 @@ namespace {
 // layout otherwise, the first such operand into the output itself (on the stream, before the kernel,
 // which then computes in place: each thread loads its elements of every input before it stores
 // them), so that the op allocates only its output, as torch's does.
-
-std::string_view sv(c10::string_view s) { return std::string_view(s.data(), s.size()); }
 
 // The pointwise ops of fastact/op_table.h: forward, backward (dx = dy f'(s), s the input or the output) and the
 // backward's derivative with respect to s (a f''(s), for double backward), one template per row.
@@ -60,7 +59,7 @@ struct PointwiseCuda {
   }
   // The backward (kGrad false) or its derivative (kGrad true); the output is empty_like(s), as the fake kernel's.
   template <bool kGrad>
-  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param, int64_t order = 2) {
+  static at::Tensor binary(const at::Tensor& grad, const at::Tensor& s, c10::string_view param, int64_t order) {
     constexpr const char* op = kGrad ? Row::kGradName : Row::kBackwardName;
     check_grad(grad, s, op, Row::kSavedWhat);
     check_grad_order(order, op);
@@ -80,18 +79,6 @@ struct PointwiseCuda {
                            op);
     });
     return out;
-  }
-
-  // The kernels as registered: with the row's param or without one.
-  static at::Tensor fwd_p(const at::Tensor& x, c10::string_view p) { return forward(x, p); }
-  static at::Tensor fwd(const at::Tensor& x) { return forward(x, ""); }
-  static at::Tensor bwd_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p) { return binary<false>(g, s, p); }
-  static at::Tensor bwd(const at::Tensor& g, const at::Tensor& s) { return binary<false>(g, s, ""); }
-  static at::Tensor grad_p(const at::Tensor& g, const at::Tensor& s, c10::string_view p, int64_t order) {
-    return binary<true>(g, s, p, order);
-  }
-  static at::Tensor grad(const at::Tensor& g, const at::Tensor& s, int64_t order) {
-    return binary<true>(g, s, "", order);
   }
 };
 
@@ -352,19 +339,7 @@ std::string explain_elementwise_cuda(const at::Tensor& x, const std::string& op)
 
 TORCH_LIBRARY_IMPL(fastact, CUDA, m) {
   using namespace fastact::cuda;
-  fastact::optable::for_each_pointwise([&](auto* row) {
-    using Row = std::remove_pointer_t<decltype(row)>;
-    using K = PointwiseCuda<Row>;
-    if constexpr (fastact::optable::has_param<Row>()) {
-      m.impl(Row::kName, &K::fwd_p);
-      m.impl(Row::kBackwardName, &K::bwd_p);
-      m.impl(Row::kGradName, &K::grad_p);
-    } else {
-      m.impl(Row::kName, &K::fwd);
-      m.impl(Row::kBackwardName, &K::bwd);
-      m.impl(Row::kGradName, &K::grad);
-    }
-  });
+  fastact::register_pointwise_ops<PointwiseCuda>(m);
   m.impl("bias_gelu", &bias_gelu_cuda);
   m.impl("bias_gelu_backward", &bias_gelu_backward_cuda);
 }
