@@ -1,0 +1,115 @@
+"""Where BERT's extra host time under fastact.apply goes on CUDA (issue 62: BERT bf16 0.90x torch,
++3.4 ms of host time per step that GPT-2 does not show).
+
+Times one BERT-base training step (8x512, eager attention) four ways, alternated: torch; only the
+GELU modules swapped (``apply(functional=False)``); only the attention's mode (the swaps undone);
+both (``apply``). Prints each one's median CUDA and host ms per step, then the host (CPU self) time
+per op name that differs most between torch and ``apply``, and any synchronisation the fastact step
+makes (``torch.cuda.set_sync_debug_mode``).
+
+    python bench/diag/bert_host.py [--dtype f32|bf16] [--steps 20]
+"""
+
+import argparse
+import copy
+import statistics
+import warnings
+
+import torch
+
+import fastact
+from fastact.bench_models import SIZES, build, make_inputs, step_fn, time_steps
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtype", default="bf16", choices=("f32", "bf16"))
+    p.add_argument("--steps", type=int, default=20)
+    a = p.parse_args()
+    dev = torch.device("cuda")
+    size = SIZES[("bert", "full")]
+    torch.manual_seed(0)
+    base = build("bert", size, dev)
+    if a.dtype == "bf16":
+        base = base.to(torch.bfloat16)
+    swaps = fastact.apply(copy.deepcopy(base), functional=False)[0]
+    both = fastact.apply(copy.deepcopy(base))[0]
+    mode_only = fastact.apply(copy.deepcopy(base))[0]
+    for name, m in list(mode_only.named_modules()):  # undo the swaps, keep the mode's hooks
+        for child_name, child in list(m.named_children()):
+            if type(child).__module__.startswith("fastact"):
+                setattr(m, child_name, copy.deepcopy(dict(base.named_modules())[f"{name}.{child_name}".lstrip(".")]))
+    inputs = make_inputs("bert", size, dev)
+    runs = {k: step_fn(m, inputs, "bf16" if a.dtype == "bf16" else "f32", dev)
+            for k, m in (("torch", base), ("swaps", swaps), ("mode", mode_only), ("apply", both))}
+    times, host = time_steps(runs, dev, a.steps, 3)
+    print(f"BERT {a.dtype} {size.text()}: median per step")
+    for k in runs:
+        print(f"  {k:6s} cuda {statistics.median(times[k]) * 1e3:7.2f} ms   host {statistics.median(host[k]) * 1e3:7.2f} ms")
+
+    from torch.profiler import ProfilerActivity, profile
+    self_ms = {}
+    for k in ("torch", "apply"):
+        runs[k]()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                runs[k]()
+            torch.cuda.synchronize()
+        self_ms[k] = {e.key: (e.self_cpu_time_total / 3e3, e.count // 3) for e in prof.key_averages()}
+    keys = sorted(set(self_ms["torch"]) | set(self_ms["apply"]),
+                  key=lambda n: -abs(self_ms["apply"].get(n, (0, 0))[0] - self_ms["torch"].get(n, (0, 0))[0]))
+    print("host self time per step, ms (calls): the 25 ops that changed most")
+    for n in keys[:25]:
+        t, f = self_ms["torch"].get(n, (0.0, 0)), self_ms["apply"].get(n, (0.0, 0))
+        print(f"  {n[:60]:60s} {t[0]:8.3f} ({t[1]:4d}) {f[0]:8.3f} ({f[1]:4d}) {f[0] - t[0]:+8.3f}")
+    tt, ft = (sum(v[0] for v in self_ms[k].values()) for k in ("torch", "apply"))
+    print(f"  {'all':60s} {tt:8.3f}        {ft:8.3f}        {ft - tt:+8.3f}")
+
+    # Host microseconds per call on small CUDA tensors (the GPU idle): what one op costs the host.
+    import time
+    import torch.nn.functional as F
+    x = torch.randn(8, 512, device=dev, dtype=torch.bfloat16 if a.dtype == "bf16" else torch.float32,
+                    requires_grad=True)
+    g = torch.ones_like(x)
+    mode = fastact.patch()
+
+    def in_mode(f):
+        def run():
+            with mode:
+                f()
+        return run
+
+    calls = {"F.gelu fwd+bwd": lambda: F.gelu(x).backward(g),
+             "fastact.gelu fwd+bwd": lambda: fastact.gelu(x).backward(g),
+             "F.softmax fwd+bwd": lambda: F.softmax(x, -1).backward(g),
+             "fastact.softmax fwd+bwd": lambda: fastact.softmax(x, -1).backward(g),
+             "F.softmax fwd+bwd in mode": in_mode(lambda: F.softmax(x, -1).backward(g)),
+             "matmul fwd": lambda: torch.matmul(x, x.T),
+             "matmul fwd in mode": in_mode(lambda: torch.matmul(x, x.T)),
+             "F.gelu fwd": lambda: F.gelu(x),
+             "fastact.gelu fwd": lambda: fastact.gelu(x)}
+    print("host us per call (best of 5 x 500, small tensors)")
+    for k, f in calls.items():
+        best = 1e9
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(500):
+                f()
+            best = min(best, (time.perf_counter() - t0) / 500)
+            torch.cuda.synchronize()
+        print(f"  {k:28s} {best * 1e6:8.2f}")
+
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        runs["apply"]()
+    torch.cuda.set_sync_debug_mode(0)
+    print(f"synchronisations in one fastact step: {len(w)}")
+    for x in w[:5]:
+        print("  ", str(x.message)[:200])
+
+
+if __name__ == "__main__":
+    main()
