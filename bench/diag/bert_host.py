@@ -3,8 +3,8 @@
 
 Times one BERT-base training step (8x512, eager attention) four ways, alternated: torch; only the
 GELU modules swapped (``apply(functional=False)``); only the attention's mode (the swaps undone);
-both (``apply``). Prints each one's median CUDA and host ms per step, then the host (CPU self) time
-per op name that differs most between torch and ``apply``, and any synchronisation the fastact step
+both (``apply``). Prints each one's median CUDA and host ms per step, the allocator's cudaMalloc / cudaFree during them,
+then the host (CPU self) time per op name (and per CUDA runtime call) that differs most between torch and ``apply``, and any synchronisation the fastact step
 makes (``torch.cuda.set_sync_debug_mode``).
 
     python bench/diag/bert_host.py [--dtype f32|bf16] [--steps 20]
@@ -42,7 +42,13 @@ def main():
     inputs = make_inputs("bert", size, dev)
     runs = {k: step_fn(m, inputs, "bf16" if a.dtype == "bf16" else "f32", dev)
             for k, m in (("torch", base), ("swaps", swaps), ("mode", mode_only), ("apply", both))}
+    before = torch.cuda.memory_stats()
     times, host = time_steps(runs, dev, a.steps, 3)
+    after = torch.cuda.memory_stats()
+    # cudaMalloc / cudaFree during the timed steps (a cudaFree synchronises): allocator churn between the two models
+    print("allocator during the timed steps: " + ", ".join(
+        f"{k} +{after.get(k, 0) - before.get(k, 0)}" for k in ("segment.all.allocated", "segment.all.freed",
+                                                              "num_alloc_retries", "num_device_alloc", "num_device_free")))
     print(f"BERT {a.dtype} {size.text()}: median per step")
     for k in runs:
         print(f"  {k:6s} cuda {statistics.median(times[k]) * 1e3:7.2f} ms   host {statistics.median(host[k]) * 1e3:7.2f} ms")
@@ -52,7 +58,7 @@ def main():
     for k in ("torch", "apply"):
         runs[k]()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 runs[k]()
             torch.cuda.synchronize()
