@@ -17,11 +17,14 @@
 #include "fastact/op_table.h"
 
 #include "eager.h"
+#include "runtime_options.h"
 
 extern "C" {
 // Importing the module loads the library and runs the static registrations below; its functions are
-// the eager entry points of fastact's Python API (csrc/eager.cpp).
+// the eager entry points of fastact's Python API (csrc/eager.cpp). The environment knobs are read here,
+// once, before any kernel runs.
 PyMODINIT_FUNC PyInit__C(void) {
+  fastact::set_runtime_options(fastact::runtime_options_from_environment());
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, fastact::eager_methods()};
   return PyModule_Create(&module_def);
 }

@@ -18,6 +18,14 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def test_headers_read_no_environment():
+    """include/ is configured by its caller (include/fastact/runtime_options.h): fastact reads its FASTACT_*
+    variables in csrc/runtime_options.h, once, and a program built on the headers alone is not steered by them."""
+    readers = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "include").rglob("*")) if p.is_file()
+               for n, line in enumerate(p.read_text().splitlines(), 1) if "getenv" in line.split("//")[0]]
+    assert not readers, readers
+
+
 def _nvcc():
     found = shutil.which("nvcc")
     if found:

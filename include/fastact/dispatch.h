@@ -66,7 +66,7 @@ struct SoftmaxDeviceProps {
   // Largest block (512, 1024; 0: neither) at which clusters of 16 hold >= 90% of the CTAs the device holds without.
   int wide_cluster_threads = 0;
   int64_t l2_bytes = 0;
-  bool prefetch = true;  // the L2 prefetches allowed (FASTACT_PREFETCH=0: not)
+  bool prefetch = true;  // the L2 prefetches allowed (RuntimeOptions::prefetch; fastact: FASTACT_PREFETCH=0: not)
   MemoryDepth memory_depth = MemoryDepth::kStandard;
 };
 

@@ -14,19 +14,18 @@
 // from diags on both machines (docs/performance.md, memory depth). Where a CUDA attribute is
 // missing (zero, or an error) the device is kStandard, the class whose shapes were tuned on the H100.
 //
-// FASTACT_MEMORY_DEPTH=standard or =deep (read once per device; other values are ignored) overrides the
-// measure: the tests force each class on whatever GPU runs them, and a user can pick the other shapes for a
-// device this rule places wrongly. By public specifications the rule also calls the H100 NVL (~16.5), the H20
+// runtime_options().force_memory_depth (fastact: FASTACT_MEMORY_DEPTH=standard or =deep) overrides the measure,
+// once per device: the tests force each class on whatever GPU runs them, and a user can pick the other shapes for
+// a device this rule places wrongly. By public specifications the rule also calls the H100 NVL (~16.5), the H20
 // and the B200 deep; only the H100 SXM and the H200 were measured.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "fastact/memory_depth.h"
+#include "fastact/runtime_options.h"
 
 namespace fastact {
 
@@ -34,7 +33,7 @@ namespace fastact {
 struct DeviceMemory {
   double bytes_per_sm_cycle = 0;  // 0 where an attribute was missing
   MemoryDepth depth = MemoryDepth::kStandard;
-  bool forced = false;  // depth set by FASTACT_MEMORY_DEPTH, not by bytes_per_sm_cycle
+  bool forced = false;  // depth set by the runtime options, not by bytes_per_sm_cycle
 };
 
 namespace memory_depth_detail {
@@ -53,11 +52,9 @@ inline DeviceMemory measure(int device) {
     m.bytes_per_sm_cycle = 2.0 * mem_khz * (bus_bits / 8.0) / (double(sms) * sm_khz);
   }
   m.depth = m.bytes_per_sm_cycle >= kDeepMemoryBytesPerSmCycle ? MemoryDepth::kDeep : MemoryDepth::kStandard;
-  if (const char* env = std::getenv("FASTACT_MEMORY_DEPTH")) {
-    if (std::strcmp(env, "deep") == 0 || std::strcmp(env, "standard") == 0) {
-      m.depth = env[0] == 'd' ? MemoryDepth::kDeep : MemoryDepth::kStandard;
-      m.forced = true;
-    }
+  if (runtime_options().force_memory_depth) {
+    m.depth = runtime_options().memory_depth;
+    m.forced = true;
   }
   return m;
 }

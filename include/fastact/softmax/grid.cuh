@@ -23,9 +23,10 @@
 // kMaxGridBlocks CTAs).
 #pragma once
 
-#include <cstdlib>
+#include <algorithm>
 
 #include "fastact/copy_async.cuh"
+#include "fastact/runtime_options.h"
 #include "fastact/softmax/block.cuh"
 #include "fastact/softmax/long_row.cuh"
 
@@ -281,14 +282,8 @@ softmax_grid_bwd_kernel(const out_t* __restrict__ grad_output, const out_t* __re
 
 namespace detail {
 
-// dispatch.h kGridWaitNs, or FASTACT_GRID_WAIT_US (read once).
-inline uint64_t grid_wait_ns() {
-  static const uint64_t ns = [] {
-    const char* env = std::getenv("FASTACT_GRID_WAIT_US");
-    return env != nullptr ? uint64_t(std::strtoull(env, nullptr, 10)) * 1000u : uint64_t(kGridWaitNs);
-  }();
-  return ns;
-}
+// kGridWaitNs, or what the runtime options say.
+inline uint64_t grid_wait_ns() { return uint64_t(std::max<int64_t>(runtime_options().grid_wait_ns, 0)); }
 
 inline GridWorkspaceView grid_workspace_view(void* workspace, int64_t rows, int64_t ctas) {
   const SoftmaxGridWorkspace w = softmax_grid_workspace(rows, ctas);

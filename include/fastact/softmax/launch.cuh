@@ -26,12 +26,12 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <mutex>
 
 #include "fastact/dispatch.h"
 #include "fastact/math.h"
 #include "fastact/memory_depth.cuh"
+#include "fastact/runtime_options.h"
 #include "fastact/softmax/block.cuh"
 #include "fastact/softmax/common.cuh"
 #include "fastact/softmax/grid.cuh"
@@ -56,16 +56,13 @@ constexpr auto kClusterProbeKernel = &softmax_block_fwd_kernel<float, float, mat
 // Fills max_cluster and wide_cluster_threads (dispatch.h says what they mean). Clusters of 16 count
 // as "wide" at a block size when they hold at least 90% of the CTAs that the device holds at that
 // size without clusters. Why the 90%: a GPC with fewer free SMs than a cluster needs leaves them idle.
-// FASTACT_MAX_CLUSTER (1, 8 or 16) lowers max_cluster: 1 turns clusters off, 8 keeps them portable.
+// runtime_options().max_cluster (1, 8 or 16) lowers max_cluster: 1 turns clusters off, 8 keeps them portable.
 inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   p->max_cluster = 1;
   p->wide_cluster_threads = 0;
   if (cc_major < 9) return;
-  int cap = kMaxCluster;
-  if (const char* env = std::getenv("FASTACT_MAX_CLUSTER")) {
-    const int v = std::atoi(env);
-    cap = v >= kMaxCluster ? kMaxCluster : v >= kMaxPortableCluster ? kMaxPortableCluster : 1;
-  }
+  const int v = runtime_options().max_cluster;
+  const int cap = v >= kMaxCluster ? kMaxCluster : v >= kMaxPortableCluster ? kMaxPortableCluster : 1;
   if (cap == 1) return;
   p->max_cluster = kMaxPortableCluster;
   if (cap < kMaxCluster || allow_large_clusters<kClusterProbeKernel>() != cudaSuccess) {
@@ -142,8 +139,7 @@ inline cudaError_t softmax_device_props(int device, SoftmaxDeviceProps* out) {
       p.memory_depth = device_memory(device).depth;
       softmax_impl::detail::probe_clusters(p.sm_count, p.cc_major, &p);
     }
-    const char* prefetch = std::getenv("FASTACT_PREFETCH");
-    p.prefetch = prefetch == nullptr || std::atoi(prefetch) != 0;
+    p.prefetch = runtime_options().prefetch;
     if (previous != device) {
       const cudaError_t restore = cudaSetDevice(previous);
       if (err == cudaSuccess) err = restore;
