@@ -5,9 +5,11 @@
 // recorded when a backward runs with create_graph, so every higher derivative follows.
 #include <ATen/ATen.h>
 #include <ATen/FuncTorchTLS.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -232,9 +234,42 @@ Tensor pointwise_backward_autograd(const Tensor& dy, const Tensor& s, c10::strin
   return PointwiseBackwardFunction<Row>::apply(dy, s, param);
 }
 
+// The n-th derivative with respect to s of the row's backward at dy = 1 (n = 0: f'(s), or, for a row that saves
+// its output, the backward's formula in the output), differentiated by torch from the row's torch twin (each
+// pointwise row is named as its twin and takes its arguments): a row that saves its input differentiates the twin
+// forward (`aten::gelu(self, approximate)`, `aten::silu(self)`) n + 1 times, one that saves its output the twin
+// backward (`aten::sigmoid_backward(grad_output, output)`) n times; torch writes both to any order. Attached to
+// s's graph where grad mode is on (a further derivative may follow), a plain value where it is off.
+template <typename Row>
+Tensor twin_derivative(const Tensor& s, c10::string_view param, int n) {
+  const bool attached = torch::autograd::GradMode::is_enabled() && s.requires_grad();
+  at::AutoGradMode grad_mode(true);
+  const Tensor t = attached ? s : s.detach().requires_grad_(true);
+  const std::string name = std::string("aten::") + (Row::kFromOutput ? Row::kBackwardName : Row::kName);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  Tensor d;
+  if constexpr (Row::kFromOutput) {
+    static const auto twin = dispatcher.findSchemaOrThrow(name.c_str(), "").typed<Tensor(const Tensor&, const Tensor&)>();
+    d = twin.call(at::ones_like(t), t);
+  } else if constexpr (optable::has_param<Row>()) {
+    static const auto twin = dispatcher.findSchemaOrThrow(name.c_str(), "").typed<Tensor(const Tensor&, c10::string_view)>();
+    d = twin.call(t, param);
+  } else {
+    static const auto twin = dispatcher.findSchemaOrThrow(name.c_str(), "").typed<Tensor(const Tensor&)>();
+    d = twin.call(t);
+  }
+  for (int k = 0; k < n + (Row::kFromOutput ? 0 : 1); ++k) {
+    if (!d.requires_grad()) return at::zeros_like(s);  // a polynomial's derivatives end: the rest are zero
+    // elementwise: the gradient of the sum is the derivative at every element
+    d = torch::autograd::grad({d}, {t}, {at::ones_like(d)}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  }
+  return attached ? d : d.detach();
+}
+
 // The double-backward op, out = a f''(s) (order 2): d/da = g f''(s) (itself), d/ds = g a f'''(s) (itself at
 // order 3), so that the backward ops are differentiable twice (triple backward) from the functor alone (math.h
-// Dual). At order 3 the chain ends: a fourth derivative raises rather than coming out silently wrong.
+// Dual). Beyond, d/ds of order 3 (a fourth derivative and every higher one) is torch's: g a times the third
+// derivative of the twin's backward (twin_derivative), in torch ops that autograd differentiates further.
 template <typename Row>
 struct PointwiseBackwardGradFunction : torch::autograd::Function<PointwiseBackwardGradFunction<Row>> {
   static Tensor call(const Tensor& a, const Tensor& s, c10::string_view param, int64_t order) {
@@ -256,8 +291,9 @@ struct PointwiseBackwardGradFunction : torch::autograd::Function<PointwiseBackwa
     Tensor grad_a, grad_s;
     if (ctx->needs_input_grad(0)) grad_a = PointwiseHandles<Row>::backward_grad(grads[0], s, param, order);
     if (ctx->needs_input_grad(1)) {
-      TORCH_CHECK(order < 3, "fastact::", Row::kName, ": derivatives of the fourth order and beyond are not implemented");
-      grad_s = PointwiseHandles<Row>::backward_grad(opmath(grads[0]) * opmath(a), opmath(s), param, order + 1)
+      const Tensor ga = opmath(grads[0]) * opmath(a);
+      grad_s = (order < 3 ? PointwiseHandles<Row>::backward_grad(ga, opmath(s), param, order + 1)
+                          : ga * twin_derivative<Row>(opmath(s), param, static_cast<int>(order)))
                    .to(s.scalar_type());
     }
     return {grad_a, grad_s, Tensor(), Tensor()};

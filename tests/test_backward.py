@@ -264,6 +264,65 @@ def test_backward_op_gradcheck(device, op):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
+@pytest.mark.parametrize("op", ALL_OPS, ids=str)
+def test_higher_derivatives(device, op):
+    """Derivatives to the sixth order in float64 equal torch's, each taken with create_graph, and the last also
+    without (a plain value): the pointwise ops' first three come from fastact's own kernels (math.h), the fourth and
+    beyond from torch's twin of the op (autograd.cpp twin_derivative)."""
+    x = make_tensor((3, 7), torch.float64, device)
+    w = make_tensor((3, 7), torch.float64, device)  # weights: the sum's gradient is not all ones
+    bias = make_tensor((7,), torch.float64, device) if op.takes_bias else None
+
+    def derivatives(f, create_last):
+        t = x.clone().requires_grad_()
+        y, out = f(t), []
+        for order in range(1, 7):
+            create = order < 6 or create_last
+            (y,) = torch.autograd.grad((y * w).sum(), t, create_graph=create)
+            out.append(y)
+        return out
+
+    for create_last in (True, False):
+        got = derivatives(lambda t: op.fastact(t, bias=bias), create_last)
+        want = derivatives(lambda t: op.torch(t, bias=bias), create_last)
+        for order, (g, r) in enumerate(zip(got, want), 1):
+            assert_close(g, r, msg=f"{op} order {order}")
+        assert got[-1].requires_grad == create_last
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
+@pytest.mark.parametrize("op", POINTWISE_OPS, ids=str)
+def test_higher_derivatives_far_out(device, dtype, op):
+    """Where the functions flatten out (|x| from 9 to 100, where cosh overflows in float): the first three
+    derivatives (fastact's own, math.h) finite everywhere and equal to float64 torch's within the dtype's tolerance
+    where torch's are finite; the fourth (torch's, from the twin) torch's in the same dtype, NaN where it has NaN.
+    (The tanh GELU's third derivative was NaN from |x| ~ 10 in float32: its dual numbers squared cosh. torch's own
+    is NaN at |x| = 30 in float64, its fourth at |x| = 13 in float32; the true values there are below 1e-70.)"""
+    far = [-100.0, -30.0, -13.0, -10.05, -9.0, 9.0, 10.05, 13.0, 30.0, 100.0]
+    x = torch.tensor(far, dtype=dtype, device=device)
+
+    def derivatives(f, t):
+        t = t.clone().requires_grad_()
+        y, out = f(t), []
+        for _ in range(4):
+            (y,) = torch.autograd.grad(y.sum(), t, create_graph=True)
+            out.append(y)
+        return out
+
+    got = derivatives(op.fastact, x)
+    want = derivatives(op.torch, x.double())
+    for order, (g, r) in enumerate(zip(got[:3], want), 1):
+        msg = f"{op} {dtype_id(dtype)} order {order} at {far}"
+        assert g.isfinite().all(), f"{msg}: {g.tolist()}"
+        ok = r.isfinite()
+        assert_close(g[ok], r[ok], msg=msg)
+        assert (g[~ok].abs() < 1e-30).all(), f"{msg}: {g.tolist()} where torch has NaN"
+    torch_same_dtype = derivatives(op.torch, x)[3]
+    assert torch.equal(got[3].isnan(), torch_same_dtype.isnan()), (got[3].tolist(), torch_same_dtype.tolist())
+    ok = torch_same_dtype.isfinite()
+    assert_close(got[3][ok], torch_same_dtype[ok].double(), msg=f"{op} {dtype_id(dtype)} order 4 at {far}")
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's forward_ad
 @pytest.mark.parametrize("op", ALL_OPS, ids=str)
 def test_forward_ad_raises_on_backward_ops(device, op):

@@ -102,8 +102,10 @@ def _samples(device):
                 s += [
                     (gname, grad_op.default, (t((5, 33)), saved((5, 33)), *v, 2), {}),
                     (f"{gname}-order3", grad_op.default, (t((5, 33)), saved((5, 33)), *v, 3), {}),
-                    # differentiable at order 2 (a third derivative; the fourth is not implemented)
+                    # differentiable at order 2 (a third derivative) and 3 (the fourth and beyond: torch's twin)
                     (f"{gname}-grad", grad_op.default, (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v, 2), {}),
+                    (f"{gname}-order3-grad", grad_op.default,
+                     (t((5, 33), grad=True), saved((5, 33)).requires_grad_(), *v, 3), {}),
                     (f"{gname}-transposed-stepped", grad_op.default, (odd((4, 6)), odd((4, 6), values=saved((4, 6))), *v, 2), {}),
                 ]
     return s

@@ -52,12 +52,17 @@ FASTACT_HOST_DEVICE float erf_(float x) { return ::erff(x); }
 FASTACT_HOST_DEVICE double erf_(double x) { return ::erf(x); }
 FASTACT_HOST_DEVICE float tanh_(float x) { return ::tanhf(x); }
 FASTACT_HOST_DEVICE double tanh_(double x) { return ::tanh(x); }
-FASTACT_HOST_DEVICE float cosh_(float x) { return ::coshf(x); }
-FASTACT_HOST_DEVICE double cosh_(double x) { return ::cosh(x); }
 FASTACT_HOST_DEVICE float exp_(float x) { return ::expf(x); }
 FASTACT_HOST_DEVICE double exp_(double x) { return ::exp(x); }
 FASTACT_HOST_DEVICE float log_(float x) { return ::logf(x); }
 FASTACT_HOST_DEVICE double log_(double x) { return ::log(x); }
+// sech(u) = 2 e / (1 + e^2), e = exp(-|u|): at most 1 at every u, where 1 / cosh(u) and its square overflow; for
+// plain values and dual numbers (Dual, below) alike.
+template <typename A>
+FASTACT_HOST_DEVICE A sech_(A u) {
+  const A e = exp_(u >= A(0) ? -u : u);
+  return A(2) * e / (A(1) + e * e);
+}
 
 // 2^x and 1/x through the SFU (ex2.approx.ftz, rcp.approx.ftz: one MUFU each, 2 and 1 ulp; inputs and
 // results below 2^-126 flush to 0). On the host, exp2f and a division. For exp_sfu and the 16-bit-output functors below.
@@ -217,16 +222,17 @@ struct GeluTanh {
     return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * d_inner;
   }
   // gelu = x (1 + t) / 2, t = tanh(u), u = k (x + c x^3): gelu'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
-  // u' = k (1 + 3 c x^2), u'' = 6 k c x. 1 - t^2 as 1 / cosh(u)^2: the difference loses every digit as t
-  // nears 1 (in float, 0.14% off at |x| = 4, and 0 instead of 4e-6 at |x| = 5).
+  // u' = k (1 + 3 c x^2), u'' = 6 k c x. 1 - t^2 as sech(u)^2: the difference loses every digit as t nears 1
+  // (in float, 0.14% off at |x| = 4, and 0 instead of 4e-6 at |x| = 5); sech from exp(-|u|) (sech_), where
+  // 1 / cosh(u)^2 overflowed into NaN in the dual numbers of the third derivative from |x| ~ 10 in float.
   template <typename A>
   FASTACT_HOST_DEVICE A second_derivative(A x) const {
     using K = GeluConstants<A>;
     const A x_sq = x * x;
     const A u = K::kBeta * (x + K::kKappa * x_sq * x);
     const A t = tanh_(u);
-    const A c = cosh_(u);
-    const A sech_sq = A(1) / (c * c);
+    const A sech = sech_(u);
+    const A sech_sq = sech * sech;
     const A du = K::kBeta * (A(1) + A(3) * K::kKappa * x_sq);
     return sech_sq * (du + A(0.5) * x * (A(6) * K::kBeta * K::kKappa * x - A(2) * t * du * du));
   }
@@ -349,15 +355,8 @@ FASTACT_HOST_DEVICE Dual<A> erf_(Dual<A> x) {  // erf' = 2 / sqrt(pi) exp(-x^2)
 }
 template <typename A>
 FASTACT_HOST_DEVICE Dual<A> tanh_(Dual<A> x) {
-  const A c = cosh_(x.v);
-  return {tanh_(x.v), x.d / (c * c)};  // sech^2, not 1 - t^2 (which cancels as t nears 1)
-}
-template <typename A>
-FASTACT_HOST_DEVICE Dual<A> cosh_(Dual<A> x) {
-  const A a = x.v >= A(0) ? x.v : -x.v;
-  const A c = cosh_(x.v);
-  const A sinh_abs = c - exp_(-a);  // sinh(|x|) = cosh(|x|) - exp(-|x|): no overflow before cosh's own
-  return {c, (x.v >= A(0) ? sinh_abs : -sinh_abs) * x.d};
+  const A s = sech_(x.v);
+  return {tanh_(x.v), x.d * s * s};  // sech^2, not 1 - t^2 (which cancels as t nears 1)
 }
 
 // ---- pointwise functors as their ops use them ------------------------------------------------------
