@@ -55,7 +55,7 @@ def main():
 
     from torch.profiler import ProfilerActivity, profile
     self_ms = {}
-    for k in ("torch", "apply"):
+    for k in runs:
         runs[k]()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -63,14 +63,15 @@ def main():
                 runs[k]()
             torch.cuda.synchronize()
         self_ms[k] = {e.key: (e.self_cpu_time_total / 3e3, e.count // 3) for e in prof.key_averages()}
-    keys = sorted(set(self_ms["torch"]) | set(self_ms["apply"]),
-                  key=lambda n: -abs(self_ms["apply"].get(n, (0, 0))[0] - self_ms["torch"].get(n, (0, 0))[0]))
-    print("host self time per step, ms (calls): the 25 ops that changed most")
-    for n in keys[:25]:
-        t, f = self_ms["torch"].get(n, (0.0, 0)), self_ms["apply"].get(n, (0.0, 0))
-        print(f"  {n[:60]:60s} {t[0]:8.3f} ({t[1]:4d}) {f[0]:8.3f} ({f[1]:4d}) {f[0] - t[0]:+8.3f}")
-    tt, ft = (sum(v[0] for v in self_ms[k].values()) for k in ("torch", "apply"))
-    print(f"  {'all':60s} {tt:8.3f}        {ft:8.3f}        {ft - tt:+8.3f}")
+    for k in ("swaps", "mode", "apply"):
+        keys = sorted(set(self_ms["torch"]) | set(self_ms[k]),
+                      key=lambda n: -abs(self_ms[k].get(n, (0, 0))[0] - self_ms["torch"].get(n, (0, 0))[0]))
+        print(f"host self time per step, ms (calls), torch against {k}: the 20 ops that changed most")
+        for n in keys[:20]:
+            t, f = self_ms["torch"].get(n, (0.0, 0)), self_ms[k].get(n, (0.0, 0))
+            print(f"  {n[:60]:60s} {t[0]:8.3f} ({t[1]:4d}) {f[0]:8.3f} ({f[1]:4d}) {f[0] - t[0]:+8.3f}")
+        tt, ft = (sum(v[0] for v in self_ms[x].values()) for x in ("torch", k))
+        print(f"  {'all':60s} {tt:8.3f}        {ft:8.3f}        {ft - tt:+8.3f}")
 
     # Host microseconds per call on small CUDA tensors (the GPU idle): what one op costs the host.
     import time
