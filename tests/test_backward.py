@@ -264,6 +264,18 @@ def test_backward_op_gradcheck(device, op):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
+def _derivatives(f, x, orders, w=None, create_last=True):
+    """The first `orders` derivatives of sum(w * f(x)) (w: all ones where None), each taken with create_graph; the
+    last without it where not `create_last` (a plain value)."""
+    t = x.clone().requires_grad_()
+    y, out = f(t), []
+    for order in range(1, orders + 1):
+        weighted = y if w is None else y * w.to(y.dtype)
+        (y,) = torch.autograd.grad(weighted.sum(), t, create_graph=order < orders or create_last)
+        out.append(y)
+    return out
+
+
 @pytest.mark.parametrize("op", ALL_OPS, ids=str)
 def test_higher_derivatives(device, dtype, op):
     """Derivatives to the sixth order, each taken with create_graph, and the last also without (a plain value):
@@ -273,21 +285,11 @@ def test_higher_derivatives(device, dtype, op):
     x = make_tensor((3, 7), dtype, device)
     w = make_tensor((3, 7), dtype, device)  # weights: the sum's gradient is not all ones
     bias = make_tensor((7,), dtype, device) if op.takes_bias else None
-
-    def derivatives(f, t0, create_last):
-        t = t0.clone().requires_grad_()
-        y, out = f(t), []
-        for order in range(1, 7):
-            create = order < 6 or create_last
-            (y,) = torch.autograd.grad((y * w.to(y.dtype)).sum(), t, create_graph=create)
-            out.append(y)
-        return out
-
     b64 = None if bias is None else bias.double()
     for create_last in (True, False):
-        got = derivatives(lambda t: op.fastact(t, bias=bias), x, create_last)
-        want = derivatives(lambda t: op.torch(t, bias=b64), x.double(), create_last)
-        theirs = derivatives(lambda t: op.torch(t, bias=bias), x, create_last)
+        got = _derivatives(lambda t: op.fastact(t, bias=bias), x, 6, w, create_last)
+        want = _derivatives(lambda t: op.torch(t, bias=b64), x.double(), 6, w, create_last)
+        theirs = _derivatives(lambda t: op.torch(t, bias=bias), x, 6, w, create_last)
         for order, (g, r, t) in enumerate(zip(got, want, theirs), 1):
             assert_close(g, r, torch_actual=t, msg=f"{op} {dtype_id(dtype)} order {order}")
         assert got[-1].requires_grad == create_last
@@ -303,24 +305,15 @@ def test_higher_derivatives_far_out(device, dtype, op):
     is NaN at |x| = 30 in float64, its fourth at |x| = 13 in float32; the true values there are below 1e-70.)"""
     far = [-100.0, -30.0, -13.0, -10.05, -9.0, 9.0, 10.05, 13.0, 30.0, 100.0]
     x = torch.tensor(far, dtype=dtype, device=device)
-
-    def derivatives(f, t):
-        t = t.clone().requires_grad_()
-        y, out = f(t), []
-        for _ in range(4):
-            (y,) = torch.autograd.grad(y.sum(), t, create_graph=True)
-            out.append(y)
-        return out
-
-    got = derivatives(op.fastact, x)
-    want = derivatives(op.torch, x.double())
+    got = _derivatives(op.fastact, x, 4)
+    want = _derivatives(op.torch, x.double(), 4)
     for order, (g, r) in enumerate(zip(got[:3], want), 1):
         msg = f"{op} {dtype_id(dtype)} order {order} at {far}"
         assert g.isfinite().all(), f"{msg}: {g.tolist()}"
         ok = r.isfinite()
         assert_close(g[ok], r[ok], msg=msg)
         assert (g[~ok].abs() < 1e-30).all(), f"{msg}: {g.tolist()} where torch has NaN"
-    torch_same_dtype = derivatives(op.torch, x)[3]
+    torch_same_dtype = _derivatives(op.torch, x, 4)[3]
     assert torch.equal(got[3].isnan(), torch_same_dtype.isnan()), (got[3].tolist(), torch_same_dtype.tolist())
     ok = torch_same_dtype.isfinite()
     assert_close(got[3][ok], torch_same_dtype[ok].double(), msg=f"{op} {dtype_id(dtype)} order 4 at {far}")
