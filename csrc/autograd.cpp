@@ -245,7 +245,7 @@ Tensor twin_derivative(const Tensor& s, c10::string_view param, int n) {
   const bool attached = torch::autograd::GradMode::is_enabled() && s.requires_grad();
   at::AutoGradMode grad_mode(true);
   const Tensor t = attached ? s : s.detach().requires_grad_(true);
-  const std::string name = std::string("aten::") + (Row::kFromOutput ? Row::kBackwardName : Row::kName);
+  static const std::string name = std::string("aten::") + (Row::kFromOutput ? Row::kBackwardName : Row::kName);
   auto& dispatcher = c10::Dispatcher::singleton();
   Tensor d;
   if constexpr (Row::kFromOutput) {

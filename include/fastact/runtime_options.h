@@ -11,8 +11,8 @@
 namespace fastact {
 
 struct RuntimeOptions {
-  // Largest thread-block cluster the softmax kernels use on sm_90: 16, 8 (portable sizes only) or 1 (none). The
-  // device's own limit applies below it (softmax/launch.cuh probe_clusters).
+  // Largest thread-block cluster the softmax kernels use on sm_90: 16, 8 (portable sizes only) or 1 (none); other
+  // values round down to one of those. The device's own limit applies below it (softmax/launch.cuh probe_clusters).
   int max_cluster = kMaxCluster;
   // The L2 prefetches of the work ahead where they pay (dispatch.h SoftmaxDeviceProps::prefetch).
   bool prefetch = true;

@@ -56,7 +56,8 @@ constexpr auto kClusterProbeKernel = &softmax_block_fwd_kernel<float, float, mat
 // Fills max_cluster and wide_cluster_threads (dispatch.h says what they mean). Clusters of 16 count
 // as "wide" at a block size when they hold at least 90% of the CTAs that the device holds at that
 // size without clusters. Why the 90%: a GPC with fewer free SMs than a cluster needs leaves them idle.
-// runtime_options().max_cluster (1, 8 or 16) lowers max_cluster: 1 turns clusters off, 8 keeps them portable.
+// runtime_options().max_cluster (1, 8 or 16; other values round down) lowers max_cluster: 1 turns clusters off, 8
+// keeps them portable.
 inline void probe_clusters(int sm_count, int cc_major, SoftmaxDeviceProps* p) {
   p->max_cluster = 1;
   p->wide_cluster_threads = 0;
