@@ -40,13 +40,15 @@ def build(name):
     return tr.GPT2LMHeadModel(cfg), "GPT2Attention", ("NewGELUActivation",), "tanh"
 
 
+def around(modules, mode):
+    """`mode` entered around each module's forward (hooks that return None: the arguments and outputs stay)."""
+    for m in modules:
+        m.register_forward_pre_hook(lambda mod, args: (mode.__enter__(), None)[1])
+        m.register_forward_hook(lambda mod, args, out: (mode.__exit__(None, None, None), None)[1], always_call=True)
+
+
 def with_mode(model, cls):
-    mode = EmptyMode()
-    for m in model.modules():
-        if type(m).__name__ == cls:
-            m.register_forward_pre_hook(lambda mod, args: (mode.__enter__(), None)[1])
-            m.register_forward_hook(lambda mod, args, out: (mode.__exit__(None, None, None), None)[1],
-                                    always_call=True)
+    around([m for m in model.modules() if type(m).__name__ == cls], EmptyMode())
     return model
 
 
