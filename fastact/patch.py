@@ -14,34 +14,39 @@ Two tools, for the two ways models reach an activation:
   op: each row's torch module twin (``nn.Softmax``, ``nn.GELU``, ...) and the transformers GELU
   classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
   ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
-  ``functional=True`` (the default) it also runs inside ``fastact.patch()`` the forwards of the
-  submodules whose code calls a covered function (an attention's), so the functional calls route
-  too, and only there does the model pay the mode's per-call cost.
+  ``functional=True`` (the default) it also routes the covered functions that submodules' forwards
+  call (an attention's ``F.softmax``): through copies of those forwards whose globals reach fastact
+  (``_Rebinder``: no cost per call) where the bytecode shows every such call made through a module
+  global, else by running that forward inside ``fastact.patch()``.
 
 ``patch()`` is a ``torch.overrides.TorchFunctionMode``. Its cost: while it is active every torch
 function call (matmul, add, view, ``x.size()``, ...) passes through its Python ``__torch_function__``,
-1-3.5 us each on a CPU core (bench_models's ``--mode-overhead`` measures it). A training step that the
-host cannot feed fast enough pays it in full: BERT-base in bfloat16 on an H100 (b8x512) ran 0.89x of
-torch with the mode around the whole forward, which is why ``apply`` scopes it to the calling modules. It
+1-3.5 us each on a desktop CPU core, ~7 us on an H100 host's (bench_models's ``--mode-overhead`` measures
+it). A training step that the host cannot feed fast enough pays it in full: BERT-base in bfloat16 on an
+H100 (b8x512) ran 0.89x of torch with the mode around the whole forward, 0.90x with it around the
+attentions only, which is why ``apply`` copies the attentions' functions instead. It
 does not turn off fastact's own fast entry point: torch runs ``__torch_function__`` with the mode
 taken off the stack, so inside it fastact's functions see no mode (unless another mode sits below
 this one, ``with torch.device(...)`` for one, in which case they take the registered op: same
 results, ~1.5 us more a call).
 
-Under ``torch.compile`` dynamo traces through the mode (and through the hooks that ``apply`` adds):
-the graph holds fastact's ops, with no graph break (``fullgraph=True`` works); ``counts`` then
+Under ``torch.compile`` dynamo traces through the mode (and through the hooks and the copies that ``apply``
+adds): the graph holds fastact's ops, with no graph break (``fullgraph=True`` works); ``counts`` then
 counts what was traced, not each compiled call.
 
-Not covered: a forward recomputed during backward by activation checkpointing runs outside the
-mode that ``apply`` enters around ``model``'s forward (wrap the backward in ``fastact.patch()`` too,
-or accept torch's ops there: results agree within tolerance); modules of other classes than those
-above, even when they call a covered function, route only through the mode; a forward that reaches a
-covered function only through a function chosen at run time (a callable attribute set later, a lookup
-table), more than two calls deep, is not found (``model.fastact_mode.counts`` shows what routed; wrap
-the call in ``fastact.patch()`` to cover it).
+Not covered: a forward recomputed during backward by activation checkpointing runs outside a mode
+that ``apply`` enters around a module's forward (the copies route there too; wrap the backward in
+``fastact.patch()``, or accept torch's ops there: results agree within tolerance); modules of other
+classes than those above, even when they call a covered function, route only through the copies or
+the mode; a forward that reaches a covered function only through a function chosen at run time (a
+callable attribute set later, a lookup table), more than two calls deep, is not found
+(``model.fastact_mode.counts`` shows what routed; wrap the call in ``fastact.patch()`` to cover it).
+The copies hold a snapshot of their module's globals taken by ``apply``: a global rebound later
+(another library patching the modeling module) is not seen by the applied model.
 """
 
 import collections
+import dis
 import functools
 import inspect
 import operator
@@ -106,19 +111,20 @@ def _bind_softmax(input, dim, dtype=None, *, out=None):
     return input, dim, dtype, out
 
 
-# How many frames a _route_* function sits below the caller of F.softmax: F.softmax ->
-# handle_torch_function -> FastActMode.__torch_function__ -> _route_f_softmax. torch's own
-# F.softmax passes its _stacklevel straight to _get_softmax_dim, two frames below the caller.
-_EXTRA_FRAMES = 3
+# How many more frames than torch's F.softmax a route sits below the caller: torch's F.softmax passes its
+# _stacklevel straight to _get_softmax_dim, two frames below the caller. The mode's path: F.softmax ->
+# handle_torch_function -> FastActMode.__torch_function__ -> FastActMode._run -> route; a rebound
+# function's path: the routed function (_Rebinder._routed) -> FastActMode._run -> route.
+_MODE_FRAMES, _ROUTED_FRAMES = 4, 2
 
 
 def _route_f_softmax(fn, name):
-    def route(args, kwargs):
+    def route(args, kwargs, frames):
         input, dim, stacklevel, dtype = _bind_f_softmax(*args, **kwargs)
         if not _takes(input) or (dtype is not None and dtype not in _FLOATING):
             return NotImplemented
         if dim is None:  # torch's implicit-dim rule, with its deprecation warning at the caller's line
-            dim = F._get_softmax_dim(name, input.dim(), stacklevel + _EXTRA_FRAMES)
+            dim = F._get_softmax_dim(name, input.dim(), stacklevel + frames)
         dim = _as_dim(dim)
         if dim is None:
             return NotImplemented
@@ -128,7 +134,7 @@ def _route_f_softmax(fn, name):
 
 
 def _route_softmax(fn):
-    def route(args, kwargs):
+    def route(args, kwargs, frames):
         input, dim, dtype, out = _bind_softmax(*args, **kwargs)
         dim = _as_dim(dim)
         if out is not None or dim is None or not _takes(input) or (dtype is not None and dtype not in _FLOATING):
@@ -154,7 +160,7 @@ def _route_pointwise(op, signature):
     choices = [p.choices for p in op.params if p.name in params]
     assert [p.name for p in op.params] == params, (op.name, signature)
 
-    def route(args, kwargs):
+    def route(args, kwargs, frames):
         input, out, inplace, values = bind(*args, **kwargs)
         if out is not None or inplace or not _takes(input):
             return NotImplemented
@@ -194,17 +200,23 @@ class FastActMode(TorchFunctionMode):
             kwargs = {}
         hit = _ROUTES.get(func)
         if hit is not None:
-            name, route = hit
-            try:
-                y = route(args, kwargs)
-            except TypeError:  # arguments torch's signature refuses: torch raises its own error below
-                y = NotImplemented
-            if y is not NotImplemented:
-                self.counts[name] += 1
-                return y
-            self.fallbacks[name] += 1
+            return self._run(func, hit, args, kwargs, _MODE_FRAMES)
         # torch runs this handler with the mode off the stack: func reaches torch (or the next mode)
         # without coming back here.
+        return func(*args, **kwargs)
+
+    def _run(self, func, hit, args, kwargs, frames):
+        """A call of the routed torch function `func` (its `_ROUTES` entry `hit`): fastact's op where it takes the
+        call, else torch's function."""
+        name, route = hit
+        try:
+            y = route(args, kwargs, frames)
+        except TypeError:  # arguments torch's signature refuses: torch raises its own error below
+            y = NotImplemented
+        if y is not NotImplemented:
+            self.counts[name] += 1
+            return y
+        self.fallbacks[name] += 1
         return func(*args, **kwargs)
 
 
@@ -410,24 +422,225 @@ def _calling_modules(model):
     return found
 
 
+class _Uncovered(Exception):
+    """A routed function reached in a way that a copy with other globals cannot redirect (a Tensor method, a
+    function held in an attribute or a default, a call deeper than the search): the module keeps the mode."""
+
+
+_MISSING = object()
+
+
+def _routed(value):
+    try:
+        return value in _ROUTES
+    except TypeError:  # unhashable
+        return False
+
+
+def _nested_codes(code):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _nested_codes(const)
+
+
+class _Rebinder:
+    """Copies of the functions an attention's forward runs, whose globals reach fastact instead of torch.
+
+    An eager attention reaches ``F.softmax`` as ``nn.functional.softmax`` (or ``F.softmax``, ``torch.softmax``) in
+    its forward or in a module-level function the forward calls (transformers' ``eager_attention_forward``). The
+    copy of such a function shares its code and closure and has a copy of its module's globals in which the root of
+    that name (``nn``, ``F``, ``torch``) is a stand-in module: the real module's attributes, the routed functions
+    replaced by fastact's routes (``FastActMode._run``: the same checks and fallbacks as the mode), and functions it
+    calls that need the same by their copies. Installed per instance (``module.forward``, and the methods it
+    reaches through ``self``), it costs nothing per torch call, where the mode costs every torch call of the forward
+    ~1-7 us (the host time of a BERT step in bf16 on an H100).
+
+    Only what the bytecode shows is redirected: a routed name reached any other way (``x.softmax(...)``, a function
+    held in an attribute, closure or default, a torch function that calls one, a call beyond the search depth)
+    raises _Uncovered, and the module keeps the mode."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.stand_ins = {}  # id(real module) -> (real module, its stand-in)
+        self.wrappers = {}  # routed torch function -> the function the stand-ins hold instead
+        self.by_class = {}  # module class -> {attribute: copied function} to install, or None: keep the mode
+
+    def install(self, module):
+        """Puts the copies into `module` (instance attributes); False where the module must keep the mode."""
+        own = vars(module).get("forward")
+        if own is not None:  # an instance forward: copied by an earlier apply (already routed), or the user's
+            return getattr(getattr(own, "__func__", own), "_fastact_copy", False)
+        if _holds_routed(module):
+            return False
+        cls = type(module)
+        if cls not in self.by_class:
+            try:
+                self.by_class[cls] = self._methods(cls)
+            except _Uncovered:
+                self.by_class[cls] = None
+        methods = self.by_class[cls]
+        if not methods:
+            return False
+        for name, fn in methods.items():
+            static = inspect.getattr_static(cls, name)
+            bound = fn if isinstance(static, staticmethod) else types.MethodType(
+                fn, cls if isinstance(static, classmethod) else module)
+            setattr(module, name, bound)
+        return True
+
+    def _methods(self, cls):
+        copies, methods = {}, {}
+        forward = self._copy(cls.forward, cls, 2, copies, methods)
+        if forward is not None:
+            methods["forward"] = forward
+        return methods
+
+    def _copy(self, fn, owner, depth, copies, methods):
+        """The copy of Python function `fn` whose globals (and closure, and those of the functions it calls,
+        `depth` calls deep) reach fastact's routes, or None where it reaches no routed function. Methods of
+        `owner` that need a copy go into `methods`."""
+        fn = getattr(fn, "__func__", fn)
+        if not isinstance(fn, types.FunctionType):
+            return None
+        key = (fn, depth)
+        if key in copies:
+            return copies[key]
+        copies[key] = None  # recursion: a function calling itself reaches the original inside
+        if any(_routed(v) for v in (fn.__defaults__ or ()) + tuple((fn.__kwdefaults__ or {}).values())):
+            raise _Uncovered
+        scope = fn.__globals__
+        replace = {}
+        for code in _nested_codes(fn.__code__):
+            chain = None  # (global name, module reached, attribute path) while a.b.c walks modules
+            for ins in dis.get_instructions(code):
+                op, name = ins.opname, ins.argval
+                if op == "LOAD_GLOBAL":
+                    value = scope.get(name, _MISSING)
+                    chain = (name, value, ()) if isinstance(value, types.ModuleType) else None
+                    if _routed(value):
+                        replace[name] = self._wrapper(value)
+                    elif isinstance(value, types.FunctionType):
+                        self._callee(value, None, depth, copies, methods, replace, name)
+                elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+                    if chain is not None:
+                        root, mod, path = chain
+                        target = getattr(mod, name, None)
+                        path += (name,)
+                        chain = (root, target, path) if isinstance(target, types.ModuleType) else None
+                        if _routed(target):
+                            replace[root] = self._stand_in(scope[root], path[:-1])
+                        elif isinstance(target, types.FunctionType) and _calls_routed(target, None, 2, set()):
+                            raise _Uncovered  # a torch function that calls one (F.sigmoid, F.softmin, ...)
+                        continue
+                    if name in _ROUTED_NAMES:  # x.softmax(...), self.act(...), ...
+                        raise _Uncovered
+                    if owner is not None:
+                        method = inspect.getattr_static(owner, name, None)
+                        if isinstance(method, (staticmethod, classmethod)):
+                            method = method.__func__
+                        if isinstance(method, types.FunctionType):
+                            self._callee(method, owner, depth, copies, methods, None, name)
+                else:
+                    chain = None
+                    if name in _ROUTED_NAMES:  # an import of one inside the function, a closure's name, ...
+                        raise _Uncovered
+        closure = fn.__closure__
+        if closure:
+            cells = []
+            for cell in closure:
+                content = cell.cell_contents if _cell_set(cell) else None
+                if _routed(content):
+                    raise _Uncovered
+                # a decorator's wrapper holds the decorated function in its closure: the same depth
+                new = self._copy(content, owner, depth, copies, methods) if isinstance(content, types.FunctionType) else None
+                cells.append(cell if new is None else types.CellType(new))
+            if any(c is not old for c, old in zip(cells, closure)):
+                closure = tuple(cells)
+        if not replace and closure is fn.__closure__:
+            return None
+        # No __name__ in the copied globals: dynamo reaches a function's globals through sys.modules[__name__] where
+        # there is one (the real module, whose nn is torch.nn), and through the dict itself where there is none.
+        scope = {k: v for k, v in scope.items() if k != "__name__"}
+        copy = types.FunctionType(fn.__code__, {**scope, **replace}, fn.__name__, fn.__defaults__, closure)
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__dict__.update(fn.__dict__)
+        copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+        copy._fastact_copy = True
+        wrapped = copies.get((getattr(fn, "__wrapped__", None), depth))
+        if wrapped is not None:
+            copy.__wrapped__ = wrapped
+        copies[key] = copy
+        return copy
+
+    def _callee(self, fn, owner, depth, copies, methods, replace, name):
+        """A function that `fn`'s code calls (a module global, or a method of `owner` reached through self)."""
+        if depth == 0:
+            # beyond the search: it must not reach a routed function either, or the copy would miss that call
+            if _calls_routed(fn, owner, 2, set()):
+                raise _Uncovered
+            return
+        copy = self._copy(fn, owner, depth - 1, copies, methods)
+        if copy is None:
+            return
+        if replace is None:
+            methods[name] = copy
+        else:
+            replace[name] = copy
+
+    def _stand_in(self, module, path=()):
+        """The stand-in for `module`, with the stand-ins of its submodules along `path` (torch -> nn -> functional)."""
+        hit = self.stand_ins.get(id(module))
+        if hit is None:
+            stand_in = types.ModuleType(module.__name__, module.__doc__)
+            for k, v in vars(module).items():
+                if k not in ("__name__", "__doc__"):
+                    stand_in.__dict__[k] = self._wrapper(v) if _routed(v) else v
+            # what the real module makes on first use (torch's lazy submodules) comes from it
+            stand_in.__dict__["__getattr__"] = functools.partial(getattr, module)
+            hit = self.stand_ins[id(module)] = (module, stand_in)
+        stand_in = hit[1]
+        if path:
+            setattr(stand_in, path[0], self._stand_in(getattr(module, path[0]), path[1:]))
+        return stand_in
+
+    def _wrapper(self, func):
+        routed = self.wrappers.get(func)
+        if routed is None:
+            run, hit = self.mode._run, _ROUTES[func]
+
+            def routed(*args, **kwargs):
+                return run(func, hit, args, kwargs, _ROUTED_FRAMES)
+
+            routed.__name__ = routed.__qualname__ = func.__name__
+            routed.__doc__ = f"fastact's route of {func.__name__} (fastact.patch: the same checks and fallbacks)"
+            self.wrappers[func] = routed
+        return routed
+
+
 def apply(model, *, functional=True):
     """Puts fastact into ``model`` in place: returns ``(model, replaced)``.
 
     Swaps every module whose forward is exactly a fastact op (each op's torch module twin:
     ``nn.Softmax``, ``nn.GELU``, ...; transformers' erf and tanh GELU classes) for the
     ``fastact.nn`` module with the same arguments; ``replaced`` counts the swaps by the
-    old class's name. With ``functional=True`` the forwards that call ``F.softmax`` / ``F.gelu`` /
-    ``torch.sigmoid`` / ... (the softmax of an eager attention) also run inside :func:`patch`, so those
-    calls route to fastact; ``model.fastact_mode.counts`` counts them. Which forwards: those of the
-    submodules whose code names one of the covered functions, directly or two calls deep (found
-    once, here, from their bytecode; the whole model's forward where none is found). The rest of
-    the model runs without the mode and pays nothing for it. Applying twice swaps nothing more
-    and adds no second mode."""
+    old class's name. With ``functional=True`` the calls of ``F.softmax`` / ``F.gelu`` /
+    ``torch.sigmoid`` / ... in the forwards (the softmax of an eager attention) route to fastact too;
+    ``model.fastact_mode.counts`` counts them. Which forwards: those of the submodules whose code names
+    one of the covered functions, directly or two calls deep (found once, here, from their bytecode).
+    Where that code reaches the function through a module global (``nn.functional.softmax``,
+    ``F.gelu``, ``torch.sigmoid``), the module gets copies of its forward (and of the functions and
+    methods in between) that call fastact instead, at no cost per call; otherwise (``x.softmax()``, a
+    function held in an attribute, ...) its forward runs inside :func:`patch` (the whole model's
+    forward where no such module is found). The rest of the model runs as before. Applying twice
+    swaps nothing more and adds nothing."""
     replaced = _swap_modules(model, {**_TORCH_SWAPS, **_transformers_swaps()})
     if functional and getattr(model, "fastact_mode", None) is None:
         mode = FastActMode()
         model.fastact_mode = mode
-        for m in _calling_modules(model) or [model]:
+        rebinder = _Rebinder(mode)
+        callers = _calling_modules(model)
+        for m in [m for m in callers if not rebinder.install(m)] if callers else [model]:
             m.register_forward_pre_hook(_enter(mode))
             # always_call: the mode leaves the stack even when the forward raises.
             m.register_forward_hook(_exit(mode), always_call=True)

@@ -13,6 +13,7 @@ transformers is not installed.
 
 import collections
 import copy
+import functools
 import warnings
 
 import pytest
@@ -125,27 +126,185 @@ def test_bert(device, dtype):
                       "gelu": N_LAYER + 1, "gelu_backward": N_LAYER + 1}
 
 
-@pytest.mark.parametrize("make,attention", [(lambda: gpt2(), "GPT2Attention"), (lambda: bert(), "BertSelfAttention")],
+@pytest.mark.parametrize("make,attention,methods", [(lambda: gpt2(), "GPT2Attention", {"forward", "_upcast_and_reordered_attn"}),
+                                                    (lambda: bert(), "BertSelfAttention", {"forward"})],
                          ids=["gpt2", "bert"])
-def test_apply_scopes_the_mode_to_attention(make, attention):
-    """apply enters the mode only around the modules whose forward calls F.softmax (the attentions, through
-    transformers' eager_attention_forward): the rest of the model runs without it and pays nothing per call."""
+def test_apply_routes_attention_without_the_mode(make, attention, methods):
+    """The attentions reach F.softmax as `nn.functional.softmax` (in transformers' eager_attention_forward, and in
+    GPT-2's _upcast_and_reordered_attn method): apply gives them copies of those functions that call fastact, so no
+    module of the model runs inside the mode and no torch call pays for it; every layer's softmax routes."""
     model, _ = fastact.apply(make())
-    on, off = set(), set()
+    modes = []
 
     def seen(module, args, output):
-        (on if torch._C._is_torch_function_mode_enabled() else off).add(module)
+        modes.append(torch._C._is_torch_function_mode_enabled())
 
     for m in model.modules():
         m.register_forward_hook(seen)
     with torch.no_grad():
         model(**token_inputs("cpu"))
+    assert len(modes) > 3 * N_LAYER and not any(modes)
     attentions = [m for m in model.modules() if type(m).__name__ == attention]
-    within = {sub for a in attentions for sub in a.modules() if sub is not a}
-    # A forward hook runs after the module's own exit hook: the attention itself is seen outside, its children inside.
-    assert len(attentions) == N_LAYER and set(attentions) <= off
-    assert on and on <= within, sorted(type(m).__name__ for m in on - within)
-    assert model.fastact_mode.counts == {"softmax": N_LAYER}
+    assert len(attentions) == N_LAYER
+    assert {m for m in model.modules() if "forward" in vars(m)} == set(attentions)
+    assert all(methods <= set(vars(m)) for m in attentions)
+    assert model.fastact_mode.counts == {"softmax": N_LAYER} and not model.fastact_mode.fallbacks
+    # the class, and a model that was not applied, are untouched
+    with OpCounter() as count, torch.no_grad():
+        make()(**token_inputs("cpu"))
+    assert not count.counts
+
+
+@pytest.mark.parametrize("make", [gpt2, bert], ids=["gpt2", "bert"])
+def test_applied_transformers_model_under_torch_compile(make):
+    """dynamo traces the copied attention functions (whose globals are no module's own): every layer's softmax is
+    fastact's in the graph, none is torch's, and the logits are the eager applied model's."""
+    torch._dynamo.reset()
+    model, _ = fastact.apply(make().eval())
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    inputs = token_inputs("cpu")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend)(**inputs).logits
+        torch.testing.assert_close(y, model(**inputs).logits)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert sum(t == "fastact.softmax.default" for t in targets) == N_LAYER
+    assert not [t for t in targets if "softmax" in t and "fastact" not in t]
+    torch._dynamo.reset()
+
+
+def _helper_softmax(x):
+    return F.softmax(x, dim=-1)
+
+
+def _decorate(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _Globals(torch.nn.Module):
+    """Reaches each routed function through a module global: a helper, torch, F, torch.nn.functional."""
+
+    @_decorate
+    def forward(self, x):
+        return _helper_softmax(x) + torch.sigmoid(x) + F.gelu(x, approximate="tanh") + torch.nn.functional.silu(x)
+
+
+class _TensorMethod(torch.nn.Module):
+    def forward(self, x):
+        return x.softmax(-1)
+
+
+class _Held(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = F.gelu
+
+    def forward(self, x):
+        return self.act(x)
+
+
+class _TorchFunctionThatCalls(torch.nn.Module):
+    def forward(self, x):
+        return F.sigmoid(x)  # F.sigmoid is Python calling Tensor.sigmoid: only the mode reaches that
+
+
+class _Deep(torch.nn.Module):
+    def forward(self, x):
+        return _three(x)
+
+
+class _Mixed(torch.nn.Module):
+    def forward(self, x):
+        return _helper_softmax(x) + _three(x)
+
+
+def _three(x):
+    return _two(x)
+
+
+def _two(x):
+    return _one(x)
+
+
+def _one(x):
+    return _helper_softmax(x)
+
+
+@pytest.mark.parametrize("cls,copied,routes", [
+    (_Globals, True, {"softmax": 1, "sigmoid": 1, "gelu": 1, "silu": 1}),
+    (_TensorMethod, False, {"softmax": 1}),
+    (_Held, False, {"gelu": 1}),
+    (_TorchFunctionThatCalls, False, {"sigmoid": 1}),
+    # F.softmax four calls deep: no module found, so the mode runs around the whole model
+    (_Deep, False, {"softmax": 1}),
+    # found (one call deep), but another path reaches F.softmax beyond the copies' depth: the mode
+    (_Mixed, False, {"softmax": 2}),
+], ids=lambda v: v.__name__ if isinstance(v, type) else None)
+def test_apply_copies_only_what_the_bytecode_shows(cls, copied, routes):
+    """A module reaching the routed functions only through module globals gets copies (no mode); any other way
+    (a Tensor method, a function held in an attribute, a torch function that calls one, a call deeper than the
+    search) keeps the mode, which routes the call all the same; results are torch's."""
+    model, _ = fastact.apply(torch.nn.Sequential(cls()))
+    entered = []
+    model[0].register_forward_pre_hook(lambda m, a: entered.append(torch._C._is_torch_function_mode_enabled()))
+    x = torch.randn(3, 8)
+    with OpCounter() as count:
+        y = model(x)
+    torch.testing.assert_close(y, cls()(x))
+    assert ("forward" in vars(model[0])) == copied and entered == [not copied]
+    assert model.fastact_mode.counts == routes and count.counts == routes
+
+
+class _Implicit(torch.nn.Module):
+    def forward(self, x):
+        return F.softmax(x)
+
+
+def test_apply_copies_warn_and_nest_as_torch():
+    """A copied forward's F.softmax(x) (the implicit dim) warns at the caller's line, as torch's; applying a model
+    that holds an applied one copies nothing more, and the copies keep counting into the first apply's mode."""
+    x = torch.randn(2, 3, 4)
+
+    def warned(m):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            y = m(x)
+        return y, [(i.category, i.filename, i.lineno) for i in w]
+
+    y_ref, w_ref = warned(_Implicit())
+    model, _ = fastact.apply(torch.nn.Sequential(_Implicit()))
+    y, w = warned(model)
+    assert "forward" in vars(model[0]) and model.fastact_mode.counts == {"softmax": 1}
+    assert w == w_ref != []
+    torch.testing.assert_close(y, y_ref)
+    forward = vars(model[0])["forward"]
+    outer, _ = fastact.apply(torch.nn.Sequential(model, torch.nn.Softmax(-1)))
+    assert vars(model[0])["forward"] is forward
+    with OpCounter() as count:
+        warned(outer)
+    assert count.counts == {"softmax": 2}
+    assert model.fastact_mode.counts == {"softmax": 2} and not outer.fastact_mode.counts
+
+
+def test_applied_model_deepcopies():
+    """A deep copy of an applied model runs its own weights through the copied forwards (bound to the copy)."""
+    model, _ = fastact.apply(torch.nn.Sequential(torch.nn.Linear(8, 8), _Globals()))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].weight.mul_(2)
+    x = torch.randn(3, 8)
+    with OpCounter() as count:
+        y = twin(x)
+    assert vars(twin[1])["forward"].__self__ is twin[1] and count.counts["softmax"] == 1
+    torch.testing.assert_close(y, _Globals()(twin[0](x)))
 
 
 @pytest.mark.parametrize("dtype", MODEL_DTYPES, ids=dtype_id)
