@@ -11,7 +11,6 @@ backward, for the softmax and the GELU of every layer. The transformers tests sk
 transformers is not installed.
 """
 
-import collections
 import copy
 import functools
 import warnings
