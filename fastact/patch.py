@@ -50,6 +50,7 @@ import dis
 import functools
 import inspect
 import operator
+import sys
 import threading
 import types
 
@@ -397,15 +398,18 @@ def _cell_set(cell):
 
 
 def _holds_routed(module):
-    """Whether the module keeps a routed function as an attribute (``self.act = F.gelu``, or a partial of one)."""
-    for value in vars(module).values():
-        f = value.func if isinstance(value, functools.partial) else value
-        try:
-            if f in _ROUTES:
-                return True
-        except TypeError:  # unhashable
-            continue
-    return False
+    """Whether the module keeps a routed function as an attribute (``self.act = F.gelu``, a partial of one, or one in a
+    list, tuple or dict)."""
+    return any(_holds(value) for value in vars(module).values())
+
+
+def _holds(value):
+    """Whether `value` is a routed function, a partial of one or a list, tuple, set or dict holding one."""
+    if isinstance(value, dict):
+        return any(_holds(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds(v) for v in value)
+    return _routed(value.func if isinstance(value, functools.partial) else value)
 
 
 def _calling_modules(model):
@@ -423,11 +427,13 @@ def _calling_modules(model):
 
 
 class _Uncovered(Exception):
-    """A routed function reached in a way that a copy with other globals cannot redirect (a Tensor method, a
-    function held in an attribute or a default, a call deeper than the search): the module keeps the mode."""
+    """A routed function reached in a way that copies with other globals cannot redirect (a Tensor method, a function
+    used as a value, a call through super() or a property, a call deeper than the search): the module keeps the
+    mode."""
 
 
 _MISSING = object()
+_METHOD_BIT_ATTR = sys.version_info >= (3, 12)  # LOAD_ATTR's low bit marks a method load (3.11: LOAD_METHOD)
 
 
 def _routed(value):
@@ -437,6 +443,17 @@ def _routed(value):
         return False
 
 
+def _called(ins):
+    """Whether a LOAD_GLOBAL / LOAD_ATTR / LOAD_METHOD loads its value to call it at once (``F.softmax(x)``, not
+    ``fn = F.softmax`` or ``fn is F.gelu``): the call form pushes NULL / self with it. (A call of an attribute of an
+    imported name, ``F.softmax(x)``, pushes the NULL with the name: the LOAD_GLOBAL at the chain's root.)"""
+    if ins.opname == "LOAD_METHOD":
+        return True
+    if ins.opname == "LOAD_GLOBAL" or (ins.opname == "LOAD_ATTR" and _METHOD_BIT_ATTR):
+        return bool(ins.arg & 1)
+    return False
+
+
 def _nested_codes(code):
     yield code
     for const in code.co_consts:
@@ -444,49 +461,61 @@ def _nested_codes(code):
             yield from _nested_codes(const)
 
 
+def _reaches(fn, owner=None):
+    """Whether Python function `fn` may call a routed function, four calls deep: what the copies must not miss."""
+    fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    return isinstance(fn, types.FunctionType) and _calls_routed(fn, owner, 4, set())
+
+
 class _Rebinder:
-    """Copies of the functions an attention's forward runs, whose globals reach fastact instead of torch.
+    """Routes an attention's functional calls through copies of its functions instead of the mode.
 
     An eager attention reaches ``F.softmax`` as ``nn.functional.softmax`` (or ``F.softmax``, ``torch.softmax``) in
-    its forward or in a module-level function the forward calls (transformers' ``eager_attention_forward``). The
-    copy of such a function shares its code and closure and has a copy of its module's globals in which the root of
-    that name (``nn``, ``F``, ``torch``) is a stand-in module: the real module's attributes, the routed functions
-    replaced by fastact's routes (``FastActMode._run``: the same checks and fallbacks as the mode), and functions it
-    calls that need the same by their copies. Installed per instance (``module.forward``, and the methods it
-    reaches through ``self``), it costs nothing per torch call, where the mode costs every torch call of the forward
-    ~1-7 us (the host time of a BERT step in bf16 on an H100).
+    its forward, in a module-level function the forward calls (transformers' ``eager_attention_forward``) or in a
+    method (GPT-2's ``_upcast_and_reordered_attn``). A copy of such a function shares its code and closure and has a
+    copy of its module's globals in which the root of that name (``nn``, ``F``, ``torch``) is a stand-in module: the
+    real module's attributes, the routed functions replaced by fastact's routes (``FastActMode._run``: the same
+    checks and fallbacks as the mode), and the functions it calls that need the same replaced by their copies. The
+    module's class becomes a subclass of it (same name) holding the copied methods, as torch.nn.utils.parametrize
+    does; nothing is paid per torch call, where the mode costs every torch call of the forward ~1-7 us.
 
-    Only what the bytecode shows is redirected: a routed name reached any other way (``x.softmax(...)``, a function
-    held in an attribute, closure or default, a torch function that calls one, a call beyond the search depth)
-    raises _Uncovered, and the module keeps the mode."""
+    Only calls the bytecode shows are redirected: a routed function reached any other way (``x.softmax(...)``, a
+    function used as a value or held in an attribute, container or default, a torch function that calls one, a call
+    through super(), a class name or a property, a submodule or function beyond the search, code that writes
+    globals or reads ``__name__``) raises _Uncovered, and the module keeps the mode."""
 
     def __init__(self, mode):
         self.mode = mode
         self.stand_ins = {}  # id(real module) -> (real module, its stand-in)
         self.wrappers = {}  # routed torch function -> the function the stand-ins hold instead
-        self.by_class = {}  # module class -> {attribute: copied function} to install, or None: keep the mode
+        self.subclasses = {}  # module class -> its subclass with the copies, or None: keep the mode
+        self.reaching = {}  # module class -> whether its forward may reach a routed function (_reaches)
 
-    def install(self, module):
-        """Puts the copies into `module` (instance attributes); False where the module must keep the mode."""
-        own = vars(module).get("forward")
-        if own is not None:  # an instance forward: copied by an earlier apply (already routed), or the user's
-            return getattr(getattr(own, "__func__", own), "_fastact_copy", False)
-        if _holds_routed(module):
-            return False
+    def install(self, module, callers):
+        """Gives `module` the copies (its class becomes the subclass holding them); False where it keeps the mode.
+        `callers`: the modules that get copies or the mode themselves."""
         cls = type(module)
-        if cls not in self.by_class:
+        if getattr(cls, "_fastact_routes", None) is not None:  # copied by an earlier apply, counting into its mode
+            return True
+        if cls not in self.subclasses:
             try:
-                self.by_class[cls] = self._methods(cls)
+                methods = self._methods(cls)
             except _Uncovered:
-                self.by_class[cls] = None
-        methods = self.by_class[cls]
-        if not methods:
+                methods = None
+            self.subclasses[cls] = self._subclass(cls, methods) if methods else None
+        sub = self.subclasses[cls]
+        # an instance attribute (a method the user replaced on this module, a function held) wins over the class
+        if sub is None or _holds_routed(module) or any(name in vars(module) for name in sub._fastact_routes):
             return False
-        for name, fn in methods.items():
-            static = inspect.getattr_static(cls, name)
-            bound = fn if isinstance(static, staticmethod) else types.MethodType(
-                fn, cls if isinstance(static, classmethod) else module)
-            setattr(module, name, bound)
+        # a submodule whose forward reaches a routed function, and that gets neither copies nor a mode of its own,
+        # ran inside the mode around this forward: this module keeps it
+        for d in module.modules():
+            if d is not module and d not in callers and type(d).__module__ != _fnn.__name__:
+                if type(d) not in self.reaching:
+                    self.reaching[type(d)] = _reaches(type(d).forward, type(d))
+                if self.reaching[type(d)]:
+                    return False
+        module.__class__ = sub
         return True
 
     def _methods(self, cls):
@@ -495,6 +524,14 @@ class _Rebinder:
         if forward is not None:
             methods["forward"] = forward
         return methods
+
+    def _subclass(self, cls, methods):
+        ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_fastact_routes": tuple(methods)}
+        for name, fn in methods.items():
+            static = inspect.getattr_static(cls, name)
+            ns[name] = staticmethod(fn) if isinstance(static, staticmethod) else (
+                classmethod(fn) if isinstance(static, classmethod) else fn)
+        return type(cls)(cls.__name__, (cls,), ns)
 
     def _copy(self, fn, owner, depth, copies, methods):
         """The copy of Python function `fn` whose globals (and closure, and those of the functions it calls,
@@ -507,40 +544,49 @@ class _Rebinder:
         if key in copies:
             return copies[key]
         copies[key] = None  # recursion: a function calling itself reaches the original inside
-        if any(_routed(v) for v in (fn.__defaults__ or ()) + tuple((fn.__kwdefaults__ or {}).values())):
+        defaults = (fn.__defaults__ or ()) + tuple((fn.__kwdefaults__ or {}).values())
+        if any(_holds(d) or _reaches(d) for d in defaults):
             raise _Uncovered
         scope = fn.__globals__
         replace = {}
         for code in _nested_codes(fn.__code__):
-            chain = None  # (global name, module reached, attribute path) while a.b.c walks modules
+            chain = None  # (global name, module reached, attribute path, root loaded to call) while a.b.c walks modules
             for ins in dis.get_instructions(code):
                 op, name = ins.opname, ins.argval
+                if op in ("STORE_GLOBAL", "DELETE_GLOBAL") or (op == "LOAD_GLOBAL" and name in ("__name__", "globals")):
+                    raise _Uncovered  # the copy's globals are a snapshot without __name__
                 if op == "LOAD_GLOBAL":
                     value = scope.get(name, _MISSING)
-                    chain = (name, value, ()) if isinstance(value, types.ModuleType) else None
+                    chain = (name, value, (), _called(ins)) if isinstance(value, (types.ModuleType, type)) else None
                     if _routed(value):
+                        if not _called(ins):
+                            raise _Uncovered
                         replace[name] = self._wrapper(value)
                     elif isinstance(value, types.FunctionType):
                         self._callee(value, None, depth, copies, methods, replace, name)
-                elif op in ("LOAD_ATTR", "LOAD_METHOD"):
-                    if chain is not None:
-                        root, mod, path = chain
+                    elif _holds(value):  # a table of activations
+                        raise _Uncovered
+                elif op in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"):
+                    if chain is not None and isinstance(chain[1], type):  # SomeClass.name: the original class's
+                        if _reaches(inspect.getattr_static(chain[1], name, None), chain[1]):
+                            raise _Uncovered
+                        chain = None
+                    elif chain is not None:
+                        root, mod, path, root_called = chain
                         target = getattr(mod, name, None)
                         path += (name,)
-                        chain = (root, target, path) if isinstance(target, types.ModuleType) else None
+                        chain = (root, target, path, root_called) if isinstance(target, types.ModuleType) else None
                         if _routed(target):
+                            if not (_called(ins) or root_called):
+                                raise _Uncovered
                             replace[root] = self._stand_in(scope[root], path[:-1])
-                        elif isinstance(target, types.FunctionType) and _calls_routed(target, None, 2, set()):
-                            raise _Uncovered  # a torch function that calls one (F.sigmoid, F.softmin, ...)
-                        continue
-                    if name in _ROUTED_NAMES:  # x.softmax(...), self.act(...), ...
-                        raise _Uncovered
-                    if owner is not None:
-                        method = inspect.getattr_static(owner, name, None)
-                        if isinstance(method, (staticmethod, classmethod)):
-                            method = method.__func__
-                        if isinstance(method, types.FunctionType):
-                            self._callee(method, owner, depth, copies, methods, None, name)
+                        elif _reaches(target) or _holds(target):  # a torch function that calls one (F.sigmoid)
+                            raise _Uncovered
+                    else:
+                        if name in _ROUTED_NAMES:  # x.softmax(...), self.act(...), ...
+                            raise _Uncovered
+                        if owner is not None:
+                            self._attribute(owner, name, depth, copies, methods)
                 else:
                     chain = None
                     if name in _ROUTED_NAMES:  # an import of one inside the function, a closure's name, ...
@@ -550,7 +596,7 @@ class _Rebinder:
             cells = []
             for cell in closure:
                 content = cell.cell_contents if _cell_set(cell) else None
-                if _routed(content):
+                if _holds(content):
                     raise _Uncovered
                 # a decorator's wrapper holds the decorated function in its closure: the same depth
                 new = self._copy(content, owner, depth, copies, methods) if isinstance(content, types.FunctionType) else None
@@ -566,18 +612,33 @@ class _Rebinder:
         copy.__kwdefaults__ = fn.__kwdefaults__
         copy.__dict__.update(fn.__dict__)
         copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
-        copy._fastact_copy = True
         wrapped = copies.get((getattr(fn, "__wrapped__", None), depth))
         if wrapped is not None:
             copy.__wrapped__ = wrapped
         copies[key] = copy
         return copy
 
+    def _attribute(self, owner, name, depth, copies, methods):
+        """`name` loaded from an object (``self.name``, ``super().name``, ``other.name``): where `owner`'s classes
+        define it, the definition ``self.name`` finds is copied into the subclass if it needs to be; one that only
+        super() reaches, or a property, must reach no routed function."""
+        found = [c.__dict__[name] for c in owner.__mro__ if name in c.__dict__]
+        for i, attr in enumerate(found):
+            if isinstance(attr, property):
+                if any(_reaches(f, owner) for f in (attr.fget, attr.fset, attr.fdel)):
+                    raise _Uncovered
+            elif i == 0 and isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
+                self._callee(getattr(attr, "__func__", attr), owner, depth, copies, methods, None, name)
+            elif _reaches(attr, owner):
+                raise _Uncovered
+
     def _callee(self, fn, owner, depth, copies, methods, replace, name):
         """A function that `fn`'s code calls (a module global, or a method of `owner` reached through self)."""
         if depth == 0:
+            if replace is None and any(key[0] is fn for key in copies):
+                return  # a method searched (or being searched) higher up: self.name finds its copy in the subclass
             # beyond the search: it must not reach a routed function either, or the copy would miss that call
-            if _calls_routed(fn, owner, 2, set()):
+            if _reaches(fn, owner):
                 raise _Uncovered
             return
         copy = self._copy(fn, owner, depth - 1, copies, methods)
@@ -612,8 +673,7 @@ class _Rebinder:
             def routed(*args, **kwargs):
                 return run(func, hit, args, kwargs, _ROUTED_FRAMES)
 
-            routed.__name__ = routed.__qualname__ = func.__name__
-            routed.__doc__ = f"fastact's route of {func.__name__} (fastact.patch: the same checks and fallbacks)"
+            functools.update_wrapper(routed, func)  # torch's name, doc and (through __wrapped__) signature
             self.wrappers[func] = routed
         return routed
 
@@ -640,7 +700,8 @@ def apply(model, *, functional=True):
         model.fastact_mode = mode
         rebinder = _Rebinder(mode)
         callers = _calling_modules(model)
-        for m in [m for m in callers if not rebinder.install(m)] if callers else [model]:
+        found = set(callers)
+        for m in [m for m in callers if not rebinder.install(m, found)] if callers else [model]:
             m.register_forward_pre_hook(_enter(mode))
             # always_call: the mode leaves the stack even when the forward raises.
             m.register_forward_hook(_exit(mode), always_call=True)
