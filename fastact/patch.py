@@ -433,6 +433,7 @@ class _Uncovered(Exception):
 
 
 _MISSING = object()
+_ACTIVE = object()  # a function whose copy is being made (a call back into it is a recursion)
 _METHOD_BIT_ATTR = sys.version_info >= (3, 12)  # LOAD_ATTR's low bit marks a method load (3.11: LOAD_METHOD)
 
 
@@ -542,8 +543,8 @@ class _Rebinder:
             return None
         key = (fn, depth)
         if key in copies:
-            return copies[key]
-        copies[key] = None  # recursion: a function calling itself reaches the original inside
+            return None if copies[key] is _ACTIVE else copies[key]
+        copies[key] = _ACTIVE
         defaults = (fn.__defaults__ or ()) + tuple((fn.__kwdefaults__ or {}).values())
         if any(_holds(d) or _reaches(d) for d in defaults):
             raise _Uncovered
@@ -604,6 +605,7 @@ class _Rebinder:
             if any(c is not old for c, old in zip(cells, closure)):
                 closure = tuple(cells)
         if not replace and closure is fn.__closure__:
+            copies[key] = None
             return None
         # No __name__ in the copied globals: dynamo reaches a function's globals through sys.modules[__name__] where
         # there is one (the real module, whose nn is torch.nn), and through the dict itself where there is none.
@@ -634,14 +636,20 @@ class _Rebinder:
 
     def _callee(self, fn, owner, depth, copies, methods, replace, name):
         """A function that `fn`'s code calls (a module global, or a method of `owner` reached through self)."""
-        if depth == 0:
-            if replace is None and any(key[0] is fn for key in copies):
-                return  # a method searched (or being searched) higher up: self.name finds its copy in the subclass
+        known = [v for (f, d), v in copies.items() if f is fn and d >= depth - 1]
+        if known:  # searched higher up already (or being searched: a call back into it)
+            copy = known[0]
+            if copy is _ACTIVE:
+                if replace is not None:  # a global function called back before its copy exists
+                    raise _Uncovered
+                return  # a method: self.name finds the copy in the subclass
+        elif depth == 0:
             # beyond the search: it must not reach a routed function either, or the copy would miss that call
             if _reaches(fn, owner):
                 raise _Uncovered
             return
-        copy = self._copy(fn, owner, depth - 1, copies, methods)
+        else:
+            copy = self._copy(fn, owner, depth - 1, copies, methods)
         if copy is None:
             return
         if replace is None:

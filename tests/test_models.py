@@ -13,6 +13,7 @@ transformers is not installed.
 
 import copy
 import functools
+import pickle
 import warnings
 
 import pytest
@@ -111,7 +112,7 @@ def test_gpt2(device, dtype):
     counts, replaced, model = compare(gpt2(), token_inputs(device), dtype, device)
     assert replaced == {"NewGELUActivation": N_LAYER}  # GPT-2's gelu_new is the tanh GELU
     assert all(type(b.mlp.act) is fastact.nn.GELU and b.mlp.act.approximate == "tanh" for b in model.transformer.h)
-    # One attention softmax (F.softmax through the mode) and one MLP GELU per layer, each with its backward.
+    # One attention softmax (F.softmax through apply's copies) and one MLP GELU per layer, each with its backward.
     assert counts == {"softmax": N_LAYER, "softmax_backward": N_LAYER, "gelu": N_LAYER, "gelu_backward": N_LAYER}
     assert model.fastact_mode.counts == {"softmax": N_LAYER} and not model.fastact_mode.fallbacks
 
@@ -123,6 +124,25 @@ def test_bert(device, dtype):
     assert replaced == {"GELUActivation": N_LAYER + 1}
     assert counts == {"softmax": N_LAYER, "softmax_backward": N_LAYER,
                       "gelu": N_LAYER + 1, "gelu_backward": N_LAYER + 1}
+
+
+def llama():
+    tr = _transformers()
+    cfg = tr.LlamaConfig(num_hidden_layers=N_LAYER, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=1000, max_position_embeddings=64, attn_implementation="eager")
+    return tr.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("dtype", MODEL_DTYPES, ids=dtype_id)
+def test_llama(device, dtype):
+    """Llama's attention forward is wrapped by transformers' kernel decorator (which reads self.forward) and its
+    eager attention takes softmax's dtype=float32; its MLP's SiLU is transformers' own class calling F.silu."""
+    counts, replaced, model = compare(llama(), token_inputs(device), dtype, device)
+    assert counts == {"softmax": N_LAYER, "softmax_backward": N_LAYER, "silu": N_LAYER, "silu_backward": N_LAYER}
+    # (older transformers use torch's nn.SiLU there, which apply swaps instead)
+    assert model.fastact_mode.counts["softmax"] == N_LAYER and not model.fastact_mode.fallbacks
+    assert "LlamaAttention" in {type(m).__name__ for m in model.modules() if getattr(type(m), "_fastact_routes", None)}
+    assert not any(m._forward_pre_hooks for m in model.modules())  # no mode anywhere
 
 
 @pytest.mark.parametrize("make,attention,methods", [(lambda: gpt2(), "GPT2Attention", {"forward", "_upcast_and_reordered_attn"}),
@@ -260,6 +280,129 @@ def test_apply_copies_only_what_the_bytecode_shows(cls, copied, routes):
     torch.testing.assert_close(y, cls()(x))
     assert bool(getattr(type(model[0]), "_fastact_routes", None)) == copied and entered == [not copied]
     assert model.fastact_mode.counts == routes and count.counts == routes
+
+
+class _Parent(torch.nn.Module):
+    def helper(self, x):
+        return F.softmax(x, dim=-1)
+
+
+class _Super(_Parent):
+    def helper(self, x):
+        return super().helper(x) * 2  # the parent's helper: only the mode reaches it
+
+    def forward(self, x):
+        return F.gelu(self.helper(x))
+
+
+class _ThroughType(torch.nn.Module):
+    @staticmethod
+    def _attn(x):
+        return F.softmax(x, dim=-1)
+
+    def forward(self, x):
+        return type(self)._attn(x)  # the subclass's copy
+
+
+class _ThroughClassName(torch.nn.Module):
+    @staticmethod
+    def _attn(x):
+        return F.softmax(x, dim=-1)
+
+    def forward(self, x):
+        return _ThroughClassName._attn(x) + F.gelu(x)  # the original class's
+
+
+class _Property(torch.nn.Module):
+    @property
+    def scale(self):
+        return F.softmax(torch.ones(8), -1)
+
+    def forward(self, x):
+        return F.gelu(x) * self.scale
+
+
+class _InnerDeep(torch.nn.Module):
+    def forward(self, x):
+        return _three(x)
+
+
+class _OuterOfDeep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _InnerDeep()
+
+    def forward(self, x):
+        return F.gelu(self.inner(x))  # the submodule's softmax ran inside this forward's mode
+
+
+_ACTS = {"gelu": F.gelu}
+
+
+class _Table(torch.nn.Module):
+    def forward(self, x):
+        return _ACTS["gelu"](x) + F.softmax(x, -1)
+
+
+class _Identity(torch.nn.Module):
+    def forward(self, x):
+        fn = _ACTS["gelu"]
+        return F.softmax(x, -1) + (1.0 if fn is F.gelu else 0.0)  # F.gelu as a value: torch's own object
+
+
+class _Default(torch.nn.Module):
+    def forward(self, x, act=lambda t: F.softmax(t, -1)):
+        return act(F.gelu(x))
+
+
+_CALLS = 0
+
+
+class _WritesGlobals(torch.nn.Module):
+    def forward(self, x):
+        global _CALLS
+        _CALLS += 1
+        return F.softmax(x, -1)
+
+
+@pytest.mark.parametrize("cls,copied,routes", [
+    (_Super, False, {"softmax": 1, "gelu": 1}),
+    (_ThroughType, True, {"softmax": 1}),
+    (_ThroughClassName, False, {"softmax": 1, "gelu": 1}),
+    (_Property, False, {"softmax": 1, "gelu": 1}),
+    (_OuterOfDeep, False, {"softmax": 1, "gelu": 1}),
+    (_Table, False, {"softmax": 1, "gelu": 1}),
+    (_Identity, False, {"softmax": 1}),
+    (_Default, False, {"softmax": 1, "gelu": 1}),
+    (_WritesGlobals, False, {"softmax": 1}),
+], ids=lambda v: v.__name__ if isinstance(v, type) else None)
+def test_apply_keeps_the_mode_where_copies_would_miss(cls, copied, routes):
+    """Each way a copy of the forward would miss a routed call or change what the code does keeps the mode, which
+    routes what torch's functions would have run: the counts are the mode's, the results torch's."""
+    test_apply_copies_only_what_the_bytecode_shows(cls, copied, routes)
+
+
+def test_applied_module_copies_and_replicas_use_their_own_weights():
+    """The copies live in a subclass (the module's class is swapped, as torch.nn.utils.parametrize does), so a shallow
+    copy or a DataParallel replica runs its own parameters; an instance method set by the user wins over them (the
+    mode there); pickling an applied model fails instead of silently dropping the routes."""
+    model, _ = fastact.apply(torch.nn.Sequential(torch.nn.Linear(8, 8), _Globals()))
+    twin = copy.copy(model[1])
+    assert type(twin) is type(model[1]) and type(model[1]).__name__ == "_Globals"
+    replica = model._replicate_for_data_parallel()
+    with torch.no_grad():
+        replica[0].weight.mul_(3)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(replica(x), _Globals()(replica[0](x)))
+    own = _Globals()
+    own.forward = lambda x: F.softmax(x, -1)
+    applied, _ = fastact.apply(torch.nn.Sequential(own))
+    assert type(applied[0]) is _Globals
+    with OpCounter() as count:
+        applied(x)
+    assert count.counts == {"softmax": 1} and applied.fastact_mode.counts == {"softmax": 1}
+    with pytest.raises(Exception, match="_Globals"):
+        pickle.dumps(model)
 
 
 class _Implicit(torch.nn.Module):
