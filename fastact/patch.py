@@ -15,9 +15,10 @@ Two tools, for the two ways models reach an activation:
   classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
   ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
   ``functional=True`` (the default) it also routes the covered functions that submodules' forwards
-  call (an attention's ``F.softmax``): through copies of those forwards whose globals reach fastact
-  (``_Rebinder``: no cost per call) where the bytecode shows every such call made through a module
-  global, else by running that forward inside ``fastact.patch()``.
+  call (an attention's ``F.softmax``): through copies of those forwards whose globals reach fastact,
+  held by a subclass that becomes the module's class (``_Rebinder``: no cost per call), where the
+  bytecode shows every such call made through a module global; else by running that forward inside
+  ``fastact.patch()``.
 
 ``patch()`` is a ``torch.overrides.TorchFunctionMode``. Its cost: while it is active every torch
 function call (matmul, add, view, ``x.size()``, ...) passes through its Python ``__torch_function__``,
@@ -696,12 +697,14 @@ def apply(model, *, functional=True):
     ``torch.sigmoid`` / ... in the forwards (the softmax of an eager attention) route to fastact too;
     ``model.fastact_mode.counts`` counts them. Which forwards: those of the submodules whose code names
     one of the covered functions, directly or two calls deep (found once, here, from their bytecode).
-    Where that code reaches the function through a module global (``nn.functional.softmax``,
-    ``F.gelu``, ``torch.sigmoid``), the module gets copies of its forward (and of the functions and
-    methods in between) that call fastact instead, at no cost per call; otherwise (``x.softmax()``, a
-    function held in an attribute, ...) its forward runs inside :func:`patch` (the whole model's
-    forward where no such module is found). The rest of the model runs as before. Applying twice
-    swaps nothing more and adds nothing."""
+    Where that code calls the function through a module global (``nn.functional.softmax``,
+    ``F.gelu``, ``torch.sigmoid``), the module's class becomes a subclass of it (same name) holding
+    copies of its forward and of the functions and methods in between that call fastact instead, at no
+    cost per call; otherwise (``x.softmax()``, a function held in an attribute, ...: see
+    ``_Rebinder``) its forward runs inside :func:`patch` (the whole model's forward where no such
+    module is found). The rest of the model runs as before. Applying twice swaps nothing more and adds
+    nothing. An applied model does not pickle (its copies are no importable class): pickle or save the
+    ``state_dict``, or the model before ``apply``."""
     replaced = _swap_modules(model, {**_TORCH_SWAPS, **_transformers_swaps()})
     if functional and getattr(model, "fastact_mode", None) is None:
         mode = FastActMode()
