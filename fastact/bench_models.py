@@ -1,6 +1,6 @@
 """Model-level benchmark: a training step (forward + backward) of Hugging Face transformers GPT-2 and
 BERT with and without fastact (``fastact.apply(model)``: the GELU modules swapped and the eager
-attention's ``F.softmax`` routed through ``fastact.patch()``), in float32, bfloat16 weights and
+attention's ``F.softmax`` routed to fastact through copies of its functions), in float32, bfloat16 weights and
 bfloat16 autocast over float32 weights.
 
     python -m fastact.bench_models                      # the device's default sizes
