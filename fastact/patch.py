@@ -13,7 +13,7 @@ Two tools, for the two ways models reach an activation:
 * ``fastact.apply(model)`` swaps, in place, the activation *modules* whose math is exactly a fastact
   op: each row's torch module twin (``nn.Softmax``, ``nn.GELU``, ...) and the transformers GELU
   classes (erf GELU: ``GELUActivation``; tanh GELU: ``GELUTanh``/``PytorchGELUTanh``,
-  ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``). With
+  ``NewGELUActivation``, ``FastGELUActivation``, ``AccurateGELUActivation``; SiLU: ``SiLUActivation``). With
   ``functional=True`` (the default) it also routes the covered functions that submodules' forwards
   call (an attention's ``F.softmax``): through copies of those forwards whose globals reach fastact,
   held by a subclass that becomes the module's class (``_Rebinder``: no cost per call), where the
@@ -280,8 +280,11 @@ def _transformers_swaps():
     for name in ("NewGELUActivation", "AccurateGELUActivation", "FastGELUActivation"):
         if isinstance(getattr(act, name, None), type):
             swaps[getattr(act, name)] = lambda m: _fnn.GELU("tanh")
+    # SiLUActivation (newer transformers' "silu"; "swish" is torch.nn.SiLU, a torch twin): F.silu(input).
+    if isinstance(getattr(act, "SiLUActivation", None), type):
+        swaps[act.SiLUActivation] = lambda m: _fnn.SiLU()
     # Not swapped: QuickGELU (x * sigmoid(1.702 x)), ClippedGELU (a clamp after), Mish, ...: no fastact op
-    # computes them. (transformers' SiLU is torch.nn.SiLU, a torch twin.)
+    # computes them.
     return swaps
 
 

@@ -136,12 +136,12 @@ def llama():
 @pytest.mark.parametrize("dtype", MODEL_DTYPES, ids=dtype_id)
 def test_llama(device, dtype):
     """Llama's attention forward is wrapped by transformers' kernel decorator (which reads self.forward) and its
-    eager attention takes softmax's dtype=float32; its MLP's SiLU is transformers' own class calling F.silu."""
+    eager attention takes softmax's dtype=float32; its MLP's SiLU is swapped."""
     counts, replaced, model = compare(llama(), token_inputs(device), dtype, device)
     assert counts == {"softmax": N_LAYER, "softmax_backward": N_LAYER, "silu": N_LAYER, "silu_backward": N_LAYER}
-    # (older transformers use torch's nn.SiLU there, which apply swaps instead)
-    assert model.fastact_mode.counts["softmax"] == N_LAYER and not model.fastact_mode.fallbacks
-    assert "LlamaAttention" in {type(m).__name__ for m in model.modules() if getattr(type(m), "_fastact_routes", None)}
+    assert replaced in ({"SiLUActivation": N_LAYER}, {"SiLU": N_LAYER})  # older transformers: torch's nn.SiLU
+    assert model.fastact_mode.counts == {"softmax": N_LAYER} and not model.fastact_mode.fallbacks
+    assert {type(m).__name__ for m in model.modules() if getattr(type(m), "_fastact_routes", None)} == {"LlamaAttention"}
     assert not any(m._forward_pre_hooks for m in model.modules())  # no mode anywhere
 
 
@@ -583,7 +583,7 @@ def test_apply_leaves_the_mode_stack_clean_on_error():
 
 
 def test_transformers_activation_classes():
-    """Only the classes whose forward is exactly an erf or tanh GELU are swapped, each to the right
+    """Only the classes whose forward is exactly an erf or tanh GELU (or SiLU) are swapped, each to the right
     approximation, and the swapped module computes what the original did."""
     act = _transformers().activations
     x = torch.randn(257, dtype=torch.float64) * 4
@@ -601,7 +601,11 @@ def test_transformers_activation_classes():
             assert replaced == {name: 1}, (name, kwargs)
             assert type(model[0]) is fastact.nn.GELU and model[0].approximate == approximate
             torch.testing.assert_close(model[0](x), original(x), rtol=1e-12, atol=1e-12)
-    for name in ("QuickGELUActivation", "SiLUActivation", "MishActivation", "LinearActivation"):
+    if hasattr(act, "SiLUActivation"):
+        model, replaced = fastact.apply(torch.nn.Sequential(act.SiLUActivation()), functional=False)
+        assert replaced == {"SiLUActivation": 1} and type(model[0]) is fastact.nn.SiLU
+        torch.testing.assert_close(model[0](x), act.SiLUActivation()(x), rtol=1e-12, atol=1e-12)
+    for name in ("QuickGELUActivation", "MishActivation", "LinearActivation"):
         model, replaced = fastact.apply(torch.nn.Sequential(getattr(act, name)()), functional=False)
         assert not replaced and type(model[0]) is getattr(act, name)
     clipped = act.ClippedGELUActivation(-1.0, 1.0)
