@@ -1,8 +1,8 @@
 """What fastact.apply costs a training step's host time, on any device: transformers GPT-2 and BERT too small to
 compute (12 layers, hidden 64, 8 tokens), so a step is all host time (one CPU thread). Five ways, alternated,
 median ms a step: torch; the module swaps alone (apply(functional=False)); the swaps with a do-nothing
-TorchFunctionMode around the modules apply would put its mode around (torch's own price of a mode); the swaps with
-fastact's mode there; apply.
+TorchFunctionMode around the modules whose forwards apply routes (torch's own price of a mode); the swaps with
+fastact's mode there (how apply routed them before it copied their functions); apply.
 
     python bench/diag/apply_host_cost.py [--steps 100] [--device cpu|cuda]
 """
