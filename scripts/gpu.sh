@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything a GPU machine does for fastact, in one go: install carried wheels (if .whl/ holds any),
-# build the CUDA extension, run the whole test suite, the sanitizers and the benchmark report.
-# Logs go to $OUT (default ./gpu-out): env.txt, build.log, tests.log (tests-huge.log), sanitize.log, bench.log and the
-# report's JSON and PNG.
+# build the CUDA extension, run the whole test suite, the sanitizers and the benchmark report (and, asked for, the
+# model table). Logs go to $OUT (default ./gpu-out): env.txt, build.log, tests.log (tests-huge.log), sanitize.log,
+# bench.log and the report's JSON and PNG; models.log, models.json and bert_host.log.
 #
-# Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench (default: all four, in order)
+# Usage: scripts/gpu.sh [stage ...]    stages: build test sanitize bench models (default: the first four, in order)
 # Env:   TESTS (pytest args, default "tests"), TESTS_K (a pytest -k expression, spaces allowed: a targeted run that
 #        still keeps the huge tests out of the parallel pass), WORKERS (pytest-xdist processes, default 16), BENCH (report args, default ""), TORCH_CUDA_ARCH_LIST
 #        (default 9.0), MAX_JOBS (default: cores).
@@ -89,6 +89,12 @@ for stage in $stages; do
     bench)
       # shellcheck disable=SC2086
       run_stage bench "$OUT/bench.log" python3 -m fastact.bench --out "$OUT" ${BENCH:-}
+      ;;
+    models)
+      # The model table (GPT-2 and BERT training steps, torch against fastact.apply: models.json), then where BERT
+      # bf16's host time goes (torch, the swaps, the swaps with the former mode, apply).
+      run_stage models "$OUT/models.log" python3 -m fastact.bench_models --out "$OUT"
+      run_stage bert-host "$OUT/bert_host.log" python3 bench/diag/bert_host.py --dtype bf16
       ;;
     *) echo "gpu.sh: unknown stage $stage" >&2; exit 2 ;;
   esac
