@@ -619,7 +619,7 @@ class _Rebinder:
         copy.__dict__.update(fn.__dict__)
         copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
         wrapped = copies.get((getattr(fn, "__wrapped__", None), depth))
-        if wrapped is not None:
+        if wrapped is not None and wrapped is not _ACTIVE:  # a copy made, not one still being made up the chain
             copy.__wrapped__ = wrapped
         copies[key] = copy
         return copy
