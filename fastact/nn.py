@@ -73,9 +73,10 @@ class {module}(torch.nn.Module):
             # _stacklevel=5, one frame deeper), so both have the same file and line and a warnings
             # filter treats them alike. (A literal: TorchScript cannot read a global int.)
             dim = _implicit_dim("{name}", input.dim(), 4)
+        # torch's layout: contiguous (fastact.{name} writes a permuted input's layout; a no-op otherwise)
         if _scripting():
-            return torch.ops.fastact.{name}(input, dim, None)
-        return {name}(input, dim)
+            return torch.ops.fastact.{name}(input, dim, None).contiguous()
+        return {name}(input, dim).contiguous()
 
     def extra_repr(self) -> str:
         return f"dim={{self.dim}}"

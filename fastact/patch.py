@@ -130,7 +130,7 @@ def _route_f_softmax(fn, name):
         dim = _as_dim(dim)
         if dim is None:
             return NotImplemented
-        return fn(input, dim, dtype=dtype)
+        return fn(input, dim, dtype=dtype).contiguous()  # torch's layout (see _route_softmax)
 
     return route
 
@@ -141,7 +141,10 @@ def _route_softmax(fn):
         dim = _as_dim(dim)
         if out is not None or dim is None or not _takes(input) or (dtype is not None and dtype not in _FLOATING):
             return NotImplemented
-        return fn(input, dim, dtype=dtype)
+        # torch's softmax returns a contiguous tensor whatever the input's layout; fastact's writes a transposed or
+        # permuted input's own layout. Code written against torch may view the result (`.view(-1)`): a routed call
+        # gives torch's layout, copying where the input is permuted (where torch copies the input).
+        return fn(input, dim, dtype=dtype).contiguous()
 
     return route
 

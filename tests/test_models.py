@@ -636,17 +636,50 @@ ROUTED = [
 ]
 
 
+@pytest.mark.parametrize("layout", ["offset", "permuted"])
 @pytest.mark.parametrize("case", range(len(ROUTED)))
-def test_patch_routes(device, dtype, case):
+def test_patch_routes(device, dtype, case, layout):
+    """Each routed call runs fastact's op and gives torch's values, dtype and layout (its strides: torch's softmax
+    returns a contiguous tensor whatever the input's layout, so code that views the result keeps working)."""
     op, call, reference = ROUTED[case]
-    x = (torch.randn(5, 7, 33, device=device) * 3).to(dtype)[:, :, 1:]  # a view with an offset
+    if layout == "offset":
+        x = (torch.randn(5, 7, 33, device=device) * 3).to(dtype)[:, :, 1:]  # a view with an offset
+    else:
+        x = (torch.randn(32, 5, 7, device=device) * 3).to(dtype).permute(1, 2, 0)  # dense, not contiguous
     with OpCounter() as count, fastact.patch() as mode:
         y = call(x)
     assert mode.counts == {op: 1} and not mode.fallbacks
     assert count.counts == {op: 1}
     y_torch = reference(x)
-    assert y.dtype == y_torch.dtype and y.shape == y_torch.shape
+    assert y.dtype == y_torch.dtype and y.shape == y_torch.shape and y.stride() == y_torch.stride()
     assert_close(y, reference(x.double()), y_torch.dtype, torch_actual=y_torch, msg=f"case {case}")
+
+
+class _ViewsTheSoftmax(torch.nn.Module):
+    """Code written against torch's layout: torch's softmax of a transposed input is contiguous, so it views."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 6)
+        self.norm = torch.nn.Softmax(dim=0)
+
+    def forward(self, x):
+        h = self.proj(x).transpose(0, 1)
+        return F.softmax(h, -1).view(-1) + torch.log_softmax(h, 0).view(-1) + self.norm(h).view(-1)
+
+
+def test_patch_and_apply_keep_torch_layout():
+    """A model that views its softmax's result runs under patch() and after apply() as under torch."""
+    model, x = _ViewsTheSoftmax(), torch.randn(4, 6)
+    want = model(x)
+    with OpCounter() as count, fastact.patch():
+        assert_close(model(x), want.double(), torch.float32, torch_actual=want)
+    assert count.counts == {"softmax": 2, "log_softmax": 1}
+    applied, replaced = fastact.apply(copy.deepcopy(model))
+    assert replaced == {"Softmax": 1}
+    with OpCounter() as count:
+        assert_close(applied(x), want.double(), torch.float32, torch_actual=want)
+    assert count.counts == {"softmax": 2, "log_softmax": 1}
 
 
 def test_patch_implicit_dim_warns_at_the_caller():
