@@ -53,10 +53,21 @@ def missing_build_requirements():
     return missing
 
 
+def _isolated():
+    """Whether this build runs in an isolated environment: pip's (its overlay, `pip-build-env-*`, on sys.path) or
+    python -m build's (a `build-env-*` venv)."""
+    import sys
+
+    return any("pip-build-env-" in p or "build-env-" in p for p in [sys.prefix, *sys.path])
+
+
 def missing_message(missing, editable=False):
     target = "-e ." if editable else "."
     names = [spec.partition("==")[0] for spec in missing]
-    lines = [f"fastact cannot be built in this environment: it has no {' and no '.join(names)}."]
+    lines = [f"fastact cannot be built in this build environment: it has no {' and no '.join(names)}."]
+    if _isolated():
+        lines.append("This build runs isolated (pip's default): the packages of your own environment are not in it, "
+                     "even where you have them.")
     if "torch" in missing:
         lines += [
             "",

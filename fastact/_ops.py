@@ -31,7 +31,19 @@ def _preload_tbb():
 
 _preload_tbb()
 
-from . import _C  # noqa: E402  (registers the ops)
+try:
+    from . import _C  # noqa: E402  (registers the ops)
+except ImportError as e:
+    # Python started in a source checkout imports its fastact/ folder, which shadows the installed package and,
+    # unless built in place (pip install -e), has no _C: say so rather than "partially initialized module".
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.exists(os.path.join(_here, os.pardir, "setup.py")) and not any(
+            f.startswith("_C.") for f in os.listdir(_here)):
+        raise ImportError(
+            f"fastact is imported from its source tree ({_here}), where the extension fastact._C is not built. "
+            "Run Python from another directory to use the installed fastact, or build this tree in place: "
+            "pip install --no-build-isolation -e .") from e
+    raise
 
 ops = torch.ops.fastact
 

@@ -62,8 +62,11 @@ fi
 
 case $job in
   test)
+    # the whole suite, unless the arguments name test files or folders (tests/test_api.py, tests/x.py::test_y)
+    targets=(tests)
+    for a in "$@"; do case $a in -*) ;; *) [ -e "${a%%::*}" ] && targets=() ;; esac; done
     set +e
-    python -m pytest tests -q -rfEs -p no:cacheprovider "$@"
+    python -m pytest "${targets[@]}" -q -rfEs -p no:cacheprovider "$@"
     rc=$?
     [ $rc -eq 5 ] && { echo "dev.sh: pytest collected no tests" >&2; exit 1; }
     exit $rc

@@ -149,3 +149,19 @@ b.check_build_requirements()
     assert r.returncode == 1
     assert r.stdout.strip() == "['tbb-devel==2023.2.0']"
     assert "it has no tbb-devel." in r.stderr and "Traceback" not in r.stderr
+
+
+def test_import_from_an_unbuilt_source_tree_says_why(tmp_path):
+    """Python started in a checkout imports its fastact/ folder, which has no built _C: the error says so and what to
+    run, instead of torch's "partially initialized module"."""
+    import shutil
+
+    shutil.copytree(ROOT / "fastact", tmp_path / "fastact", ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    shutil.copy(ROOT / "setup.py", tmp_path)
+    # an editable install's finder would find this checkout's own package first: leave it out
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+            "import fastact")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: fastact is imported from its source tree") and "-e ." in last, r.stderr
