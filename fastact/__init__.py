@@ -43,6 +43,8 @@ def _int_arg(fn, name, pos, value):
     numpy integer, a 0-d integer tensor or a SymInt; never a float, bool, string or a tensor of other shape or dtype
     (which the schema's own parsing would truncate or reject with a RuntimeError)."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if not -2**63 <= value < 2**63:
+            raise ValueError("Overflow when unpacking long long")  # torch's parser's error
         return value
     if isinstance(value, torch.SymInt):
         return value
@@ -57,6 +59,14 @@ def _int_arg(fn, name, pos, value):
 def _is_numpy_int(value):
     np = sys.modules.get("numpy")  # never imported for this: a numpy integer implies numpy is loaded
     return np is not None and isinstance(value, np.integer)
+
+
+def _tensor_args(fn, names, values):
+    """torch's TypeError for an argument that is neither a tensor nor a tensor-like (an object with
+    __torch_function__, which the op's dispatch hands its call)."""
+    for pos, (name, value) in enumerate(zip(names, values), 1):
+        if not isinstance(value, torch.Tensor) and not hasattr(value, "__torch_function__"):
+            raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be Tensor, not {_type_name(value)}")
 
 
 def _check_dtype_arg(fn, dtype):
@@ -82,6 +92,7 @@ def _softmax_slow(name, input, dim, stacklevel, dtype):
     """The calls _C's entry point leaves to Python (any dim but a plain int, tensor subclasses, modes, transforms,
     dynamo tracing): torch's argument rules, then the functorch Function or the OpOverload. `stacklevel` counts
     from here, as the public function's `_stacklevel` counts from it."""
+    _tensor_args(name, ("input",), (input,))
     if dim is None:
         dim = _implicit_dim(name, input.dim(), stacklevel)
     else:
@@ -96,6 +107,7 @@ def _pointwise_slow(name, tensors, params):
     """The slow path of a pointwise or bias op (`tensors`: its tensor arguments, `params`: its string ones):
     torch's argument rules for the strings, then the functorch Function or the OpOverload."""
     row = _ROWS[name]
+    _tensor_args(name, row.tensors, tensors)
     params = tuple(_str_arg(name, p.name, v) for p, v in zip(row.params, params))
     if not _dynamo_tracing() and _functorch.active():
         return _functorch.call(row, tensors, params)

@@ -73,7 +73,7 @@ def _outcome(f):
 
 
 DIMS = [torch.tensor(0.7), np.float32(0.7), True, False, np.bool_(True), torch.tensor([1]), torch.tensor(True), 1.0,
-        "1", torch.tensor(1), np.int64(1), np.int32(-1), 1, -1]
+        "1", torch.tensor(1), np.int64(1), np.int32(-1), 1, -1, 2**63, -2**63 - 1]
 
 
 @pytest.mark.parametrize("dim", DIMS, ids=repr)
@@ -91,6 +91,22 @@ def test_dim_types(name, dim):
     assert got is want, f"fastact.{name}(x, {dim!r}): {got}, torch: {want}"
     if want is None:
         torch.testing.assert_close(getattr(fastact, name)(x, dim), getattr(F, name)(x, dim))
+
+
+@pytest.mark.parametrize("value", [None, [1.0, 2.0], 1.5, np.ones(3, np.float32)], ids=repr)
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_non_tensor_arguments(op, value):
+    """A tensor argument given anything else is torch's TypeError naming the argument, as the twin gives it (not the
+    dispatcher's RuntimeError about the schema)."""
+    x = torch.randn(3)
+    tensors = {"input": x, "bias": torch.zeros(3)}
+    extra = (0,) if op.kind == "softmax" else ()
+    for i, name in enumerate(op.tensors):
+        args = [value if n == name else tensors[n] for n in op.tensors]
+        with pytest.raises(TypeError, match=rf"^{op.name}\(\): argument '{name}' \(position {i + 1}\) must be Tensor"):
+            getattr(fastact, op.name)(*args, *extra)
+    if op.torch_fn is not None and op.kind != "bias":
+        assert _outcome(lambda: op.torch_fn(value, *extra)) in (TypeError, AttributeError)  # F.softmax: AttributeError
 
 
 @pytest.mark.parametrize("approximate", [None, 1, b"tanh", "bad"], ids=repr)
