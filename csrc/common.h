@@ -46,11 +46,12 @@ inline bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-// "softmax: expected a floating point tensor (float32, float64, float16 or bfloat16) for x, got Long"
+// "softmax: expected a floating point tensor (float32, float64, float16 or bfloat16) for x, got Long". A dtype
+// the kernels lack is a NotImplementedError in Python, as torch's ("... not implemented for 'Long'").
 inline void check_floating(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(is_supported_dtype(t.scalar_type()), op,
-              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ", arg,
-              ", got ", t.scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_dtype(t.scalar_type()), op,
+                              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ", arg,
+                              ", got ", t.scalar_type());
 }
 
 // torch's unary float ops (torch.sigmoid) take integer and bool tensors and compute on them converted to
@@ -197,11 +198,13 @@ struct SoftmaxExplainTypes {
 inline SoftmaxExplainTypes softmax_explain_types(at::ScalarType xt, std::optional<at::ScalarType> dtype,
                                                  bool backward, const char* op) {
   // The forward casts any real input given a dtype; else, and in the backward, x is floating.
-  TORCH_CHECK(is_supported_dtype(xt) || (!backward && dtype && at::isIntegralType(xt, /*includeBool=*/true)), op,
-              ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ",
-              backward ? "output" : "input", ", got ", xt);
-  TORCH_CHECK(!dtype || is_supported_dtype(*dtype), op, ": expected ", backward ? "input_dtype" : "dtype",
-              " to be float32, float64, float16 or bfloat16, got ", *dtype);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      is_supported_dtype(xt) || (!backward && dtype && at::isIntegralType(xt, /*includeBool=*/true)), op,
+      ": expected a floating point tensor (float32, float64, float16 or bfloat16) for ", backward ? "output" : "input",
+      ", got ", xt);
+  TORCH_CHECK_NOT_IMPLEMENTED(!dtype || is_supported_dtype(*dtype), op, ": expected ",
+                              backward ? "input_dtype" : "dtype", " to be float32, float64, float16 or bfloat16, got ",
+                              *dtype);
   const at::ScalarType given = dtype.value_or(xt);
   SoftmaxExplainTypes t;
   if (backward) {
@@ -337,8 +340,8 @@ inline SoftmaxForwardPlan plan_softmax_forward(const at::Tensor& x, int64_t dim,
   // input must be floating, as torch's softmax kernels require.
   if (!dtype || !at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) check_floating(x, op, "input");
   const at::ScalarType out_dtype = dtype.value_or(x.scalar_type());
-  TORCH_CHECK(is_supported_dtype(out_dtype), op,
-              ": expected dtype to be float32, float64, float16 or bfloat16, got ", out_dtype);
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_dtype(out_dtype), op,
+                              ": expected dtype to be float32, float64, float16 or bfloat16, got ", out_dtype);
   dim = wrap_dim(dim, x.dim(), op);
 
   SoftmaxForwardPlan p;
@@ -374,8 +377,8 @@ inline SoftmaxBackwardPlan plan_softmax_backward(const at::Tensor& grad_output, 
   check_same_shape(grad_output, output, op, "grad_output", "output");
   check_same_dtype(grad_output, output, op, "grad_output", "output");
   check_same_device(grad_output, output, op, "grad_output", "output");
-  TORCH_CHECK(is_supported_dtype(input_dtype), op,
-              ": expected input_dtype to be float32, float64, float16 or bfloat16, got ", input_dtype);
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_dtype(input_dtype), op,
+                              ": expected input_dtype to be float32, float64, float16 or bfloat16, got ", input_dtype);
   dim = wrap_dim(dim, output.dim(), op);
 
   SoftmaxBackwardPlan p;

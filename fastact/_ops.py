@@ -57,7 +57,7 @@ _FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _check_floating(op, t, arg="input"):
-    torch._check(
+    torch._check_not_implemented(
         t.dtype in _FLOATING,
         lambda: f"{op}: expected a floating point tensor (float32, float64, float16 or bfloat16) for {arg}, "
         f"got {t.dtype}",
@@ -134,7 +134,7 @@ def _softmax_fake(op):
         if dtype is None or not _integral(x):  # with a dtype an integer x is cast first, as in torch
             _check_floating(op, x)
         out_dtype = dtype if dtype is not None else x.dtype
-        torch._check(out_dtype in _FLOATING,
+        torch._check_not_implemented(out_dtype in _FLOATING,
                      lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {out_dtype}")
         _check_dim(op, dim, x.dim())
         return torch.empty_like(x, dtype=out_dtype)
@@ -150,8 +150,9 @@ def _softmax_backward_fake(op):
         _check_same_shape(op, grad_output, output, "grad_output", "output")
         _check_same_dtype(op, grad_output, output, "grad_output", "output")
         _check_same_device(op, grad_output, output, "grad_output", "output")
-        torch._check(input_dtype in _FLOATING, lambda: f"{op}: expected input_dtype to be float32, float64, float16 "
-                                                       f"or bfloat16, got {input_dtype}")
+        torch._check_not_implemented(
+            input_dtype in _FLOATING,
+            lambda: f"{op}: expected input_dtype to be float32, float64, float16 or bfloat16, got {input_dtype}")
         _check_dim(op, dim, output.dim())
         return torch.empty_like(output, dtype=input_dtype)
 

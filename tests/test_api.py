@@ -109,6 +109,26 @@ def test_non_tensor_arguments(op, value):
         assert _outcome(lambda: op.torch_fn(value, *extra)) in (TypeError, AttributeError)  # F.softmax: AttributeError
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64], ids=str)
+@pytest.mark.parametrize("op", [op for op in OPS if op.torch_fn is not None], ids=lambda op: op.name)
+def test_unsupported_dtypes_raise_torch_kind(op, dtype):
+    """An input dtype the kernels lack raises what torch's function raises for it (NotImplementedError: "... not
+    implemented for 'Long'"), where torch refuses it; where torch computes it (sigmoid of integers) fastact does too."""
+    x = torch.arange(6).reshape(2, 3).to(dtype)
+    args = (x, torch.zeros(3, dtype=dtype)) if op.kind == "bias" else (x, 1) if op.kind == "softmax" else (x,)
+    twin = (lambda x, b: F.gelu(x + b, approximate="tanh")) if op.kind == "bias" else op.torch_fn
+    want = _outcome(lambda: twin(*args))
+    got = _outcome(lambda: getattr(fastact, op.name)(*args))
+    if want is None and got is not None:  # torch computes complex sigmoid / silu; fastact refuses (README)
+        assert dtype.is_complex and got is NotImplementedError, (got, want)
+    else:
+        assert got is want, (got, want)
+    if op.kind == "softmax":  # a dtype the kernels lack
+        y = torch.randn(2, 3)
+        assert _outcome(lambda: getattr(fastact, op.name)(y, 1, dtype=torch.int32)) is \
+            _outcome(lambda: op.torch_fn(y, 1, dtype=torch.int32)) is NotImplementedError
+
+
 @pytest.mark.parametrize("approximate", [None, 1, b"tanh", "bad"], ids=repr)
 def test_approximate_types(approximate):
     """str as torch's parser takes it (bytes too); None or an int is a TypeError, an unknown name a RuntimeError."""
