@@ -58,7 +58,7 @@ def _isolated():
     python -m build's (a `build-env-*` venv)."""
     import sys
 
-    return any("pip-build-env-" in p or "build-env-" in p for p in [sys.prefix, *sys.path])
+    return any("build-env-" in p for p in [sys.prefix, *sys.path])
 
 
 def missing_message(missing, editable=False):

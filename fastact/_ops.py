@@ -134,8 +134,9 @@ def _softmax_fake(op):
         if dtype is None or not _integral(x):  # with a dtype an integer x is cast first, as in torch
             _check_floating(op, x)
         out_dtype = dtype if dtype is not None else x.dtype
-        torch._check_not_implemented(out_dtype in _FLOATING,
-                     lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {out_dtype}")
+        torch._check_not_implemented(
+            out_dtype in _FLOATING,
+            lambda: f"{op}: expected dtype to be float32, float64, float16 or bfloat16, got {out_dtype}")
         _check_dim(op, dim, x.dim())
         return torch.empty_like(x, dtype=out_dtype)
 
