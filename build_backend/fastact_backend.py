@@ -66,8 +66,8 @@ def missing_message(missing, editable=False):
     names = [spec.partition("==")[0] for spec in missing]
     lines = [f"fastact cannot be built in this build environment: it has no {' and no '.join(names)}."]
     if _isolated():
-        lines.append("This build runs isolated (pip's default): the packages of your own environment are not in it, "
-                     "even where you have them.")
+        lines.append("This build runs in an isolated environment (the default of pip and of python -m build): the "
+                     "packages of your own environment are not in it, even where you have them.")
     if "torch" in missing:
         lines += [
             "",

@@ -42,18 +42,21 @@ def _int_arg(fn, name, pos, value):
     """`value` as torch's argument parser takes an `int` argument, or its TypeError: a Python int (not bool), a
     numpy integer, a 0-d integer tensor or a SymInt; never a float, bool, string or a tensor of other shape or dtype
     (which the schema's own parsing would truncate or reject with a RuntimeError)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not -2**63 <= value < 2**63:
-            raise ValueError("Overflow when unpacking long long")  # torch's parser's error
-        return value
     if isinstance(value, torch.SymInt):
         return value
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype != torch.bool:
-            return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = value
+    elif isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")
+        out = int(value)
     elif _is_numpy_int(value):
-        return int(value)
-    raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")
+        out = int(value)
+    else:
+        raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")
+    if not -2**63 <= out < 2**63:
+        raise ValueError("Overflow when unpacking long long")  # torch's parser's error
+    return out
 
 
 def _is_numpy_int(value):
@@ -62,10 +65,11 @@ def _is_numpy_int(value):
 
 
 def _tensor_args(fn, names, values):
-    """torch's TypeError for an argument that is neither a tensor nor a tensor-like (an object with
-    __torch_function__, which the op's dispatch hands its call)."""
+    """torch's TypeError for an argument that is neither a tensor nor a tensor-like (an instance with
+    __torch_function__, which the op's dispatch hands its call; a class is neither)."""
     for pos, (name, value) in enumerate(zip(names, values), 1):
-        if not isinstance(value, torch.Tensor) and not hasattr(value, "__torch_function__"):
+        tensor_like = hasattr(value, "__torch_function__") and not isinstance(value, type)
+        if not isinstance(value, torch.Tensor) and not tensor_like:
             raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be Tensor, not {_type_name(value)}")
 
 

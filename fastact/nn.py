@@ -46,6 +46,17 @@ def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
     return 1
 
 
+def _torch_layout(input: Tensor) -> Tensor:
+    """The input the softmax family reads to return torch's layout: torch's softmax and log_softmax return a
+    contiguous tensor whatever the input's layout, fastact's functions empty_like(input)'s (a permuted input's own
+    order, no copy). Where that differs, a contiguous copy of the input, as torch's kernels read; else the input
+    itself (contiguous, or rows with gaps, which fastact reads in place into a contiguous output). The drop-in paths
+    (these modules, fastact.patch's routes) call it; code written against torch may view the result."""
+    if input.is_contiguous() or torch.empty_like(input, device="meta").is_contiguous():
+        return input
+    return input.contiguous()
+
+
 # The modules are generated from the op table, one class per row, from the source templates below (one per
 # kind), kept in linecache so that TorchScript, which compiles a scripted module's forward from its source, and
 # inspect read them as if written here. They run in this module's namespace: the classes are fastact.nn.<Module>
@@ -73,10 +84,10 @@ class {module}(torch.nn.Module):
             # _stacklevel=5, one frame deeper), so both have the same file and line and a warnings
             # filter treats them alike. (A literal: TorchScript cannot read a global int.)
             dim = _implicit_dim("{name}", input.dim(), 4)
-        # torch's layout: contiguous (fastact.{name} writes a permuted input's layout; a no-op otherwise)
+        input = _torch_layout(input)  # torch's output layout
         if _scripting():
-            return torch.ops.fastact.{name}(input, dim, None).contiguous()
-        return {name}(input, dim).contiguous()
+            return torch.ops.fastact.{name}(input, dim, None)
+        return {name}(input, dim)
 
     def extra_repr(self) -> str:
         return f"dim={{self.dim}}"

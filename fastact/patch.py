@@ -62,6 +62,7 @@ from torch.overrides import TorchFunctionMode
 
 import fastact
 from fastact import nn as _fnn
+from fastact.nn import _torch_layout
 from fastact._optable import OPS as _OPS
 from fastact._optable import define as _define
 
@@ -130,7 +131,7 @@ def _route_f_softmax(fn, name):
         dim = _as_dim(dim)
         if dim is None:
             return NotImplemented
-        return fn(input, dim, dtype=dtype).contiguous()  # torch's layout (see _route_softmax)
+        return fn(_torch_layout(input), dim, dtype=dtype)  # torch's output layout (fastact.nn._torch_layout)
 
     return route
 
@@ -141,10 +142,7 @@ def _route_softmax(fn):
         dim = _as_dim(dim)
         if out is not None or dim is None or not _takes(input) or (dtype is not None and dtype not in _FLOATING):
             return NotImplemented
-        # torch's softmax returns a contiguous tensor whatever the input's layout; fastact's writes a transposed or
-        # permuted input's own layout. Code written against torch may view the result (`.view(-1)`): a routed call
-        # gives torch's layout, copying where the input is permuted (where torch copies the input).
-        return fn(input, dim, dtype=dtype).contiguous()
+        return fn(_torch_layout(input), dim, dtype=dtype)
 
     return route
 

@@ -66,7 +66,7 @@ case $job in
     targets=(tests)
     for a in "$@"; do case $a in -*) ;; *) [ -e "${a%%::*}" ] && targets=() ;; esac; done
     set +e
-    python -m pytest "${targets[@]}" -q -rfEs -p no:cacheprovider "$@"
+    python -m pytest ${targets[@]+"${targets[@]}"} -q -rfEs -p no:cacheprovider "$@"  # (bash < 4.4: set -u)
     rc=$?
     [ $rc -eq 5 ] && { echo "dev.sh: pytest collected no tests" >&2; exit 1; }
     exit $rc

@@ -73,7 +73,7 @@ def _outcome(f):
 
 
 DIMS = [torch.tensor(0.7), np.float32(0.7), True, False, np.bool_(True), torch.tensor([1]), torch.tensor(True), 1.0,
-        "1", torch.tensor(1), np.int64(1), np.int32(-1), 1, -1, 2**63, -2**63 - 1]
+        "1", torch.tensor(1), np.int64(1), np.int32(-1), 1, -1, 2**63, -2**63 - 1, np.uint64(2**63)]
 
 
 @pytest.mark.parametrize("dim", DIMS, ids=repr)
@@ -93,7 +93,7 @@ def test_dim_types(name, dim):
         torch.testing.assert_close(getattr(fastact, name)(x, dim), getattr(F, name)(x, dim))
 
 
-@pytest.mark.parametrize("value", [None, [1.0, 2.0], 1.5, np.ones(3, np.float32)], ids=repr)
+@pytest.mark.parametrize("value", [None, [1.0, 2.0], 1.5, np.ones(3, np.float32), torch.Tensor], ids=repr)
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
 def test_non_tensor_arguments(op, value):
     """A tensor argument given anything else is torch's TypeError naming the argument, as the twin gives it (not the

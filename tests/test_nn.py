@@ -48,6 +48,7 @@ def test_module_matches_torch(device, dtype, make_fa, make_pt):
     g = make_tensor(tuple(y_fa.shape), dtype, device)
     y_fa.backward(g), y_pt.backward(g), y_ref.backward(g.double())
     assert_close(x_fa.grad, x_ref.grad, torch_actual=x_pt.grad, msg=f"{m_fa!r} grad")
+    assert x_fa.grad.stride() == x_pt.grad.stride(), (repr(m_fa), x_fa.grad.stride(), x_pt.grad.stride())
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
