@@ -45,6 +45,7 @@ def test_module_matches_torch(device, dtype, make_fa, make_pt):
     y_fa, y_pt, y_ref = m_fa(x_fa), m_pt(x_pt), m_pt(x_ref)
     assert_close(y_fa, y_ref, torch_actual=y_pt, msg=repr(m_fa))
     assert y_fa.stride() == y_pt.stride(), (repr(m_fa), y_fa.stride(), y_pt.stride())  # torch's layout
+    assert "fastact" in y_fa.grad_fn.name(), y_fa.grad_fn.name()  # the op's own node: no copy after it
     g = make_tensor(tuple(y_fa.shape), dtype, device)
     y_fa.backward(g), y_pt.backward(g), y_ref.backward(g.double())
     assert_close(x_fa.grad, x_ref.grad, torch_actual=x_pt.grad, msg=f"{m_fa!r} grad")
