@@ -16,6 +16,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 
 import setuptools
 
@@ -56,8 +57,6 @@ def missing_build_requirements():
 def _isolated():
     """Whether this build runs in an isolated environment: pip's (its overlay, `pip-build-env-*`, on sys.path) or
     python -m build's (a `build-env-*` venv)."""
-    import sys
-
     return any("build-env-" in p for p in [sys.prefix, *sys.path])
 
 

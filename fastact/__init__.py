@@ -46,11 +46,8 @@ def _int_arg(fn, name, pos, value):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         out = value
-    elif isinstance(value, torch.Tensor):
-        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")
-        out = int(value)
-    elif _is_numpy_int(value):
+    elif (isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point
+          and not value.dtype.is_complex and value.dtype != torch.bool) or _is_numpy_int(value):
         out = int(value)
     else:
         raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not {_type_name(value)}")

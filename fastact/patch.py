@@ -595,7 +595,8 @@ class _Rebinder:
                             self._attribute(owner, name, depth, copies, methods)
                 else:
                     chain = None
-                    if isinstance(name, str) and name in _ROUTED_NAMES:  # an import of one inside the function, a closure's name, ...
+                    # an import of one inside the function, a closure's name, ...
+                    if isinstance(name, str) and name in _ROUTED_NAMES:
                         raise _Uncovered
         closure = fn.__closure__
         if closure:
